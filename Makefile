@@ -1,0 +1,51 @@
+# Two commands do all set-up: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+TRITON_ENV := .venv-triton
+PYTRITON := nvidia-pytriton==0.7.0
+
+.PHONY: setup demo test lint typecheck unit integration bench-stages world-large clean
+
+setup: $(VENV)/.installed $(TRITON_ENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[world,local,dev]'
+	touch $@
+
+# The local CPU Triton runs in an environment of its own, as Triton does in production.
+$(TRITON_ENV)/.installed: model_repository/requirements-local.txt
+	$(PYTHON) -m venv $(TRITON_ENV)
+	$(TRITON_ENV)/bin/pip install --quiet -r model_repository/requirements-local.txt
+	$(TRITON_ENV)/bin/pip install --quiet --no-deps $(PYTRITON)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/recsys demo
+
+test: setup lint typecheck
+	$(VENV)/bin/pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+unit: $(VENV)/.installed
+	$(VENV)/bin/pytest tests/unit
+
+integration: setup
+	$(VENV)/bin/pytest tests/integration
+
+# Per-stage p50 from the service's own histograms, one request at a time, on the demo world.
+bench-stages: setup
+	$(VENV)/bin/python -m loadtest.stage_latency
+
+world-large: setup
+	$(VENV)/bin/recsys build-demo --large --world var/world-1m
+
+clean:
+	rm -rf $(VENV) $(TRITON_ENV) var .mypy_cache .ruff_cache .pytest_cache

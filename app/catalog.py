@@ -1,0 +1,77 @@
+"""The catalog as the service holds it: item ids and metadata, the FAISS index, defaults.
+
+On disk a world directory holds:
+- items.npz: ids (str), embeddings (n, dim), dense (n, item dense), categories (int),
+  published_at (unix seconds), popularity (float)
+- users.npz: ids (str), embeddings (n, dim), dense (n, user dense)
+- index.faiss: an inner-product FAISS index whose row i is item i
+- default_user.npy: the blob used for users without stored features (cold start)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+from app.errors import ConfigError
+from app.schema import FeatureSchema
+
+ITEMS_FILE = "items.npz"
+USERS_FILE = "users.npz"
+INDEX_FILE = "index.faiss"
+DEFAULT_USER_FILE = "default_user.npy"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Everything recall and rerank need about items, held in process memory."""
+
+    item_ids: npt.NDArray[np.str_]
+    categories: npt.NDArray[np.int64]
+    published_at: npt.NDArray[np.int64]
+    popular_order: npt.NDArray[np.int64]
+    default_user_blob: npt.NDArray[np.float32]
+    index: Any  # faiss.Index: the bindings carry no types
+
+    @property
+    def size(self) -> int:
+        return len(self.item_ids)
+
+
+def _require(world: Path, name: str) -> Path:
+    path = world / name
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing; build the world first (recsys build-demo)")
+    return path
+
+
+def set_search_breadth(index: Any, nprobe: int) -> None:
+    """Set nprobe on IVF indexes once, at load; flat indexes have nothing to set."""
+    with contextlib.suppress(RuntimeError):
+        faiss.extract_index_ivf(index).nprobe = nprobe
+
+
+def load_catalog(world: Path, schema: FeatureSchema, nprobe: int) -> Catalog:
+    with np.load(_require(world, ITEMS_FILE)) as items:
+        item_ids = items["ids"].astype(np.str_)
+        categories = items["categories"].astype(np.int64)
+        published_at = items["published_at"].astype(np.int64)
+        popularity = items["popularity"].astype(np.float64)
+    index = faiss.read_index(str(_require(world, INDEX_FILE)))
+    default_user = np.load(_require(world, DEFAULT_USER_FILE)).astype(np.float32)
+    if index.ntotal != len(item_ids):
+        raise ConfigError(f"index holds {index.ntotal} vectors but the catalog {len(item_ids)}")
+    if index.d != schema.embedding_dim:
+        raise ConfigError(f"index dimension {index.d} != schema embedding_dim")
+    if default_user.shape != (schema.user_blob_width,):
+        raise ConfigError(f"default user blob has shape {default_user.shape}")
+    set_search_breadth(index, nprobe)
+    # Stable sort: equally popular items keep catalog order, so cold answers are deterministic.
+    popular_order = np.argsort(-popularity, kind="stable").astype(np.int64)
+    return Catalog(item_ids, categories, published_at, popular_order, default_user, index)

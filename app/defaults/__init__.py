@@ -1,0 +1,1 @@
+"""Files shipped with the package: the feature schema and the default rules."""

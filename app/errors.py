@@ -1,0 +1,44 @@
+"""The service's own error hierarchy; third-party errors are mapped into it at client edges."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RecsysError(Exception):
+    """Base of every error the service raises on purpose."""
+
+
+class ConfigError(RecsysError):
+    """A configuration or artifact file is missing or malformed; the service must not start."""
+
+
+class SchemaError(ConfigError):
+    """The feature schema file is invalid or disagrees with the model or the stored data."""
+
+
+class FailureKind(StrEnum):
+    """Why a dependency call failed; a fixed set, used as a metric label."""
+
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    ERROR = "error"
+    BAD_DATA = "bad_data"
+
+
+class DependencyError(RecsysError):
+    """A call to Redis or Triton failed; stages turn this into a degraded answer."""
+
+    dependency = "dependency"
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(f"{self.dependency} {kind.value}: {message}")
+        self.kind = kind
+
+
+class FeatureStoreError(DependencyError):
+    dependency = "redis"
+
+
+class RankingModelError(DependencyError):
+    dependency = "triton"

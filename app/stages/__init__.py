@@ -1,0 +1,1 @@
+"""The stages of /recommend, each a small component with its clients injected."""

@@ -1,0 +1,56 @@
+"""Stage `rerank`: the business rules applied to the scored candidates."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+
+import numpy as np
+import numpy.typing as npt
+
+from app.context import RequestContext
+from app.rules import rerank
+from app.stages.types import RankedItem
+
+SECONDS_PER_DAY = 86_400.0
+
+
+class Reranker:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+
+    def select(
+        self,
+        positions: npt.NDArray[np.int64],
+        scores: npt.NDArray[np.float32],
+        unwanted: Collection[str],
+        n_items: int,
+        ctx: RequestContext,
+    ) -> list[RankedItem]:
+        """The top n_items after dropping `unwanted` and blocked ids, boosting and capping."""
+        catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
+        item_ids: list[str] = catalog.item_ids[positions].tolist()
+        blocked = rules.block.item_ids
+        dropped = np.fromiter(
+            (item in unwanted or item in blocked for item in item_ids),
+            dtype=bool,
+            count=len(item_ids),
+        )
+        age_days = ((self._clock() - catalog.published_at[positions]) / SECONDS_PER_DAY).astype(
+            np.float32
+        )
+        selection = rerank(
+            tie_keys=positions,
+            scores=scores,
+            categories=catalog.categories[positions],
+            age_days=age_days,
+            dropped=dropped,
+            rules=rules,
+            n_items=n_items,
+        )
+        return [
+            RankedItem(item_ids[pos], float(score))
+            for pos, score in zip(
+                selection.positions.tolist(), selection.scores.tolist(), strict=True
+            )
+        ]

@@ -1,0 +1,1 @@
+"""Building the world the service serves: catalog, users, FAISS index, ranking model."""

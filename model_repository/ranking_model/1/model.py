@@ -1,0 +1,49 @@
+"""Triton Python-backend model: the ranking ONNX file run by onnxruntime on the CPU.
+
+Triton hands `execute` every request the dynamic batcher merged; they are scored in one
+onnxruntime call and the scores split back per request.
+"""
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.input_name = config["input"][0]["name"]
+        self.output_name = config["output"][0]["name"]
+        params = config.get("parameters", {})
+        threads = int(params.get("intra_op_num_threads", {}).get("string_value", "1"))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.onnx_input = self.session.get_inputs()[0].name
+        self.onnx_output = self.session.get_outputs()[0].name
+
+    def execute(self, requests):
+        batches = [
+            pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+            for request in requests
+        ]
+        rows = np.concatenate(batches) if len(batches) > 1 else batches[0]
+        scores = self.session.run([self.onnx_output], {self.onnx_input: rows})[0]
+        scores = np.ascontiguousarray(scores.reshape(-1, 1), dtype=np.float32)
+        responses = []
+        start = 0
+        for batch in batches:
+            end = start + batch.shape[0]
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, scores[start:end])])
+            )
+            start = end
+        return responses
+
+    def finalize(self):
+        self.session = None

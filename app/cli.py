@@ -6,8 +6,12 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.errors import RecsysError
+
+if TYPE_CHECKING:
+    from app.demo import StackOptions
 
 
 def _build_demo(args: argparse.Namespace) -> None:
@@ -64,19 +68,18 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from app.demo import DemoOptions, run_demo
+    from app.demo import run_demo
+
+    run_demo(stack_options(args.world), args.host, args.port)
+
+
+def stack_options(world: Path) -> StackOptions:
+    """Where the local stack keeps its model repository and its servers' files."""
+    from app.demo import StackOptions
     from app.localstack import project_root
 
     root = project_root()
-    run_demo(
-        DemoOptions(
-            world=args.world,
-            model_repository=root / "model_repository",
-            run_dir=root / "var" / "run",
-            host=args.host,
-            port=args.port,
-        )
-    )
+    return StackOptions(world, root / "model_repository", root / "var" / "run")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -126,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     args = _parser().parse_args(argv)
     try:
         args.run(args)

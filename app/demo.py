@@ -7,6 +7,8 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -42,12 +44,10 @@ EXAMPLE_REQUEST = {
 
 
 @dataclass(frozen=True, slots=True)
-class DemoOptions:
+class StackOptions:
     world: Path
     model_repository: Path
     run_dir: Path
-    host: str
-    port: int
 
 
 def ensure_world(world: Path) -> None:
@@ -63,30 +63,9 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     sys.exit(128 + signum)
 
 
-async def _serve_and_show(settings: Settings) -> None:
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.host, port=settings.port)
-    )
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            await serving
-            raise RuntimeError("the API did not start")
-        await asyncio.sleep(0.05)
-    base = f"http://{settings.host}:{settings.port}"
-    async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
-        answer = await client.post("/recommend", json=EXAMPLE_REQUEST)
-    print(f"\nPOST {base}/recommend {json.dumps(EXAMPLE_REQUEST)}", flush=True)
-    print(json.dumps(answer.json(), indent=2), flush=True)
-    print(
-        f"\nServing on {base} (metrics at {base}/metrics, readiness at {base}/readyz). "
-        "Ctrl-C stops the API, Triton and Redis.\n",
-        flush=True,
-    )
-    await serving
-
-
-def run_demo(options: DemoOptions) -> None:
+@contextmanager
+def local_stack(options: StackOptions) -> Iterator[Settings]:
+    """Build the world if absent, start Redis and Triton, load Redis; yield API settings."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     schema = load_schema()
     ensure_world(options.world)
@@ -115,17 +94,40 @@ def run_demo(options: DemoOptions) -> None:
             triton_url,
             ports.metrics,
         )
-        settings = Settings(
-            host=options.host,
-            port=options.port,
-            redis_url=redis_url,
-            triton_url=triton_url,
-            artifacts_dir=options.world,
-        )
-        asyncio.run(_serve_and_show(settings))
-    except KeyboardInterrupt:
-        pass
+        yield Settings(redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world)
     finally:
         for process in reversed(started):
             process.stop()
         log.info("stopped %s", ", ".join(p.name for p in started) or "nothing")
+
+
+async def _serve_and_show(settings: Settings) -> None:
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=settings.host, port=settings.port)
+    )
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            await serving
+            raise RuntimeError("the API did not start")
+        await asyncio.sleep(0.05)
+    base = f"http://{settings.host}:{settings.port}"
+    async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
+        answer = await client.post("/recommend", json=EXAMPLE_REQUEST)
+    print(f"\nPOST {base}/recommend {json.dumps(EXAMPLE_REQUEST)}", flush=True)
+    print(json.dumps(answer.json(), indent=2), flush=True)
+    print(
+        f"\nServing on {base} (metrics at {base}/metrics, readiness at {base}/readyz). "
+        "Ctrl-C stops the API, Triton and Redis.\n",
+        flush=True,
+    )
+    await serving
+
+
+def run_demo(options: StackOptions, host: str, port: int) -> None:
+    try:
+        with local_stack(options) as settings:
+            served = settings.model_copy(update={"host": host, "port": port})
+            asyncio.run(_serve_and_show(served))
+    except KeyboardInterrupt:
+        pass

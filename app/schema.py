@@ -178,10 +178,9 @@ def signature_mismatches(schema: FeatureSchema, signature: ModelSignature) -> li
         problems.append(
             f"input datatype is {signature.input_datatype}, schema says {schema.datatype}"
         )
-    if not signature.input_shape or signature.input_shape[-1] != schema.width:
-        problems.append(
-            f"input width is {signature.input_shape[-1:] or 'missing'}, schema packs {schema.width}"
-        )
+    width = signature.input_shape[-1] if signature.input_shape else "missing"
+    if width != schema.width:
+        problems.append(f"input width is {width}, schema packs {schema.width}")
     if signature.output_name != schema.output_name:
         problems.append(
             f"output name is {signature.output_name!r}, schema says {schema.output_name!r}"

@@ -1,0 +1,119 @@
+"""Per-stage latency of /recommend, one request at a time, from the service's own histograms.
+
+Starts the local stack (Redis, Triton, the demo world) and the API as its own process, sends
+sequential requests for random users, and reports each stage's p50 and p99 from the deltas of
+`recsys_stage_duration_seconds`, beside the client-side request latency.
+
+    python -m loadtest.stage_latency --requests 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from app.cli import stack_options
+from app.demo import local_stack
+from app.localstack import free_port
+from app.metrics import STAGES
+from loadtest.histograms import quantile, scrape_buckets, subtract
+
+log = logging.getLogger("loadtest")
+
+
+def _start_api(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
+            env={**os.environ, **env, "RECSYS_PORT": str(port)},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _wait_ready(client: httpx.Client, api: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if api.poll() is not None:
+            raise RuntimeError("the API exited during start-up")
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the API never became ready")
+
+
+def _body(user: int, candidate_rng: random.Random) -> dict[str, object]:
+    return {
+        "user_id": f"u{user}",
+        "num_items": 20,
+        "context": {"device": candidate_rng.choice(["mobile", "desktop"]), "page": "home"},
+    }
+
+
+def measure(client: httpx.Client, requests: int, users: int, seed: int) -> dict[str, object]:
+    rng = random.Random(seed)
+    for _ in range(20):  # warm the channels, pools and caches before measuring
+        client.post("/recommend", json=_body(rng.randrange(users), rng))
+    before = client.get("/metrics").text
+    latencies: list[float] = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.post("/recommend", json=_body(rng.randrange(users), rng))
+        latencies.append((time.perf_counter() - started) * 1000.0)
+        response.raise_for_status()
+        if response.json()["degraded"]:
+            raise RuntimeError(f"degraded answer: {response.json()['degraded']}")
+    after = client.get("/metrics").text
+    name = "recsys_stage_duration_seconds"
+    stages = subtract(scrape_buckets(after, name, "stage"), scrape_buckets(before, name, "stage"))
+    latencies.sort()
+    return {
+        "requests": requests,
+        "stage_p50_ms": {s: round(quantile(stages[s], 0.5) * 1000, 3) for s in STAGES},
+        "stage_p99_ms": {s: round(quantile(stages[s], 0.99) * 1000, 3) for s in STAGES},
+        "client_p50_ms": round(statistics.median(latencies), 3),
+        "client_p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    options = stack_options(args.world)
+    with local_stack(options) as settings:
+        port = free_port()
+        env = {
+            "RECSYS_REDIS_URL": settings.redis_url,
+            "RECSYS_TRITON_URL": settings.triton_url,
+            "RECSYS_ARTIFACTS_DIR": str(settings.artifacts_dir),
+        }
+        api = _start_api(env, port, options.run_dir / "api.log")
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
+                _wait_ready(client, api)
+                print(json.dumps(measure(client, args.requests, args.users, args.seed), indent=2))
+        finally:
+            api.terminate()
+            api.wait(timeout=15)
+
+
+if __name__ == "__main__":
+    main()

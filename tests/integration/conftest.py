@@ -1,0 +1,151 @@
+"""A real redis-server and a real tritonserver, started once for the integration tests.
+
+The world is small (a few thousand items) so it builds in seconds; everything else is what
+the demo runs. Both servers are stopped by pid at the end, and the teardown checks that
+nothing they started is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import redis
+
+from app.clients.feature_store import KeySpace
+from app.localstack import (
+    ManagedProcess,
+    default_triton_env,
+    project_root,
+    start_redis,
+    start_triton,
+)
+from app.main import create_app
+from app.schema import FeatureSchema, load_schema
+from app.settings import Settings
+from app.world.build import DemoSize, build_demo_world, install_model
+from app.world.redis_loader import load_world_into_redis
+
+SMALL_WORLD = DemoSize(items=3000, users=400, impressions=30_000)
+# Small enough that a request's 1000+ candidates go to Triton in several chunks.
+TEST_MAX_BATCH = 256
+PLAIN_RULES = "[diversity]\nmax_per_category = 0\n"
+# Fixed context so scores can be recomputed exactly outside the service.
+CONTEXT: dict[str, Any] = {
+    "device": "mobile",
+    "page": "home",
+    "locale": "en-US",
+    "hour": 10,
+    "weekday": 2,
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    root: Path
+    world: Path
+    model_repository: Path
+    redis_url: str
+    triton_url: str
+    schema: FeatureSchema
+    plain_rules: Path
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": self.redis_url,
+            "triton_url": self.triton_url,
+            "artifacts_dir": self.world,
+            "startup_timeout_s": 5.0,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _model_repository(root: Path, world: Path, schema: FeatureSchema) -> Path:
+    source = project_root() / "model_repository" / schema.model_name
+    target = root / "models" / schema.model_name
+    (target / "1").mkdir(parents=True)
+    config = (source / "config.pbtxt").read_text()
+    assert "max_batch_size: 2048" in config
+    (target / "config.pbtxt").write_text(
+        config.replace("max_batch_size: 2048", f"max_batch_size: {TEST_MAX_BATCH}")
+    )
+    shutil.copyfile(source / "1" / "model.py", target / "1" / "model.py")
+    install_model(world, root / "models", schema.model_name)
+    return root / "models"
+
+
+def load_redis(url: str, world: Path, schema: FeatureSchema) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        load_world_into_redis(world, client, schema, KeySpace("recsys"))
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    schema = load_schema()
+    world = root / "world"
+    build_demo_world(world, schema, SMALL_WORLD, seed=11)
+    repository = _model_repository(root, world, schema)
+    plain_rules = root / "plain-rules.toml"
+    plain_rules.write_text(PLAIN_RULES)
+    started: list[ManagedProcess] = []
+    try:
+        redis_process, redis_url = start_redis(root / "redis")
+        started.append(redis_process)
+        load_redis(redis_url, world, schema)
+        triton_process, triton_url = start_triton(
+            default_triton_env(), repository, root / "triton", [schema.model_name]
+        )
+        started.append(triton_process)
+        yield Stack(root, world, repository, redis_url, triton_url, schema, plain_rules)
+    finally:
+        for process in started:
+            process.stop()
+    leftovers = [p.name for p in started if _alive(p.pid)]
+    assert not leftovers, f"still running after stop: {leftovers}"
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with its lifespan run, reached in-process over ASGI."""
+    app = create_app(settings)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://recsys.test"
+        ) as client,
+    ):
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(stack.settings()) as api:
+        yield api
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def plain_client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    """Rules off and every catalog item a candidate: the answer is the model's own top N."""
+    async with serving(stack.settings(rules_file=stack.plain_rules, candidate_count=5000)) as api:
+        yield api

@@ -1,0 +1,92 @@
+"""Start-up refusals, a Redis that goes away, and bad request bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from httpx import AsyncClient
+
+from app.errors import ConfigError, SchemaError
+from app.localstack import start_redis
+from app.metrics import ServiceMetrics
+from app.services import start_services
+from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def test_start_up_refuses_a_schema_the_model_does_not_take(
+    stack: Stack, tmp_path: Path
+) -> None:
+    schema = json.loads(
+        (Path(__file__).parents[2] / "app" / "defaults" / "feature_schema.json").read_text()
+    )
+    schema["context"]["locale"].append("fr")  # one column wider than the deployed model
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    with pytest.raises(SchemaError, match="input width is 121, schema packs 122"):
+        await start_services(stack.settings(feature_schema=path), ServiceMetrics())
+
+
+async def test_start_up_refuses_a_missing_world(stack: Stack, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"items\.npz is missing"):
+        await start_services(stack.settings(artifacts_dir=tmp_path), ServiceMetrics())
+
+
+async def test_a_lost_redis_degrades_the_answer(stack: Stack, tmp_path: Path) -> None:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        async with serving(stack.settings(redis_url=url, redis_timeout_ms=200)) as api:
+            process.stop()
+            response = await api.post(
+                "/recommend", json={"user_id": "u1", "num_items": 8, "context": CONTEXT}
+            )
+            ready = await api.get("/readyz")
+            metrics = (await api.get("/metrics")).text
+    finally:
+        process.stop()
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["degraded"] == ["features:unavailable", "fetch:unavailable"]
+    assert len(answer["items"]) == 8
+    assert ready.status_code == 503
+    assert ready.json()["failing"] == ["redis"]
+    assert 'recsys_degraded_total{reason="unavailable",stage="fetch"} 1.0' in metrics
+    assert 'recsys_requests_total{outcome="degraded"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "user_id"),
+        ({"user_id": ""}, "user_id"),
+        ({"user_id": "u1", "num_items": 0}, "num_items"),
+        ({"user_id": "u1", "num_items": 201}, "num_items"),
+        ({"user_id": "u1", "num_items": "many"}, "num_items"),
+        ({"user_id": "u1", "exclude_item_ids": ["i1"] * 501}, "exclude_item_ids"),
+        ({"user_id": "u1", "exclude_item_ids": "i1"}, "exclude_item_ids"),
+        ({"user_id": "u1", "context": {"hour": 24}}, "context.hour"),
+        ({"user_id": "u1", "context": {"colour": "red"}}, "context.colour"),
+        ({"user_id": "u1", "debug": "perhaps"}, "debug"),
+        ({"user_id": "u1", "numitems": 3}, "numitems"),
+        ([1, 2], "body"),
+    ],
+)
+async def test_invalid_bodies_name_the_field(client: AsyncClient, body: object, field: str) -> None:
+    response = await client.post("/recommend", json=body)
+    assert response.status_code == 422
+    error = response.json()
+    assert error["error"] == "invalid_request"
+    assert field in [f["field"] for f in error["fields"]]
+    assert "Traceback" not in response.text
+
+
+async def test_malformed_json(client: AsyncClient) -> None:
+    response = await client.post(
+        "/recommend", content=b'{"user_id": ', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"] == "invalid_request"

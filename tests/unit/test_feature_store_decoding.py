@@ -1,0 +1,48 @@
+import numpy as np
+
+from app.clients.feature_store import KeySpace, decode_blob, decode_item_blobs, layout_meta
+from tests.unit.tiny_schema import tiny_schema
+
+
+def _blob(*values: float) -> bytes:
+    return np.array(values, dtype="<f4").tobytes()
+
+
+def test_item_blobs_stack_in_request_order_skipping_missing_and_malformed() -> None:
+    values = [_blob(1, 2, 3), None, _blob(4, 5), _blob(7, 8, 9)]
+    decoded = decode_item_blobs(values, width=3)
+    assert decoded.found.tolist() == [0, 3]
+    np.testing.assert_array_equal(decoded.matrix, [[1, 2, 3], [7, 8, 9]])
+    assert decoded.malformed == 1
+
+
+def test_no_blobs() -> None:
+    decoded = decode_item_blobs([None, None], width=3)
+    assert decoded.matrix.shape == (0, 3)
+    assert decoded.found.tolist() == []
+    assert decoded.malformed == 0
+
+
+def test_user_blob_must_have_the_schema_width() -> None:
+    np.testing.assert_array_equal(decode_blob(_blob(1, 2, 3), 3), [1, 2, 3])
+    assert decode_blob(_blob(1, 2), 3) is None
+    assert decode_blob(None, 3) is None
+
+
+def test_key_space() -> None:
+    keys = KeySpace("rs")
+    assert (keys.user("u1"), keys.item("i2"), keys.seen("u1"), keys.meta) == (
+        "rs:u:u1",
+        "rs:i:i2",
+        "rs:seen:u1",
+        "rs:meta",
+    )
+
+
+def test_layout_meta_names_the_blob_layout() -> None:
+    assert layout_meta(tiny_schema()) == {
+        "schema_version": "1",
+        "embedding_dim": "2",
+        "user_dense": "activity",
+        "item_dense": "price",
+    }

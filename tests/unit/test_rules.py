@@ -1,0 +1,131 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.errors import ConfigError
+from app.rules import (
+    BoostRule,
+    DiversityRule,
+    RerankRules,
+    boosted_scores,
+    load_rules,
+    rank_within_group,
+    rerank,
+)
+
+NO_RULES = RerankRules()
+
+
+def _rerank(
+    scores: list[float],
+    categories: list[int] | None = None,
+    dropped: list[bool] | None = None,
+    age_days: list[float] | None = None,
+    rules: RerankRules = NO_RULES,
+    n_items: int = 10,
+    tie_keys: list[int] | None = None,
+) -> tuple[list[int], list[float]]:
+    n = len(scores)
+    selection = rerank(
+        tie_keys=np.array(tie_keys if tie_keys is not None else range(n), dtype=np.int64),
+        scores=np.array(scores, dtype=np.float32),
+        categories=np.array(categories or [0] * n, dtype=np.int64),
+        age_days=np.array(age_days or [100.0] * n, dtype=np.float32),
+        dropped=np.array(dropped or [False] * n, dtype=bool),
+        rules=rules,
+        n_items=n_items,
+    )
+    return selection.positions.tolist(), selection.scores.tolist()
+
+
+def test_orders_by_score_and_truncates() -> None:
+    positions, scores = _rerank([0.1, 0.9, 0.5, 0.7], n_items=3)
+    assert positions == [1, 3, 2]
+    assert scores == pytest.approx([0.9, 0.7, 0.5])
+
+
+def test_ties_break_on_tie_key_whatever_the_input_order() -> None:
+    positions, _ = _rerank([0.5, 0.5, 0.5], tie_keys=[30, 10, 20])
+    assert positions == [1, 2, 0]
+
+
+def test_dropped_items_never_come_back_even_to_fill_the_answer() -> None:
+    positions, _ = _rerank([0.9, 0.8, 0.7], dropped=[True, False, True], n_items=3)
+    assert positions == [1]
+
+
+def test_diversity_cap_then_backfill_in_score_order() -> None:
+    rules = RerankRules(diversity=DiversityRule(max_per_category=1))
+    positions, _ = _rerank(
+        [0.9, 0.8, 0.7, 0.6, 0.5], categories=[1, 1, 2, 2, 3], rules=rules, n_items=4
+    )
+    # one per category first (0, 2, 4), then the best capped-out item (1)
+    assert positions == [0, 2, 4, 1]
+
+
+def test_diversity_cap_of_two() -> None:
+    rules = RerankRules(diversity=DiversityRule(max_per_category=2))
+    positions, _ = _rerank([0.9, 0.8, 0.7, 0.6], categories=[5, 5, 5, 6], rules=rules, n_items=3)
+    assert positions == [0, 1, 3]
+
+
+def test_fresh_items_are_boosted_past_older_ones() -> None:
+    rules = RerankRules(boost=(BoostRule(name="fresh", max_age_days=7, multiplier=2.0),))
+    positions, scores = _rerank([0.5, 0.3], age_days=[30.0, 1.0], rules=rules)
+    assert positions == [1, 0]
+    assert scores == pytest.approx([0.6, 0.5])
+
+
+def test_boosts_compound() -> None:
+    rules = RerankRules(
+        boost=(
+            BoostRule(name="week", max_age_days=7, multiplier=2.0),
+            BoostRule(name="day", max_age_days=1, multiplier=3.0),
+        )
+    )
+    boosted = boosted_scores(
+        np.array([1.0, 1.0, 1.0], np.float32), np.array([0.5, 3.0, 10.0], np.float32), rules
+    )
+    np.testing.assert_allclose(boosted, [6.0, 2.0, 1.0])
+
+
+def test_rank_within_group() -> None:
+    ranks = rank_within_group(np.array([3, 1, 3, 3, 1, 2], dtype=np.int64))
+    assert ranks.tolist() == [0, 0, 1, 2, 1, 0]
+
+
+def test_empty_candidates() -> None:
+    assert _rerank([]) == ([], [])
+
+
+def test_load_rules_file(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(
+        '[diversity]\nmax_per_category = 2\n[[boost]]\nname = "new"\nmax_age_days = 3\n'
+        'multiplier = 1.5\n[block]\nitem_ids = ["i1"]\n'
+    )
+    rules = load_rules(path)
+    assert rules.diversity.max_per_category == 2
+    assert rules.boost[0].multiplier == 1.5
+    assert rules.block.item_ids == frozenset({"i1"})
+
+
+def test_packaged_rules_load() -> None:
+    assert load_rules().diversity.max_per_category > 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[diversity]\nmax_per_category = -1\n",
+        "[diversity]\nmax_per_categroy = 1\n",
+        "[[boost]]\nname = 'x'\nmax_age_days = 1\nmultiplier = 0\n",
+        "not toml at all [",
+    ],
+)
+def test_invalid_rules_are_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="rules file"):
+        load_rules(path)

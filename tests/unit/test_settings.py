@@ -1,0 +1,24 @@
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+
+def test_environment_configures_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECSYS_REDIS_URL", "unix:///run/redis.sock")
+    monkeypatch.setenv("RECSYS_CANDIDATE_COUNT", "2500")
+    settings = Settings()
+    assert settings.redis_url == "unix:///run/redis.sock"
+    assert settings.candidate_count == 2500
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("RECSYS_CANDIDATE_COUNT", "0"), ("RECSYS_CANDIDATE_COUNT", "9000"), ("RECSYS_PORT", "x")],
+)
+def test_invalid_environment_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=name.removeprefix("RECSYS_").lower()):
+        Settings()

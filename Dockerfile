@@ -1,0 +1,20 @@
+# The recommendation API. Triton runs beside it in its own container (deploy/).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /var/lib/recsys recsys
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+USER 10001
+ENV RECSYS_HOST=0.0.0.0 \
+    RECSYS_PORT=8080 \
+    RECSYS_ARTIFACTS_DIR=/var/lib/recsys/world \
+    PYTHONUNBUFFERED=1
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=2s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=1)"]
+ENTRYPOINT ["recsys", "serve"]

@@ -20,6 +20,7 @@ from app.api_models import (
 from app.context import RequestContext
 from app.deps import ServicesDep
 from app.health import readiness
+from app.services import Services
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -74,7 +75,7 @@ async def recommend(
     )
 
 
-def _observe(services: ServicesDep, outcome: str, started: float) -> None:
+def _observe(services: Services, outcome: str, started: float) -> None:
     services.metrics.requests.labels(outcome).inc()
     services.metrics.request_duration.labels(outcome).observe(time.perf_counter() - started)
 

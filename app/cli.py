@@ -64,6 +64,7 @@ def _serve(args: argparse.Namespace) -> None:
         port=settings.port,
         workers=args.workers,
         log_level=args.log_level,
+        access_log=args.access_log,
     )
 
 
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the API (configured by RECSYS_* variables)")
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--access-log", action="store_true", help="log every request (costs CPU under load)"
+    )
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", parents=[world], help="local Redis + Triton + API")

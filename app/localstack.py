@@ -57,7 +57,8 @@ class ManagedProcess:
                 continue
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group (the server or a child of it) still runs."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -68,9 +69,9 @@ def _group_alive(pgid: int) -> bool:
 def _reap_group(pgid: int, wait_s: float) -> None:
     """Wait for the group's other members (Triton's stubs) to exit too."""
     give_up = time.monotonic() + wait_s
-    while _group_alive(pgid) and time.monotonic() < give_up:
+    while group_alive(pgid) and time.monotonic() < give_up:
         time.sleep(0.05)
-    if _group_alive(pgid):
+    if group_alive(pgid):
         os.killpg(pgid, signal.SIGKILL)
 
 

@@ -7,7 +7,6 @@ nothing they started is left running.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,6 +23,7 @@ from app.clients.feature_store import KeySpace
 from app.localstack import (
     ManagedProcess,
     default_triton_env,
+    group_alive,
     project_root,
     start_redis,
     start_triton,
@@ -67,14 +67,6 @@ class Stack:
         }
         values.update(overrides)
         return Settings(**values)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _model_repository(root: Path, world: Path, schema: FeatureSchema) -> Path:
@@ -121,7 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         for process in started:
             process.stop()
-    leftovers = [p.name for p in started if _alive(p.pid)]
+    leftovers = [p.name for p in started if group_alive(p.pid)]
     assert not leftovers, f"still running after stop: {leftovers}"
 
 

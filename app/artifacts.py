@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from app.catalog import Catalog
 from app.rules import RerankRules
 from app.schema import FeatureSchema, ModelSignature
@@ -15,6 +18,7 @@ class ServingArtifacts:
     catalog: Catalog
     rules: RerankRules
     model: ModelSignature
+    item_keys: npt.NDArray[np.bytes_]  # the Redis key of each catalog item, by position
 
 
 class ArtifactsRef:

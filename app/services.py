@@ -97,7 +97,8 @@ async def start_services(settings: Settings, metrics: ServiceMetrics) -> Service
         await model.close()
         await store.aclose()
         raise
-    artifacts = ArtifactsRef(ServingArtifacts(schema, catalog, rules, signature))
+    item_keys = store.keys.item_keys(catalog.item_ids)
+    artifacts = ArtifactsRef(ServingArtifacts(schema, catalog, rules, signature, item_keys))
     executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
     pipeline = RecommendPipeline(
         features=UserFeatureHydrator(store),

@@ -41,6 +41,13 @@ class KeySpace:
     def meta(self) -> str:
         return f"{self.prefix}:meta"
 
+    def item_keys(self, item_ids: npt.NDArray[np.str_]) -> npt.NDArray[np.bytes_]:
+        """Every item's key, encoded once, so a request only indexes into this array."""
+        keys: npt.NDArray[np.bytes_] = np.char.encode(
+            np.char.add(f"{self.prefix}:i:", item_ids), "utf-8"
+        )
+        return keys
+
 
 def layout_meta(schema: FeatureSchema) -> dict[str, str]:
     """What the writer records about the blobs, so a reader can refuse a different layout."""

@@ -20,8 +20,7 @@ class ItemFeatureHydrator:
     async def hydrate(
         self, positions: npt.NDArray[np.int64], ctx: RequestContext
     ) -> HydratedCandidates:
-        item_ids = ctx.artifacts.catalog.item_ids[positions].tolist()
-        keys = [self._store.keys.item(item_id).encode() for item_id in item_ids]
+        keys: list[bytes] = ctx.artifacts.item_keys[positions].tolist()
         try:
             blobs = await self._store.items(keys)
         except FeatureStoreError as exc:

@@ -39,6 +39,12 @@ def test_key_space() -> None:
     )
 
 
+def test_item_keys_are_encoded_once_for_the_whole_catalog() -> None:
+    keys = KeySpace("rs").item_keys(np.array(["i0", "sku-17", "größe"]))
+    assert keys.tolist() == [b"rs:i:i0", b"rs:i:sku-17", "rs:i:größe".encode()]
+    assert keys[np.array([2, 0])].tolist() == [keys[2], keys[0]]
+
+
 def test_layout_meta_names_the_blob_layout() -> None:
     assert layout_meta(tiny_schema()) == {
         "schema_version": "1",

@@ -89,7 +89,8 @@ async def start_services(settings: Settings, metrics: ServiceMetrics) -> Service
     store = FeatureStore(
         redis, schema, KeySpace(settings.redis_key_prefix), settings.max_seen_items
     )
-    model = connect_triton(settings.triton_url, settings.model_name, settings.model_version)
+    model_name = settings.model_name or schema.model_name
+    model = connect_triton(settings.triton_url, model_name, settings.model_version)
     try:
         await retry_dependency("redis", store.check_layout, settings.startup_timeout_s)
         signature = await checked_signature(model, schema, settings.startup_timeout_s)

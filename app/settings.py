@@ -24,7 +24,9 @@ class Settings(BaseSettings):
     redis_max_connections: int = Field(default=64, ge=1)
     redis_timeout_ms: float = Field(default=100.0, gt=0)
     triton_url: str = Field(default="127.0.0.1:8001", description="Triton gRPC host:port")
-    model_name: str = Field(default="ranking_model", min_length=1)
+    model_name: str | None = Field(
+        default=None, min_length=1, description="default: the feature schema's model name"
+    )
     model_version: str = Field(default="", description="empty: Triton's latest ready version")
 
     # Artifacts

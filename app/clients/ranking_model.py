@@ -73,10 +73,6 @@ class RankingModelClient:
         self._model_name = model_name
         self._model_version = model_version
 
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
     async def signature(self) -> ModelSignature:
         try:
             metadata = await self._client.get_model_metadata(

@@ -39,8 +39,6 @@ class World:
     users: UserTable
     interactions: Interactions
     seen: SeenLists
-    hidden_quality: FloatArray
-    price: FloatArray
 
 
 def _unit(rows: FloatArray) -> FloatArray:
@@ -211,4 +209,4 @@ def generate_world(
         rng, items, users, quality, price, price_affinity, n_impressions, schema
     )
     seen = _seen_lists(users, items, interactions)
-    return World(items, users, interactions, seen, quality, price)
+    return World(items, users, interactions, seen)

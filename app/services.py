@@ -65,8 +65,7 @@ async def checked_signature(
     model: RankingModelClient, schema: FeatureSchema, timeout_s: float
 ) -> ModelSignature:
     """Wait for the model, then refuse to go on if it disagrees with the feature schema."""
-    await model.wait_until_ready(timeout_s)
-    signature = await model.signature()
+    signature = await retry_dependency("the triton model", model.ready_signature, timeout_s)
     problems = signature_mismatches(schema, signature)
     if problems:
         raise SchemaError(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from typing import Any
 
 import numpy as np
@@ -94,16 +93,13 @@ class RankingModelClient:
         except (InferenceServerException, TimeoutError):
             return False
 
-    async def wait_until_ready(self, timeout_s: float) -> None:
-        """Poll until the model is ready, for start-up beside a Triton that is still loading."""
-        give_up = time.monotonic() + timeout_s
-        while not await self.is_ready(timeout_s=1.0):
-            if time.monotonic() > give_up:
-                raise RankingModelError(
-                    FailureKind.UNAVAILABLE,
-                    f"model {self._model_name!r} not ready after {timeout_s:.0f}s",
-                )
-            await asyncio.sleep(0.25)
+    async def ready_signature(self) -> ModelSignature:
+        """The model's signature, or UNAVAILABLE while Triton is down or still loading it."""
+        if not await self.is_ready(timeout_s=1.0):
+            raise RankingModelError(
+                FailureKind.UNAVAILABLE, f"model {self._model_name!r} is not ready"
+            )
+        return await self.signature()
 
     async def _infer_chunk(
         self, rows: npt.NDArray[np.float32], input_name: str, output_name: str, timeout_s: float

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from httpx import AsyncClient
 
-from app.errors import ConfigError, SchemaError
-from app.localstack import start_redis
+from app.errors import ConfigError, RankingModelError, SchemaError
+from app.localstack import free_port, start_redis
 from app.metrics import ServiceMetrics
 from app.services import start_services
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
@@ -33,6 +33,12 @@ async def test_start_up_refuses_a_schema_the_model_does_not_take(
 async def test_start_up_refuses_a_missing_world(stack: Stack, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"items\.npz is missing"):
         await start_services(stack.settings(artifacts_dir=tmp_path), ServiceMetrics())
+
+
+async def test_start_up_gives_up_on_an_absent_triton(stack: Stack) -> None:
+    settings = stack.settings(triton_url=f"127.0.0.1:{free_port()}", startup_timeout_s=1.0)
+    with pytest.raises(RankingModelError, match="not ready"):
+        await start_services(settings, ServiceMetrics())
 
 
 async def test_a_lost_redis_degrades_the_answer(stack: Stack, tmp_path: Path) -> None:

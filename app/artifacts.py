@@ -8,17 +8,36 @@ import numpy as np
 import numpy.typing as npt
 
 from app.catalog import Catalog
+from app.clients.feature_store import KeySpace
 from app.rules import RerankRules
 from app.schema import FeatureSchema, ModelSignature
 
 
 @dataclass(frozen=True, slots=True)
 class ServingArtifacts:
+    """What a request reads. Build with `serving_artifacts`, which derives the last three."""
+
     schema: FeatureSchema
     catalog: Catalog
     rules: RerankRules
     model: ModelSignature
     item_keys: npt.NDArray[np.bytes_]  # the Redis key of each catalog item, by position
+    blocked: npt.NDArray[np.bool_]  # by position: the rules' block list
+    popular: npt.NDArray[np.int64]  # unblocked positions, most popular first
+
+
+def serving_artifacts(
+    schema: FeatureSchema,
+    catalog: Catalog,
+    rules: RerankRules,
+    model: ModelSignature,
+    keys: KeySpace,
+) -> ServingArtifacts:
+    """Resolve, once, what requests would otherwise look up item by item."""
+    blocked = np.isin(catalog.item_ids, np.array(sorted(rules.block.item_ids), dtype=np.str_))
+    popular = catalog.popular_order[~blocked[catalog.popular_order]]
+    item_keys = keys.item_keys(catalog.item_ids)
+    return ServingArtifacts(schema, catalog, rules, model, item_keys, blocked, popular)
 
 
 class ArtifactsRef:

@@ -34,7 +34,7 @@ class RecommendPipeline:
             user = await self._features.hydrate(request.user_id, request.context, ctx)
         unwanted = user.seen.union(request.exclude_item_ids)
         # Ask recall for enough that the answer can be full after the filters drop items.
-        at_least = request.num_items + len(unwanted) + len(ctx.artifacts.rules.block.item_ids)
+        at_least = request.num_items + len(unwanted)
         with ctx.stage("recall"):
             positions = await self._recall.recall(user.blob[: schema.embedding_dim], at_least, ctx)
         ctx.count("recall", len(positions))

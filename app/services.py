@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import faiss
 
-from app.artifacts import ArtifactsRef, ServingArtifacts
+from app.artifacts import ArtifactsRef, serving_artifacts
 from app.catalog import load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import RankingModelClient, connect_triton
@@ -97,8 +97,7 @@ async def start_services(settings: Settings, metrics: ServiceMetrics) -> Service
         await model.close()
         await store.aclose()
         raise
-    item_keys = store.keys.item_keys(catalog.item_ids)
-    artifacts = ArtifactsRef(ServingArtifacts(schema, catalog, rules, signature, item_keys))
+    artifacts = ArtifactsRef(serving_artifacts(schema, catalog, rules, signature, store.keys))
     executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
     pipeline = RecommendPipeline(
         features=UserFeatureHydrator(store),

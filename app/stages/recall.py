@@ -54,13 +54,14 @@ class CandidateRecall:
     async def recall(
         self, user_embedding: npt.NDArray[np.float32], at_least: int, ctx: RequestContext
     ) -> Positions:
-        """Candidates in recall order: ANN hits first, then popular ones."""
-        catalog = ctx.artifacts.catalog
-        k = min(max(self._candidate_count, at_least), catalog.size)
+        """Unblocked candidates in recall order: ANN hits first, then popular ones."""
+        artifacts = ctx.artifacts
+        k = min(max(self._candidate_count, at_least), len(artifacts.popular))
         try:
-            found = await self._ann.search(catalog, user_embedding, k)
+            found = await self._ann.search(artifacts.catalog, user_embedding, k)
         except RuntimeError:  # faiss reports every failure as RuntimeError
             ctx.degrade("recall", FailureKind.ERROR)
             found = np.empty(0, dtype=np.int64)
-        extra = min(self._popular_count + max(0, k - len(found)), catalog.size - len(found))
-        return merge_popular(found.astype(np.int64, copy=False), catalog.popular_order, extra)
+        found = found[~artifacts.blocked[found]].astype(np.int64, copy=False)
+        extra = min(self._popular_count + max(0, k - len(found)), len(artifacts.popular))
+        return merge_popular(found, artifacts.popular, extra)

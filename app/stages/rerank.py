@@ -27,12 +27,11 @@ class Reranker:
         n_items: int,
         ctx: RequestContext,
     ) -> list[RankedItem]:
-        """The top n_items after dropping `unwanted` and blocked ids, boosting and capping."""
+        """The top n_items after dropping `unwanted` ids, boosting and capping."""
         catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
         item_ids: list[str] = catalog.item_ids[positions].tolist()
-        blocked = rules.block.item_ids
         dropped = np.fromiter(
-            (item in unwanted or item in blocked for item in item_ids),
+            (item in unwanted for item in item_ids),
             dtype=bool,
             count=len(item_ids),
         )

@@ -76,8 +76,8 @@ async def recommend(
 
 
 def _observe(services: Services, outcome: str, started: float) -> None:
-    services.metrics.requests.labels(outcome).inc()
-    services.metrics.request_duration.labels(outcome).observe(time.perf_counter() - started)
+    services.metrics.request_count[outcome].inc()
+    services.metrics.request_timer[outcome].observe(time.perf_counter() - started)
 
 
 @router.get("/healthz")

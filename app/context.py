@@ -38,7 +38,7 @@ class RequestContext:
         self.metrics.degraded.labels(stage, kind.value).inc()
 
     def count(self, stage: str, candidates: int) -> None:
-        self.metrics.candidates.labels(stage).observe(candidates)
+        self.metrics.stage_count[stage].observe(candidates)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -48,4 +48,4 @@ class RequestContext:
         finally:
             elapsed = time.perf_counter() - start
             self.timings_ms[name] = round(elapsed * 1000.0, 3)
-            self.metrics.stage_duration.labels(name).observe(elapsed)
+            self.metrics.stage_timer[name].observe(elapsed)

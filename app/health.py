@@ -13,15 +13,13 @@ async def readiness(services: Services) -> dict[str, bool]:
     """One entry per part: redis, triton (model ready), index (loaded), schema (model agrees)."""
     artifacts = services.artifacts.current
     redis_ok = await services.store.ping(CHECK_TIMEOUT_S)
-    triton_ok = await services.model.is_ready(CHECK_TIMEOUT_S)
-    schema_ok = False
-    if triton_ok:
-        try:
-            signature = await services.model.signature()
-        except RankingModelError:
-            triton_ok = False
-        else:
-            schema_ok = not signature_mismatches(artifacts.schema, signature)
+    try:
+        signature = await services.model.ready_signature(CHECK_TIMEOUT_S)
+    except RankingModelError:
+        triton_ok = schema_ok = False
+    else:
+        triton_ok = True
+        schema_ok = not signature_mismatches(artifacts.schema, signature)
     return {
         "redis": redis_ok,
         "triton": triton_ok,

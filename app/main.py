@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for error in exc.errors()
         ]
         if request.url.path == "/recommend":
-            metrics.requests.labels("invalid").inc()
+            metrics.request_count["invalid"].inc()
         body = ErrorBody(
             error="invalid_request",
             message="; ".join(f"{f.field}: {f.message}" for f in fields),

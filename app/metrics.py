@@ -83,14 +83,10 @@ class ServiceMetrics:
         self.ready = Gauge(
             "recsys_ready", "1 when the last readiness check passed.", registry=self.registry
         )
-        self._prime_label_sets()
-
-    def _prime_label_sets(self) -> None:
-        # Every series exists from the first scrape, so rate() and absent() behave.
-        for stage in STAGES:
-            self.stage_duration.labels(stage)
-        for stage in COUNTED_STAGES:
-            self.candidates.labels(stage)
-        for outcome in OUTCOMES:
-            self.request_duration.labels(outcome)
-            self.requests.labels(outcome)
+        # Children bound once, for the fixed label values only: every series exists from the
+        # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
+        # label value outside the set fails loudly instead of creating a series.
+        self.stage_timer = {stage: self.stage_duration.labels(stage) for stage in STAGES}
+        self.stage_count = {stage: self.candidates.labels(stage) for stage in COUNTED_STAGES}
+        self.request_timer = {o: self.request_duration.labels(o) for o in OUTCOMES}
+        self.request_count = {o: self.requests.labels(o) for o in OUTCOMES}

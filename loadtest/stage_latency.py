@@ -54,11 +54,11 @@ def _wait_ready(client: httpx.Client, api: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the API never became ready")
 
 
-def _body(user: int, candidate_rng: random.Random) -> dict[str, object]:
+def _body(user: int, rng: random.Random) -> dict[str, object]:
     return {
         "user_id": f"u{user}",
         "num_items": 20,
-        "context": {"device": candidate_rng.choice(["mobile", "desktop"]), "page": "home"},
+        "context": {"device": rng.choice(["mobile", "desktop"]), "page": "home"},
     }
 
 

@@ -43,9 +43,7 @@ class KeySpace:
 
     def item_keys(self, item_ids: npt.NDArray[np.str_]) -> npt.NDArray[np.bytes_]:
         """Every item's key, encoded once, so a request only indexes into this array."""
-        keys: npt.NDArray[np.bytes_] = np.char.encode(
-            np.char.add(f"{self.prefix}:i:", item_ids), "utf-8"
-        )
+        keys: npt.NDArray[np.bytes_] = np.char.encode(np.char.add(self.item(""), item_ids), "utf-8")
         return keys
 
 

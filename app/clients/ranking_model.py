@@ -72,13 +72,13 @@ class RankingModelClient:
         self._model_name = model_name
         self._model_version = model_version
 
-    async def signature(self) -> ModelSignature:
+    async def signature(self, timeout_s: float) -> ModelSignature:
         try:
             metadata = await self._client.get_model_metadata(
-                self._model_name, self._model_version, as_json=True
+                self._model_name, self._model_version, as_json=True, client_timeout=timeout_s
             )
             config = await self._client.get_model_config(
-                self._model_name, self._model_version, as_json=True
+                self._model_name, self._model_version, as_json=True, client_timeout=timeout_s
             )
         except InferenceServerException as exc:
             raise _mapped(exc, "read model metadata") from exc
@@ -93,13 +93,13 @@ class RankingModelClient:
         except (InferenceServerException, TimeoutError):
             return False
 
-    async def ready_signature(self) -> ModelSignature:
+    async def ready_signature(self, timeout_s: float = 1.0) -> ModelSignature:
         """The model's signature, or UNAVAILABLE while Triton is down or still loading it."""
-        if not await self.is_ready(timeout_s=1.0):
+        if not await self.is_ready(timeout_s):
             raise RankingModelError(
                 FailureKind.UNAVAILABLE, f"model {self._model_name!r} is not ready"
             )
-        return await self.signature()
+        return await self.signature(timeout_s)
 
     async def _infer_chunk(
         self, rows: npt.NDArray[np.float32], input_name: str, output_name: str, timeout_s: float

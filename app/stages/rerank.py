@@ -29,11 +29,10 @@ class Reranker:
     ) -> list[RankedItem]:
         """The top n_items after dropping `unwanted` ids, boosting and capping."""
         catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
-        item_ids: list[str] = catalog.item_ids[positions].tolist()
-        dropped = np.fromiter(
-            (item in unwanted for item in item_ids),
-            dtype=bool,
-            count=len(item_ids),
+        dropped = (
+            np.isin(catalog.item_ids[positions], np.array(list(unwanted), dtype=np.str_))
+            if unwanted
+            else np.zeros(len(positions), dtype=bool)
         )
         age_days = ((self._clock() - catalog.published_at[positions]) / SECONDS_PER_DAY).astype(
             np.float32
@@ -47,9 +46,9 @@ class Reranker:
             rules=rules,
             n_items=n_items,
         )
+        # Only the chosen few become Python strings.
+        chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
         return [
-            RankedItem(item_ids[pos], float(score))
-            for pos, score in zip(
-                selection.positions.tolist(), selection.scores.tolist(), strict=True
-            )
+            RankedItem(item_id, score)
+            for item_id, score in zip(chosen_ids, selection.scores.tolist(), strict=True)
         ]

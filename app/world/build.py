@@ -14,9 +14,7 @@ from app.world.files import (
     ItemTable,
     UserTable,
     save_default_user,
-    save_items,
-    save_seen,
-    save_users,
+    save_table,
     write_manifest,
 )
 from app.world.index import build_index, save_index
@@ -44,8 +42,8 @@ def write_catalog(
     items.check(schema)
     users.check(schema)
     world.mkdir(parents=True, exist_ok=True)
-    save_items(world, items)
-    save_users(world, users)
+    save_table(world, items)
+    save_table(world, users)
     save_default_user(world, users)
     started = time.perf_counter()
     index = build_index(items.embeddings, index_factory)
@@ -78,7 +76,7 @@ def build_demo_world(
     generated = generate_world(schema, size.items, size.users, size.impressions, seed)
     log.info("generated %d items, %d users", size.items, size.users)
     write_catalog(world, schema, generated.items, generated.users, index_factory)
-    save_seen(world, generated.seen)
+    save_table(world, generated.seen)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)
     report = trained.report.as_dict()

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -77,49 +77,39 @@ def _check_shapes(table: str, value: Any, expected: Mapping[str, tuple[int, ...]
             raise ConfigError(f"{table}.{name} has shape {actual}, expected {shape}")
 
 
-def save_items(world: Path, items: ItemTable) -> None:
-    np.savez(world / ITEMS_FILE, **{f: getattr(items, f) for f in ItemTable.__slots__})
+Table = ItemTable | UserTable | SeenLists
+TableT = TypeVar("TableT", ItemTable, UserTable, SeenLists)
+_FILES: dict[type[Table], str] = {
+    ItemTable: ITEMS_FILE,
+    UserTable: USERS_FILE,
+    SeenLists: SEEN_FILE,
+}
+
+
+def save_table(world: Path, table: Table) -> None:
+    """One .npz per table, one array per field."""
+    fields = {name: getattr(table, name) for name in type(table).__slots__}
+    np.savez(world / _FILES[type(table)], **fields)
+
+
+def _load_table(world: Path, kind: type[TableT]) -> TableT:
+    with np.load(world / _FILES[kind]) as data:
+        return kind(**{name: data[name] for name in kind.__slots__})
 
 
 def load_items(world: Path) -> ItemTable:
-    with np.load(world / ITEMS_FILE) as data:
-        return ItemTable(
-            ids=data["ids"].astype(np.str_),
-            embeddings=data["embeddings"].astype(np.float32),
-            dense=data["dense"].astype(np.float32),
-            categories=data["categories"].astype(np.int64),
-            published_at=data["published_at"].astype(np.int64),
-            popularity=data["popularity"].astype(np.float32),
-        )
-
-
-def save_users(world: Path, users: UserTable) -> None:
-    np.savez(world / USERS_FILE, **{f: getattr(users, f) for f in UserTable.__slots__})
+    return _load_table(world, ItemTable)
 
 
 def load_users(world: Path) -> UserTable:
-    with np.load(world / USERS_FILE) as data:
-        return UserTable(
-            ids=data["ids"].astype(np.str_),
-            embeddings=data["embeddings"].astype(np.float32),
-            dense=data["dense"].astype(np.float32),
-        )
-
-
-def save_seen(world: Path, seen: SeenLists) -> None:
-    np.savez(world / SEEN_FILE, **{f: getattr(seen, f) for f in SeenLists.__slots__})
+    return _load_table(world, UserTable)
 
 
 def load_seen(world: Path) -> SeenLists | None:
-    path = world / SEEN_FILE
-    if not path.is_file():
+    """Seen lists are optional: an imported catalog has none."""
+    if not (world / SEEN_FILE).is_file():
         return None
-    with np.load(path) as data:
-        return SeenLists(
-            user_ids=data["user_ids"].astype(np.str_),
-            offsets=data["offsets"].astype(np.int64),
-            item_ids=data["item_ids"].astype(np.str_),
-        )
+    return _load_table(world, SeenLists)
 
 
 def save_default_user(world: Path, users: UserTable) -> None:

@@ -6,6 +6,7 @@ On disk a world directory holds:
 - users.npz: ids (str), embeddings (n, dim), dense (n, user dense)
 - index.faiss: an inner-product FAISS index whose row i is item i
 - default_user.npy: the blob used for users without stored features (cold start)
+- model.onnx: the ranking model Triton serves, also the in-process fallback ranker
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ITEMS_FILE = "items.npz"
 USERS_FILE = "users.npz"
 INDEX_FILE = "index.faiss"
 DEFAULT_USER_FILE = "default_user.npy"
+MODEL_FILE = "model.onnx"
 
 
 @dataclass(frozen=True, slots=True)

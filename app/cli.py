@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
+import sys
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from app.errors import RecsysError
@@ -51,12 +54,19 @@ def _load_redis(args: argparse.Namespace) -> None:
     print(json.dumps({"items": report.items, "users": report.users, "seen": report.seen_lists}))
 
 
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    sys.exit(0)
+
+
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from app.settings import Settings
 
     settings = Settings()  # validated here, once, before any worker starts
+    # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
+    # drained and finished every request is a normal stop, so the process exits 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         "app.main:create_app",
         factory=True,
@@ -65,6 +75,7 @@ def _serve(args: argparse.Namespace) -> None:
         workers=args.workers,
         log_level=args.log_level,
         access_log=args.access_log,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,10 +10,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.errors import FailureKind
-from app.metrics import ServiceMetrics
+from app.metrics import ServiceMetrics, Stage
+from app.throttled_log import ThrottledLog
 
 if TYPE_CHECKING:
     from app.artifacts import ServingArtifacts
+
+degradations = ThrottledLog(logging.getLogger("recsys.degraded"))
 
 
 @dataclass(slots=True)
@@ -20,11 +24,14 @@ class RequestContext:
     """Deadline, artifacts snapshot, degradations and stage timings of one request.
 
     The artifacts are read once when the request starts, so a hot swap never mixes an old
-    index with new rules inside one answer.
+    index with new rules inside one answer. `deadline` is on the `time.monotonic` clock;
+    `reserve_s` of it is kept back from every dependency call so that the fallback of the
+    last stage to fail, and the answer itself, still fit in the budget.
     """
 
     request_id: str
     deadline: float
+    reserve_s: float
     artifacts: ServingArtifacts
     metrics: ServiceMetrics
     degraded: list[str] = field(default_factory=list)
@@ -33,15 +40,27 @@ class RequestContext:
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
-    def degrade(self, stage: str, kind: FailureKind) -> None:
-        self.degraded.append(f"{stage}:{kind.value}")
-        self.metrics.degraded.labels(stage, kind.value).inc()
+    def time_for(self, cap_s: float | None = None) -> float:
+        """What a dependency call may take now: the time left less the reserve, capped."""
+        available = max(0.0, self.deadline - self.reserve_s - time.monotonic())
+        return available if cap_s is None else min(available, cap_s)
 
-    def count(self, stage: str, candidates: int) -> None:
+    def degrade(self, stage: Stage, kind: FailureKind, cause: BaseException | str) -> None:
+        """Flag the answer, count it, and log the cause (at most one line per interval)."""
+        flag = f"{stage}:{kind}"
+        if flag in self.degraded:
+            return
+        self.degraded.append(flag)
+        self.metrics.degraded_count[stage, kind].inc()
+        degradations.warning(
+            (stage, kind), "%s fell back (%s): %s [request %s]", stage, kind, cause, self.request_id
+        )
+
+    def count(self, stage: Stage, candidates: int) -> None:
         self.metrics.stage_count[stage].observe(candidates)
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: Stage) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield

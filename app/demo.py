@@ -17,6 +17,7 @@ import httpx
 import redis
 import uvicorn
 
+from app.catalog import MODEL_FILE
 from app.clients.feature_store import KeySpace
 from app.localstack import (
     ManagedProcess,
@@ -30,7 +31,7 @@ from app.main import create_app
 from app.schema import load_schema
 from app.settings import Settings
 from app.world.build import DEMO, build_demo_world, install_model
-from app.world.files import MODEL_FILE, read_manifest
+from app.world.files import read_manifest
 from app.world.redis_loader import load_world_into_redis
 
 log = logging.getLogger("recsys.demo")
@@ -63,9 +64,18 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     sys.exit(128 + signum)
 
 
+@dataclass(frozen=True, slots=True)
+class LocalStack:
+    """The running servers, and the API settings that point at them."""
+
+    settings: Settings
+    redis: ManagedProcess
+    triton: ManagedProcess
+
+
 @contextmanager
-def local_stack(options: StackOptions) -> Iterator[Settings]:
-    """Build the world if absent, start Redis and Triton, load Redis; yield API settings."""
+def local_stack(options: StackOptions) -> Iterator[LocalStack]:
+    """Build the world if absent, start Redis and Triton, load Redis; yield the stack."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     schema = load_schema()
     ensure_world(options.world)
@@ -94,7 +104,8 @@ def local_stack(options: StackOptions) -> Iterator[Settings]:
             triton_url,
             ports.metrics,
         )
-        yield Settings(redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world)
+        settings = Settings(redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world)
+        yield LocalStack(settings, redis_process, triton_process)
     finally:
         for process in reversed(started):
             process.stop()
@@ -126,8 +137,8 @@ async def _serve_and_show(settings: Settings) -> None:
 
 def run_demo(options: StackOptions, host: str, port: int) -> None:
     try:
-        with local_stack(options) as settings:
-            served = settings.model_copy(update={"host": host, "port": port})
+        with local_stack(options) as stack:
+            served = stack.settings.model_copy(update={"host": host, "port": port})
             asyncio.run(_serve_and_show(served))
     except KeyboardInterrupt:
         pass

@@ -18,16 +18,24 @@ class SchemaError(ConfigError):
 
 
 class FailureKind(StrEnum):
-    """Why a dependency call failed; a fixed set, used as a metric label."""
+    """Why a stage fell back; a fixed set, used as a metric label."""
 
     TIMEOUT = "timeout"
     UNAVAILABLE = "unavailable"
+    OVERLOADED = "overloaded"
+    CIRCUIT_OPEN = "circuit_open"
     ERROR = "error"
     BAD_DATA = "bad_data"
+    MISSING = "missing"
+
+
+# What says the dependency itself is in trouble, and so counts against its circuit breaker.
+# Bad data and overload are answers: the dependency is up.
+BREAKING_KINDS = frozenset({FailureKind.TIMEOUT, FailureKind.UNAVAILABLE})
 
 
 class DependencyError(RecsysError):
-    """A call to Redis or Triton failed; stages turn this into a degraded answer."""
+    """A call to Redis, Triton or the index failed; stages turn this into a degraded answer."""
 
     dependency = "dependency"
 
@@ -42,3 +50,7 @@ class FeatureStoreError(DependencyError):
 
 class RankingModelError(DependencyError):
     dependency = "triton"
+
+
+class RecallError(DependencyError):
+    dependency = "index"

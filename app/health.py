@@ -1,28 +1,48 @@
-"""Readiness: every part a request needs, checked and named."""
+"""Readiness: what a load balancer needs to know to send this instance traffic or not.
+
+Not ready before start-up has loaded the index and checked the model and the Redis layout
+(the server does not listen until then). After that, what is local to this host decides:
+its Triton's model must be ready and still match the schema, and the instance must not be
+draining. Redis is shared by every instance: when it fails, answers degrade, but taking
+every instance out of rotation at once would turn a degraded service into an outage, so it
+is reported and does not fail readiness.
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 from app.errors import RankingModelError
 from app.schema import signature_mismatches
 from app.services import Services
 
 CHECK_TIMEOUT_S = 0.5
+# The checks that make the instance not ready when they fail.
+DECIDING = ("index", "triton", "schema", "serving")
 
 
-async def readiness(services: Services) -> dict[str, bool]:
-    """One entry per part: redis, triton (model ready), index (loaded), schema (model agrees)."""
-    artifacts = services.artifacts.current
-    redis_ok = await services.store.ping(CHECK_TIMEOUT_S)
+async def _model_checks(services: Services) -> dict[str, bool]:
     try:
         signature = await services.model.ready_signature(CHECK_TIMEOUT_S)
     except RankingModelError:
-        triton_ok = schema_ok = False
-    else:
-        triton_ok = True
-        schema_ok = not signature_mismatches(artifacts.schema, signature)
+        return {"triton": False, "schema": False}
+    schema = services.artifacts.current.schema
+    return {"triton": True, "schema": not signature_mismatches(schema, signature)}
+
+
+async def readiness(services: Services) -> dict[str, bool]:
+    """One entry per part: the deciding ones, and redis (reported only)."""
+    catalog = services.artifacts.current.catalog
+    redis_ok, model = await asyncio.gather(
+        services.store.ping(CHECK_TIMEOUT_S), _model_checks(services)
+    )
     return {
+        "index": catalog.index.ntotal == catalog.size > 0,
+        **model,
+        "serving": not services.draining,
         "redis": redis_ok,
-        "triton": triton_ok,
-        "index": artifacts.catalog.index.ntotal == artifacts.catalog.size > 0,
-        "schema": schema_ok,
     }
+
+
+def failing(checks: dict[str, bool]) -> list[str]:
+    return sorted(name for name in DECIDING if not checks[name])

@@ -1,18 +1,24 @@
 """Real redis-server and tritonserver processes for the demo and the tests.
 
 Each is started in a session of its own and stopped by its pid (and that session's process
-group, which holds Triton's Python-backend stubs), so nothing outlives its owner.
+group, which holds Triton's Python-backend stubs), so nothing outlives its owner. Both listen
+on loopback only: Redis on a unix socket, Triton's ports on 127.0.0.1.
+
+A ManagedProcess keeps how it was launched, so integration tests can inject the faults a
+server has in production: frozen (SIGSTOP: sockets open, nothing answers), crashed (SIGKILL)
+and restarted in place (same argv, port and socket, so clients reconnect to the same address).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +27,20 @@ import tritonclient.grpc as triton_grpc
 from app.errors import ConfigError
 
 STOP_GRACE_S = 10.0
+KILL_WAIT_S = 5.0
+# Bounds each readiness probe, so a frozen server reads as "not ready" instead of hanging.
+PROBE_TIMEOUT_S = 1.0
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How a server was started and how to tell it serves: enough to start it again in place."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    ready: Callable[[], bool]
+    ready_timeout_s: float
 
 
 @dataclass(slots=True)
@@ -28,9 +48,11 @@ class ManagedProcess:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    launch: Launch | None = None
 
     @property
     def pid(self) -> int:
+        """The server's pid, which is also its process group's id (it leads its own session)."""
         return self.process.pid
 
     def running(self) -> bool:
@@ -42,19 +64,53 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def _signal(self, sig: signal.Signals) -> bool:
+        """Send sig to the whole group; False when no member of it is left."""
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def freeze(self) -> None:
+        """SIGSTOP the group: its sockets stay open and accept, but nothing answers (a hang)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the group after freeze()."""
+        self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL the group (frozen or not) and reap it: the crash case, no clean shutdown."""
+        self._signal(signal.SIGKILL)
+        self.process.wait()
+        if not _reap_group(self.pid, KILL_WAIT_S):
+            raise RuntimeError(f"{self.name} (group {self.pid}) survived SIGKILL")
+
+    def restart(self) -> None:
+        """Kill the server and start it again with the same argv, port and socket.
+
+        Returns once it is ready again (Redis answers PING, Triton's models are ready).
+        """
+        if self.launch is None:
+            raise RuntimeError(f"{self.name} was not started by this module; cannot restart")
+        self.kill()
+        self.process = _popen(self.launch, self.log_path, append=True)
+        _wait_for(self, self.launch.ready, self.launch.ready_timeout_s)
+
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
-        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
+        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+            # A frozen process would hold the SIGTERM pending for ever: let it run first.
+            self._signal(signal.SIGCONT)
+            if not self._signal(sig):
                 break
             try:
                 self.process.wait(timeout=wait_s)
-                _reap_group(self.pid, wait_s)
-                break
             except subprocess.TimeoutExpired:
                 continue
+            if _reap_group(self.pid, wait_s):
+                break
 
 
 def group_alive(pgid: int) -> bool:
@@ -63,37 +119,73 @@ def group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return _live_member(pgid)
 
 
-def _reap_group(pgid: int, wait_s: float) -> None:
-    """Wait for the group's other members (Triton's stubs) to exit too."""
+def _live_member(pgid: int) -> bool:
+    """Whether a member of the group is more than a zombie.
+
+    A killed server's stubs are orphans that init reaps, and some inits take a second or two
+    to do so; a zombie runs nothing and holds no port, so it does not count.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True  # cannot tell zombies apart here: killpg found a member
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name (field 2) may hold spaces and ")": split after its last ")".
+        state, _ppid, pgrp = text[text.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _reap_group(pgid: int, wait_s: float) -> bool:
+    """Wait for the group's other members (Triton's stubs) to exit too; True once none is left.
+
+    They are not our children: their parent's death hands them to init, which reaps them.
+    """
     give_up = time.monotonic() + wait_s
     while group_alive(pgid) and time.monotonic() < give_up:
-        time.sleep(0.05)
+        time.sleep(0.02)
     if group_alive(pgid):
-        os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        give_up = time.monotonic() + KILL_WAIT_S
+        while group_alive(pgid) and time.monotonic() < give_up:
+            time.sleep(0.02)
+    return not group_alive(pgid)
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> ManagedProcess:
+def _popen(launch: Launch, log_path: Path, append: bool = False) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv,
+    # A restart appends, so the log still shows what the server said before it was killed.
+    with log_path.open("ab" if append else "wb") as log_file:
+        return subprocess.Popen(
+            launch.argv,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=dict(launch.env),
             start_new_session=True,
         )
-    return ManagedProcess(name, process, log_path)
+
+
+def _start(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
+    """Spawn the server and return once launch.ready() holds (stopping it if it never does)."""
+    managed = ManagedProcess(name, _popen(launch, log_path), log_path, launch)
+    _wait_for(managed, launch.ready, launch.ready_timeout_s)
+    return managed
 
 
 def _wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:
@@ -104,7 +196,7 @@ def _wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: flo
         if time.monotonic() > give_up:
             managed.stop()
             raise RuntimeError(f"{managed.name} not ready in {timeout_s}s:\n{managed.log_tail()}")
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 # Redis ---------------------------------------------------------------------------------------
@@ -125,11 +217,29 @@ def find_redis_server() -> str:
     return str(bundled)
 
 
+def redis_answers(sock: Path, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the redis-server on this unix socket answers PING within timeout_s.
+
+    A socket file alone proves nothing: a killed server leaves its file behind.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(str(sock))
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 def start_redis(workdir: Path) -> tuple[ManagedProcess, str]:
-    """A throwaway redis-server on a unix socket, without persistence; returns its URL."""
+    """A throwaway redis-server on a unix socket, without persistence; returns its URL.
+
+    `--port 0` keeps it off TCP altogether, so nothing else on the host or network reaches it.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "redis.sock"
-    argv = [
+    argv = (
         find_redis_server(),
         "--port",
         "0",
@@ -145,10 +255,9 @@ def start_redis(workdir: Path) -> tuple[ManagedProcess, str]:
         str(workdir),
         "--protected-mode",
         "no",
-    ]
-    managed = _spawn("redis-server", argv, workdir / "redis.log", dict(os.environ))
-    _wait_for(managed, sock.exists, timeout_s=10.0)
-    return managed, f"unix://{sock}"
+    )
+    launch = Launch(argv, dict(os.environ), lambda: redis_answers(sock), ready_timeout_s=10.0)
+    return _start("redis-server", launch, workdir / "redis.log"), f"unix://{sock}"
 
 
 # Triton --------------------------------------------------------------------------------------
@@ -228,6 +337,54 @@ class TritonPorts:
     metrics: int | None = None
 
 
+def triton_models_ready(url: str, models: Sequence[str]) -> bool:
+    """Whether Triton at url serves and every one of models is ready."""
+    # A fresh channel per probe: one kept across a restart would sit in reconnect backoff.
+    client = triton_grpc.InferenceServerClient(url)
+    try:
+        return bool(client.is_server_ready(client_timeout=PROBE_TIMEOUT_S)) and all(
+            client.is_model_ready(name, client_timeout=PROBE_TIMEOUT_S) for name in models
+        )
+    except Exception:  # not listening yet, or frozen: any client error means "not yet"
+        return False
+    finally:
+        client.close()
+
+
+def _triton_argv(
+    install: TritonInstall,
+    model_repository: Path,
+    backends: Path,
+    models: Sequence[str],
+    ports: TritonPorts,
+    model_control: bool,
+) -> tuple[str, ...]:
+    argv = [
+        str(install.binary),
+        f"--model-repository={model_repository.resolve()}",
+        f"--backend-directory={backends}",
+        f"--grpc-address={LOOPBACK}",
+        f"--grpc-port={ports.grpc}",
+        "--exit-timeout-secs=5",
+        "--log-verbose=0",
+    ]
+    # Mode "none" loads the whole repository at start and refuses load/unload requests, so
+    # whoever reaches the port cannot swap the model; explicit control only when asked.
+    if model_control:
+        argv += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
+    else:
+        argv += ["--model-control-mode=none"]
+    if ports.http:
+        argv += [f"--http-address={LOOPBACK}", f"--http-port={ports.http}"]
+    else:
+        argv += ["--allow-http=false"]
+    if ports.metrics:
+        argv += [f"--metrics-address={LOOPBACK}", f"--metrics-port={ports.metrics}"]
+    else:
+        argv += ["--allow-metrics=false"]
+    return tuple(argv)
+
+
 def start_triton(
     env: Path,
     model_repository: Path,
@@ -235,37 +392,23 @@ def start_triton(
     models: list[str],
     ports: TritonPorts | None = None,
     timeout_s: float = 90.0,
+    *,
+    model_control: bool = False,
 ) -> tuple[ManagedProcess, str]:
-    """tritonserver on the CPU with explicit model control; returns its gRPC address."""
+    """tritonserver on the CPU, on loopback; returns its gRPC address once `models` are ready.
+
+    Without model control every model in the repository loads at start and `models` only
+    names what to wait for; with `model_control=True` only `models` load, and clients may
+    load and unload models (for tests that need it).
+    """
     install = find_triton(env)
     chosen = ports or TritonPorts(grpc=free_port())
-    argv = [
-        str(install.binary),
-        f"--model-repository={model_repository.resolve()}",
-        f"--backend-directory={_backend_directory(install, workdir)}",
-        "--model-control-mode=explicit",
-        *[f"--load-model={name}" for name in models],
-        f"--grpc-port={chosen.grpc}",
-        "--exit-timeout-secs=5",
-        "--log-verbose=0",
-    ]
-    argv += [f"--http-port={chosen.http}"] if chosen.http else ["--allow-http=false"]
-    argv += [f"--metrics-port={chosen.metrics}"] if chosen.metrics else ["--allow-metrics=false"]
-    managed = _spawn("tritonserver", argv, workdir / "triton.log", _triton_env(install))
-    url = f"127.0.0.1:{chosen.grpc}"
-    client = triton_grpc.InferenceServerClient(url)
-
-    def models_ready() -> bool:
-        try:
-            return all(client.is_model_ready(name) for name in models)
-        except Exception:  # not listening yet: any client error means "not yet"
-            return False
-
-    try:
-        _wait_for(managed, models_ready, timeout_s)
-    finally:
-        client.close()
-    return managed, url
+    backends = _backend_directory(install, workdir)
+    argv = _triton_argv(install, model_repository, backends, models, chosen, model_control)
+    url = f"{LOOPBACK}:{chosen.grpc}"
+    names = tuple(models)
+    launch = Launch(argv, _triton_env(install), lambda: triton_models_ready(url, names), timeout_s)
+    return _start("tritonserver", launch, workdir / "triton.log"), url
 
 
 def project_root() -> Path:

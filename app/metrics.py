@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-STAGES = ("features", "recall", "fetch", "pack", "rank", "rerank")
-COUNTED_STAGES = ("recall", "fetch", "rank", "rerank")
-OUTCOMES = ("ok", "degraded", "invalid", "error")
+from app.errors import FailureKind
+
+
+class Stage(StrEnum):
+    """The stages of /recommend, in the order the pipeline runs them."""
+
+    FEATURES = "features"
+    RECALL = "recall"
+    FILTER = "filter"
+    FETCH = "fetch"
+    PACK = "pack"
+    RANK = "rank"
+    RERANK = "rerank"
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    INVALID = "invalid"
+    SHED = "shed"
+    ERROR = "error"
+
+
+class Removal(StrEnum):
+    """Why the filter stage removed a candidate."""
+
+    BLOCKED = "blocked"
+    SEEN = "seen"
+    EXCLUDED = "excluded"
+
+
+DEPENDENCIES = ("redis", "triton")
+# The stages that have something to fall back from.
+DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.FETCH, Stage.RANK)
+COUNTED_STAGES = (Stage.RECALL, Stage.FILTER, Stage.FETCH, Stage.RANK, Stage.RERANK)
 
 # Sub-millisecond resolution where the cheap stages live, up to 1 s for a stuck dependency.
 LATENCY_BUCKETS = (
@@ -29,6 +63,7 @@ LATENCY_BUCKETS = (
     0.05,
     0.075,
     0.1,
+    0.125,
     0.15,
     0.25,
     0.5,
@@ -69,6 +104,12 @@ class ServiceMetrics:
             buckets=CANDIDATE_BUCKETS,
             registry=self.registry,
         )
+        self.removed = Counter(
+            "recsys_filtered_candidates",
+            "Candidates the filter stage removed, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.degraded = Counter(
             "recsys_degraded",
             "Stages that fell back instead of failing, by reason.",
@@ -80,13 +121,35 @@ class ServiceMetrics:
             "Requests for users without stored features.",
             registry=self.registry,
         )
+        self.breaker = Gauge(
+            "recsys_breaker_state",
+            "Circuit breaker per dependency: 0 closed, 1 open, 2 half-open.",
+            ["dependency"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "recsys_in_flight_requests",
+            "Requests to /recommend being handled by this process.",
+            registry=self.registry,
+        )
         self.ready = Gauge(
             "recsys_ready", "1 when the last readiness check passed.", registry=self.registry
         )
         # Children bound once, for the fixed label values only: every series exists from the
         # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
         # label value outside the set fails loudly instead of creating a series.
-        self.stage_timer = {stage: self.stage_duration.labels(stage) for stage in STAGES}
+        self.stage_timer = {stage: self.stage_duration.labels(stage) for stage in Stage}
         self.stage_count = {stage: self.candidates.labels(stage) for stage in COUNTED_STAGES}
-        self.request_timer = {o: self.request_duration.labels(o) for o in OUTCOMES}
-        self.request_count = {o: self.requests.labels(o) for o in OUTCOMES}
+        self.request_timer = {o: self.request_duration.labels(o) for o in Outcome}
+        self.request_count = {o: self.requests.labels(o) for o in Outcome}
+        self.removed_count = {r: self.removed.labels(r) for r in Removal}
+        self.breaker_state = {d: self.breaker.labels(d) for d in DEPENDENCIES}
+        self.degraded_count = {
+            (stage, kind): self.degraded.labels(stage, kind)
+            for stage in DEGRADABLE_STAGES
+            for kind in FailureKind
+        }
+
+    def observe_request(self, outcome: Outcome, seconds: float) -> None:
+        self.request_count[outcome].inc()
+        self.request_timer[outcome].observe(seconds)

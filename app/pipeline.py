@@ -1,16 +1,24 @@
-"""The /recommend pipeline. The order of the stages is written here and nowhere else."""
+"""The /recommend pipeline. The order of the stages is written here and nowhere else.
+
+features -> recall -> filter -> fetch -> pack -> rank -> rerank. Every stage that calls a
+dependency falls back instead of failing and flags the answer (see the README's table), so
+`run` returns an answer for any request that reached it.
+"""
 
 from __future__ import annotations
 
-from app.api_models import RecommendRequest
+import numpy as np
+
 from app.context import RequestContext
+from app.metrics import Stage
 from app.packing import pack_rows
 from app.stages.features import UserFeatureHydrator
 from app.stages.fetch import ItemFeatureHydrator
+from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
 from app.stages.recall import CandidateRecall
 from app.stages.rerank import Reranker
-from app.stages.types import Recommendation
+from app.stages.types import Query, Recommendation
 
 
 class RecommendPipeline:
@@ -18,41 +26,47 @@ class RecommendPipeline:
         self,
         features: UserFeatureHydrator,
         recall: CandidateRecall,
+        filter: CandidateFilter,
         fetch: ItemFeatureHydrator,
         rank: Scorer,
         rerank: Reranker,
     ) -> None:
         self._features = features
         self._recall = recall
+        self._filter = filter
         self._fetch = fetch
         self._rank = rank
         self._rerank = rerank
 
-    async def run(self, request: RecommendRequest, ctx: RequestContext) -> Recommendation:
-        schema = ctx.artifacts.schema
-        with ctx.stage("features"):
-            user = await self._features.hydrate(request.user_id, request.context, ctx)
-        unwanted = user.seen.union(request.exclude_item_ids)
-        # Ask recall for enough that the answer can be full after the filters drop items.
-        at_least = request.num_items + len(unwanted)
-        with ctx.stage("recall"):
-            positions = await self._recall.recall(user.blob[: schema.embedding_dim], at_least, ctx)
-        ctx.count("recall", len(positions))
-        with ctx.stage("fetch"):
-            hydrated = await self._fetch.hydrate(positions, ctx)
-        ctx.count("fetch", len(hydrated.positions))
-        with ctx.stage("pack"):
+    async def run(self, query: Query, ctx: RequestContext) -> Recommendation:
+        artifacts = ctx.artifacts
+        with ctx.stage(Stage.FEATURES):
+            user = await self._features.hydrate(query, ctx)
+        # Ask recall for enough that the answer can be full after the filter.
+        at_least = query.num_items + len(user.seen) + len(query.exclude_item_ids)
+        with ctx.stage(Stage.RECALL):
+            recalled = await self._recall.recall(user, at_least, ctx)
+        ctx.count(Stage.RECALL, len(recalled))
+        with ctx.stage(Stage.FILTER):
+            filtered = self._filter.filter(
+                recalled, user.seen, query.exclude_item_ids, query.num_items, artifacts
+            )
+        for reason, count in filtered.removed.items():
+            ctx.metrics.removed_count[reason].inc(count)
+        ctx.count(Stage.FILTER, len(filtered.kept))
+        with ctx.stage(Stage.FETCH):
+            hydrated = await self._fetch.hydrate(filtered.kept, ctx)
+        ctx.count(Stage.FETCH, len(hydrated.found))
+        with ctx.stage(Stage.PACK):
             rows = (
-                None
-                if hydrated.blobs is None
-                else pack_rows(schema, user.blob, hydrated.blobs, user.context)
+                pack_rows(artifacts.schema, user.blob, hydrated.blobs, user.context)
+                if len(hydrated.found)
+                else np.empty((0, artifacts.schema.width), np.float32)
             )
-        with ctx.stage("rank"):
-            scores = await self._rank.score(rows, len(hydrated.positions), ctx)
-        ctx.count("rank", len(scores))
-        with ctx.stage("rerank"):
-            items = self._rerank.select(
-                hydrated.positions, scores, unwanted, request.num_items, ctx
-            )
-        ctx.count("rerank", len(items))
+        with ctx.stage(Stage.RANK):
+            scored = await self._rank.score(hydrated, rows, ctx)
+        ctx.count(Stage.RANK, int(np.count_nonzero(~np.isnan(scored.scores))))
+        with ctx.stage(Stage.RERANK):
+            items = self._rerank.select(scored, query.num_items, ctx)
+        ctx.count(Stage.RERANK, len(items))
         return Recommendation(items=items, cold_start=user.cold_start)

@@ -84,20 +84,22 @@ def rerank(
     scores: npt.NDArray[np.float32],
     categories: npt.NDArray[np.int64],
     age_days: npt.NDArray[np.float32],
-    dropped: npt.NDArray[np.bool_],
     rules: RerankRules,
     n_items: int,
 ) -> Selection:
     """Choose the top n_items candidates.
 
-    Drops `dropped` candidates (excluded, seen, blocked), applies boosts, orders by score with
-    ties broken by `tie_keys` ascending so equal scores always come out in the same order, keeps
-    at most `max_per_category` of a category, and backfills from the capped-out items in score
-    order when there are not enough others to fill the answer.
+    Applies boosts, orders by score with ties broken by `tie_keys` ascending so equal scores
+    always come out in the same order, keeps at most `max_per_category` of a category, and
+    backfills from the capped-out items in score order when there are not enough others to
+    fill the answer. Unscored candidates (NaN) come after every scored one, in input order.
     """
     final = boosted_scores(scores, age_days, rules)
-    kept = np.flatnonzero(~dropped)
-    order = kept[np.lexsort((tie_keys[kept], -final[kept]))]
+    unscored = np.isnan(final)
+    scored = np.flatnonzero(~unscored)
+    order = np.concatenate(
+        [scored[np.lexsort((tie_keys[scored], -final[scored]))], np.flatnonzero(unscored)]
+    )
     cap = rules.diversity.max_per_category
     if cap > 0:
         within_cap = rank_within_group(categories[order]) < cap

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,6 +14,29 @@ class Settings(BaseSettings):
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
+    docs: bool = Field(default=True, description="serve /docs (Swagger UI, no external assets)")
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="larger request bodies get a 413"
+    )
+
+    # Admission: what one worker process takes on at once.
+    max_in_flight: int = Field(
+        default=8, ge=1, le=10_000, description="requests handled at once; more get a 503"
+    )
+    max_queue_ms: float = Field(
+        default=5.0,
+        gt=0,
+        description="shed while the event loop runs this late: new requests wait unread",
+    )
+
+    # Deadlines
+    request_budget_ms: float = Field(default=100.0, ge=10, le=10_000)
+    min_budget_ms: float = Field(
+        default=20.0, gt=0, description="the floor of a budget a client asks for by header"
+    )
+    reserve_ms: float = Field(
+        default=10.0, ge=0, description="kept back from every stage for the fallbacks"
+    )
 
     # Dependencies
     redis_url: str = Field(
@@ -22,12 +45,33 @@ class Settings(BaseSettings):
     )
     redis_key_prefix: str = Field(default="recsys", min_length=1)
     redis_max_connections: int = Field(default=64, ge=1)
-    redis_timeout_ms: float = Field(default=100.0, gt=0)
+    redis_timeout_ms: float = Field(
+        default=25.0, gt=0, description="the most one Redis call may take, budget permitting"
+    )
     triton_url: str = Field(default="127.0.0.1:8001", description="Triton gRPC host:port")
+    triton_timeout_ms: float = Field(
+        default=50.0, gt=0, description="the most one ranking call may take, budget permitting"
+    )
     model_name: str | None = Field(
         default=None, min_length=1, description="default: the feature schema's model name"
     )
     model_version: str = Field(default="", description="empty: Triton's latest ready version")
+
+    # Circuit breakers, one per dependency
+    breaker_failures: int = Field(
+        default=5, ge=1, description="consecutive failures or timeouts that open a breaker"
+    )
+    breaker_open_ms: float = Field(
+        default=500.0, gt=0, description="how long an open breaker waits before one probe"
+    )
+
+    # Fallback ranking in process when Triton cannot answer
+    fallback_ranker: bool = Field(
+        default=True, description="rank with onnxruntime in process; off: recall order"
+    )
+    fallback_model: Path | None = Field(
+        default=None, description="the ONNX file; default: model.onnx in the artifacts directory"
+    )
 
     # Artifacts
     artifacts_dir: Path = Path("var/world")
@@ -39,8 +83,24 @@ class Settings(BaseSettings):
     popular_candidates: int = Field(default=100, ge=0, le=5000)
     index_nprobe: int = Field(default=32, ge=1, le=65536)
     max_seen_items: int = Field(default=200, ge=0, le=5000)
-    request_timeout_ms: float = Field(default=250.0, gt=0, le=10_000)
     recall_threads: int = Field(default=2, ge=1, le=64)
+    recall_queue: int = Field(
+        default=8, ge=1, description="FAISS searches waiting or running; more fall back"
+    )
 
-    # Start-up
+    # Start-up and shutdown
     startup_timeout_s: float = Field(default=60.0, gt=0)
+    drain_s: float = Field(
+        default=3.0, ge=0, description="after SIGTERM: not ready, still serving, for this long"
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0, gt=0, description="then: the most in-flight requests get to finish"
+    )
+
+    @model_validator(mode="after")
+    def _budget_leaves_room(self) -> Settings:
+        if self.min_budget_ms > self.request_budget_ms:
+            raise ValueError("min_budget_ms must not exceed request_budget_ms")
+        if self.reserve_ms >= self.min_budget_ms:
+            raise ValueError("reserve_ms must be below min_budget_ms, or no stage has time")
+        return self

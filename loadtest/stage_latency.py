@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,34 +21,11 @@ import httpx
 
 from app.cli import stack_options
 from app.demo import local_stack
-from app.localstack import free_port
-from app.metrics import STAGES
+from app.metrics import Stage
 from loadtest.histograms import quantile, scrape_buckets, subtract
+from loadtest.service import start_api
 
 log = logging.getLogger("loadtest")
-
-
-def _start_api(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    with log_path.open("wb") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
-            env={**os.environ, **env, "RECSYS_PORT": str(port)},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def _wait_ready(client: httpx.Client, api: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
-        if api.poll() is not None:
-            raise RuntimeError("the API exited during start-up")
-        try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("the API never became ready")
 
 
 def _body(user: int, rng: random.Random) -> dict[str, object]:
@@ -81,8 +55,8 @@ def measure(client: httpx.Client, requests: int, users: int, seed: int) -> dict[
     latencies.sort()
     return {
         "requests": requests,
-        "stage_p50_ms": {s: round(quantile(stages[s], 0.5) * 1000, 3) for s in STAGES},
-        "stage_p99_ms": {s: round(quantile(stages[s], 0.99) * 1000, 3) for s in STAGES},
+        "stage_p50_ms": {s: round(quantile(stages[s], 0.5) * 1000, 3) for s in Stage},
+        "stage_p99_ms": {s: round(quantile(stages[s], 0.99) * 1000, 3) for s in Stage},
         "client_p50_ms": round(statistics.median(latencies), 3),
         "client_p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))], 3),
     }
@@ -98,21 +72,20 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     options = stack_options(args.world)
-    with local_stack(options) as settings:
-        port = free_port()
+    with local_stack(options) as stack:
+        settings = stack.settings
         env = {
             "RECSYS_REDIS_URL": settings.redis_url,
             "RECSYS_TRITON_URL": settings.triton_url,
             "RECSYS_ARTIFACTS_DIR": str(settings.artifacts_dir),
         }
-        api = _start_api(env, port, options.run_dir / "api.log")
+        api = start_api(env, options.run_dir / "api.log")
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
-                _wait_ready(client, api)
+            api.wait_ready()
+            with httpx.Client(base_url=api.url, timeout=10.0) as client:
                 print(json.dumps(measure(client, args.requests, args.users, args.seed), indent=2))
         finally:
-            api.terminate()
-            api.wait(timeout=15)
+            api.stop()
 
 
 if __name__ == "__main__":

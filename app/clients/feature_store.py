@@ -11,12 +11,16 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
+from app.breaker import CircuitBreaker
 from app.errors import FailureKind, FeatureStoreError, SchemaError
 from app.schema import FeatureSchema
 
@@ -57,35 +61,58 @@ def layout_meta(schema: FeatureSchema) -> dict[str, str]:
     }
 
 
+class BlobState(Enum):
+    PRESENT = "present"
+    ABSENT = "absent"
+    MALFORMED = "malformed"
+
+
 @dataclass(frozen=True, slots=True)
 class UserRecord:
+    """The user's blob (None unless PRESENT), seen item ids, and seen entries not UTF-8."""
+
     blob: npt.NDArray[np.float32] | None
+    state: BlobState
     seen: list[str]
+    undecodable_seen: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ItemBlobs:
-    """Blobs of the items that had valid ones; `found` indexes into the requested keys."""
+    """Blobs of the items that had well-formed ones, stacked; the others by index.
+
+    `found` and `malformed` index into the requested keys; a key in neither has no blob.
+    """
 
     found: npt.NDArray[np.intp]
     matrix: npt.NDArray[np.float32]
-    malformed: int
+    malformed: npt.NDArray[np.intp]
 
 
 def decode_item_blobs(values: Sequence[bytes | None], width: int) -> ItemBlobs:
     """Stack the blobs of length `width` floats into one matrix with a single frombuffer."""
     nbytes = width * FLOAT32.itemsize
     valid = [i for i, value in enumerate(values) if value is not None and len(value) == nbytes]
-    present = sum(value is not None for value in values)
+    malformed = [i for i, value in enumerate(values) if value is not None and len(value) != nbytes]
     raw = b"".join(values[i] or b"" for i in valid)
     matrix = np.frombuffer(raw, dtype=FLOAT32).reshape(len(valid), width)
-    return ItemBlobs(np.asarray(valid, dtype=np.intp), matrix, present - len(valid))
+    return ItemBlobs(np.asarray(valid, dtype=np.intp), matrix, np.asarray(malformed, dtype=np.intp))
 
 
-def decode_blob(value: bytes | None, width: int) -> npt.NDArray[np.float32] | None:
-    if value is None or len(value) != width * FLOAT32.itemsize:
-        return None
-    return np.frombuffer(value, dtype=FLOAT32)
+def decode_user(blob: bytes | None, seen: Sequence[bytes], width: int) -> UserRecord:
+    """The user's record; a blob of the wrong size is MALFORMED, not a missing user."""
+    ids: list[str] = []
+    for entry in seen:
+        try:
+            ids.append(entry.decode())
+        except UnicodeDecodeError:
+            continue  # no catalog id is undecodable, so it could never match one
+    undecodable = len(seen) - len(ids)
+    if blob is None:
+        return UserRecord(None, BlobState.ABSENT, ids, undecodable)
+    if len(blob) != width * FLOAT32.itemsize:
+        return UserRecord(None, BlobState.MALFORMED, ids, undecodable)
+    return UserRecord(np.frombuffer(blob, dtype=FLOAT32), BlobState.PRESENT, ids, undecodable)
 
 
 def _text(value: bytes | str) -> str:
@@ -101,53 +128,73 @@ def _failure_kind(exc: BaseException) -> FailureKind:
 
 
 @asynccontextmanager
-async def _mapped_errors(operation: str) -> AsyncIterator[None]:
+async def _call(operation: str, timeout_s: float) -> AsyncIterator[None]:
+    """Bound one call, the wait for a pooled connection included, and map its errors."""
     try:
-        yield
+        async with asyncio.timeout(timeout_s):
+            yield
     except (redis_errors.RedisError, OSError, TimeoutError) as exc:
-        raise FeatureStoreError(_failure_kind(exc), f"{operation}: {exc}") from exc
+        raise FeatureStoreError(
+            _failure_kind(exc), f"{operation}: {type(exc).__name__} {exc}"
+        ) from exc
+
+
+def _require_time(timeout_s: float) -> None:
+    # A request that has spent its budget must not count against Redis's breaker.
+    if timeout_s <= 0:
+        raise FeatureStoreError(FailureKind.TIMEOUT, "no time left before the deadline")
 
 
 class FeatureStore:
-    """Reads user and item features; owns nothing but the Redis client it is given."""
+    """Reads user and item features; owns nothing but the Redis client it is given.
+
+    Every read carries its own timeout and goes through the Redis circuit breaker.
+    """
 
     def __init__(
-        self, client: aioredis.Redis, schema: FeatureSchema, keys: KeySpace, max_seen: int
+        self,
+        client: aioredis.Redis,
+        schema: FeatureSchema,
+        keys: KeySpace,
+        max_seen: int,
+        breaker: CircuitBreaker,
     ) -> None:
         self._client = client
         self._schema = schema
         self._keys = keys
         self._max_seen = max_seen
+        self._breaker = breaker
 
     @property
     def keys(self) -> KeySpace:
         return self._keys
 
-    async def user(self, user_id: str) -> UserRecord:
+    async def user(self, user_id: str, timeout_s: float) -> UserRecord:
         """The user's blob and recently seen items, in one round trip."""
-        async with _mapped_errors("read user"):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.get(self._keys.user(user_id))
-            pipe.lrange(self._keys.seen(user_id), 0, self._max_seen - 1)
-            blob, seen = await pipe.execute()
-        return UserRecord(
-            blob=decode_blob(blob, self._schema.user_blob_width),
-            seen=[item.decode() for item in seen],
-        )
+        _require_time(timeout_s)
+        with self._breaker.guard(FeatureStoreError):
+            async with _call("read user", timeout_s):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.get(self._keys.user(user_id))
+                pipe.lrange(self._keys.seen(user_id), 0, self._max_seen - 1)
+                blob, seen = await pipe.execute()
+        return decode_user(blob, seen, self._schema.user_blob_width)
 
-    async def items(self, keys: Sequence[bytes]) -> ItemBlobs:
+    async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs:
         """Blobs for the given item keys: MGETs in chunks, sent as one pipeline."""
-        async with _mapped_errors("read items"):
-            pipe = self._client.pipeline(transaction=False)
-            for start in range(0, len(keys), MGET_CHUNK):
-                pipe.mget(keys[start : start + MGET_CHUNK])
-            chunks = await pipe.execute()
+        _require_time(timeout_s)
+        with self._breaker.guard(FeatureStoreError):
+            async with _call("read items", timeout_s):
+                pipe = self._client.pipeline(transaction=False)
+                for start in range(0, len(keys), MGET_CHUNK):
+                    pipe.mget(keys[start : start + MGET_CHUNK])
+                chunks = await pipe.execute()
         values = [value for chunk in chunks for value in chunk]
         return decode_item_blobs(values, self._schema.item_blob_width)
 
-    async def check_layout(self) -> None:
+    async def check_layout(self, timeout_s: float) -> None:
         """Refuse data written with another layout than the schema's."""
-        async with _mapped_errors("read layout"):
+        async with _call("read layout", timeout_s):
             stored = await self._client.hgetall(self._keys.meta)
         stored_text = {_text(key): _text(value) for key, value in stored.items()}
         if not stored_text:
@@ -174,12 +221,15 @@ class FeatureStore:
 
 def connect_redis(url: str, max_connections: int, timeout_s: float) -> aioredis.Redis:
     """A pooled client; creating it does no I/O, the first command connects."""
-    # A blocking pool makes a burst wait for a connection instead of failing outright.
+    # A blocking pool makes a burst wait for a connection instead of failing outright; each
+    # call's own deadline bounds that wait. No retries: a retry cannot fit a budget of tens
+    # of milliseconds, and the breaker, not a retry loop, handles a Redis that is down.
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
     )
     return aioredis.Redis.from_pool(pool)

@@ -11,20 +11,39 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from app.breaker import CircuitBreaker
 from app.errors import FailureKind, RankingModelError
 from app.schema import ModelSignature
 
 _STATUS_KINDS = {
     "StatusCode.DEADLINE_EXCEEDED": FailureKind.TIMEOUT,
+    "StatusCode.CANCELLED": FailureKind.TIMEOUT,
     "StatusCode.UNAVAILABLE": FailureKind.UNAVAILABLE,
     "StatusCode.NOT_FOUND": FailureKind.UNAVAILABLE,
-    "StatusCode.CANCELLED": FailureKind.TIMEOUT,
+    "StatusCode.RESOURCE_EXHAUSTED": FailureKind.OVERLOADED,
 }
+# Triton answers a request its queue policy rejected (queue full, or the request's own queue
+# timeout passed) with UNAVAILABLE and one of these messages: the server is up but busy.
+_OVERLOAD_MESSAGES = ("exceeds maximum queue size", "timeout expired")
+
+# Custom channel arguments replace all of the client's defaults, so the message limits are
+# restated. Reconnect backoff is capped low: after Triton restarts, gRPC's default backoff
+# (1 s growing to 120 s) would keep the channel failing long after Triton is back.
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 
 
 def _mapped(exc: InferenceServerException, operation: str) -> RankingModelError:
-    kind = _STATUS_KINDS.get(str(exc.status()), FailureKind.ERROR)
-    return RankingModelError(kind, f"{operation}: {exc.message()}")
+    status, message = str(exc.status()), str(exc.message())
+    kind = _STATUS_KINDS.get(status, FailureKind.ERROR)
+    if kind is FailureKind.UNAVAILABLE and any(m in message.lower() for m in _OVERLOAD_MESSAGES):
+        kind = FailureKind.OVERLOADED
+    return RankingModelError(kind, f"{operation}: {status} {message}")
 
 
 def chunk_bounds(n_rows: int, max_batch_size: int) -> list[tuple[int, int]]:
@@ -63,14 +82,24 @@ def signature_from_triton(metadata: dict[str, Any], config: dict[str, Any]) -> M
 
 
 class RankingModelClient:
-    """Scores packed rows. One gRPC channel, created in the lifespan and reused."""
+    """Scores packed rows. One gRPC channel, created in the lifespan and reused.
+
+    Every inference goes through the Triton circuit breaker and carries the request id, the
+    gRPC deadline and, as Triton's own queue timeout, the same remaining time, so Triton drops
+    a request that could no longer be answered in time instead of computing it.
+    """
 
     def __init__(
-        self, client: triton_grpc.InferenceServerClient, model_name: str, model_version: str = ""
+        self,
+        client: triton_grpc.InferenceServerClient,
+        model_name: str,
+        model_version: str,
+        breaker: CircuitBreaker,
     ) -> None:
         self._client = client
         self._model_name = model_name
         self._model_version = model_version
+        self._breaker = breaker
 
     async def signature(self, timeout_s: float) -> ModelSignature:
         try:
@@ -86,11 +115,12 @@ class RankingModelClient:
 
     async def is_ready(self, timeout_s: float) -> bool:
         try:
-            async with asyncio.timeout(timeout_s):
-                return bool(
-                    await self._client.is_model_ready(self._model_name, self._model_version)
+            return bool(
+                await self._client.is_model_ready(
+                    self._model_name, self._model_version, client_timeout=timeout_s
                 )
-        except (InferenceServerException, TimeoutError):
+            )
+        except InferenceServerException:
             return False
 
     async def ready_signature(self, timeout_s: float = 1.0) -> ModelSignature:
@@ -102,46 +132,71 @@ class RankingModelClient:
         return await self.signature(timeout_s)
 
     async def _infer_chunk(
-        self, rows: npt.NDArray[np.float32], input_name: str, output_name: str, timeout_s: float
+        self,
+        rows: npt.NDArray[np.float32],
+        signature: ModelSignature,
+        timeout_s: float,
+        request_id: str,
     ) -> npt.NDArray[np.float32]:
-        request_input = triton_grpc.InferInput(input_name, list(rows.shape), "FP32")
+        request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
         request_input.set_data_from_numpy(rows)
-        output = triton_grpc.InferRequestedOutput(output_name)
-        result = await self._client.infer(
-            self._model_name,
-            [request_input],
-            model_version=self._model_version,
-            outputs=[output],
-            client_timeout=timeout_s,
-        )
-        scores = result.as_numpy(output_name)
+        output = triton_grpc.InferRequestedOutput(signature.output_name)
+        try:
+            result = await self._client.infer(
+                self._model_name,
+                [request_input],
+                model_version=self._model_version,
+                outputs=[output],
+                request_id=request_id,
+                timeout=int(timeout_s * 1_000_000),
+                client_timeout=timeout_s,
+            )
+        except InferenceServerException as exc:
+            raise _mapped(exc, "infer") from exc
+        scores = result.as_numpy(signature.output_name)
         if scores is None or scores.size != rows.shape[0]:
-            raise RankingModelError(FailureKind.BAD_DATA, f"{output_name} has the wrong size")
+            raise RankingModelError(
+                FailureKind.BAD_DATA, f"{signature.output_name} has the wrong size"
+            )
         flat: npt.NDArray[np.float32] = scores.reshape(-1).astype(np.float32, copy=False)
         return flat
 
     async def score(
-        self, rows: npt.NDArray[np.float32], signature: ModelSignature, timeout_s: float
+        self,
+        rows: npt.NDArray[np.float32],
+        signature: ModelSignature,
+        timeout_s: float,
+        request_id: str,
     ) -> npt.NDArray[np.float32]:
-        """One score per row; chunks go out concurrently and are joined in row order."""
+        """One score per row; chunks go out concurrently and are joined in row order.
+
+        When one chunk fails the others are cancelled: the answer needs all of them.
+        """
         if timeout_s <= 0:
             raise RankingModelError(FailureKind.TIMEOUT, "no time left before the deadline")
         bounds = chunk_bounds(rows.shape[0], signature.max_batch_size)
-        calls = [
-            self._infer_chunk(rows[a:b], signature.input_name, signature.output_name, timeout_s)
-            for a, b in bounds
-        ]
-        try:
-            parts = await asyncio.gather(*calls)
-        except InferenceServerException as exc:
-            raise _mapped(exc, "infer") from exc
-        return np.concatenate(parts) if parts else np.empty(0, np.float32)
+        if not bounds:
+            return np.empty(0, np.float32)
+        with self._breaker.guard(RankingModelError):
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [
+                        group.create_task(
+                            self._infer_chunk(rows[a:b], signature, timeout_s, request_id)
+                        )
+                        for a, b in bounds
+                    ]
+            except* RankingModelError as failures:
+                raise failures.exceptions[0] from None
+        return np.concatenate([task.result() for task in tasks])
 
     async def close(self) -> None:
         await self._client.close()
 
 
-def connect_triton(url: str, model_name: str, model_version: str) -> RankingModelClient:
+def connect_triton(
+    url: str, model_name: str, model_version: str, breaker: CircuitBreaker
+) -> RankingModelClient:
     """Create the channel; no I/O happens until the first call."""
-    client = triton_grpc.InferenceServerClient(url=url)
-    return RankingModelClient(client, model_name, model_version)
+    client = triton_grpc.InferenceServerClient(url=url, channel_args=CHANNEL_ARGS)
+    return RankingModelClient(client, model_name, model_version, breaker)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from app.api_models import ClientContext
-from app.clients.feature_store import FeatureStore
+from app.clients.feature_store import BlobState, UserRecord
 from app.context import RequestContext
-from app.errors import FeatureStoreError
+from app.errors import FailureKind, FeatureStoreError
+from app.metrics import Stage
 from app.packing import encode_context
 from app.schema import FeatureSchema
-from app.stages.types import UserFeatures
+from app.stages.types import Moment, Query, UserFeatures
+
+
+class UserStore(Protocol):
+    async def user(self, user_id: str, timeout_s: float) -> UserRecord: ...
 
 
 def _utc_now() -> datetime:
@@ -22,30 +27,45 @@ def _utc_now() -> datetime:
 
 
 class UserFeatureHydrator:
-    """Reads the user's blob and seen items in one round trip; cold users get defaults."""
+    """Reads the user's blob and seen items in one round trip; falls back to defaults.
 
-    def __init__(self, store: FeatureStore, clock: Callable[[], datetime] = _utc_now) -> None:
+    A user without stored features is a cold start (defaults, not degraded); a store that
+    cannot answer, or a blob that is malformed or holds NaN/Inf, gives the same defaults and
+    flags the answer.
+    """
+
+    def __init__(
+        self, store: UserStore, timeout_s: float, clock: Callable[[], datetime] = _utc_now
+    ) -> None:
         self._store = store
+        self._timeout_s = timeout_s
         self._clock = clock
 
-    def encode(self, schema: FeatureSchema, context: ClientContext) -> npt.NDArray[np.float32]:
+    def encode(self, schema: FeatureSchema, moment: Moment) -> npt.NDArray[np.float32]:
         now = self._clock()
-        hour = now.hour if context.hour is None else context.hour
-        weekday = now.weekday() if context.weekday is None else context.weekday
-        return encode_context(schema, context.device, context.page, context.locale, hour, weekday)
+        hour = now.hour if moment.hour is None else moment.hour
+        weekday = now.weekday() if moment.weekday is None else moment.weekday
+        return encode_context(schema, moment.device, moment.page, moment.locale, hour, weekday)
 
-    async def hydrate(
-        self, user_id: str, context: ClientContext, ctx: RequestContext
-    ) -> UserFeatures:
-        artifacts = ctx.artifacts
-        encoded = self.encode(artifacts.schema, context)
-        default_blob = artifacts.catalog.default_user_blob
+    async def hydrate(self, query: Query, ctx: RequestContext) -> UserFeatures:
+        encoded = self.encode(ctx.artifacts.schema, query.moment)
+        default_blob = ctx.artifacts.catalog.default_user_blob
         try:
-            record = await self._store.user(user_id)
+            record = await self._store.user(query.user_id, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:
-            ctx.degrade("features", exc.kind)
+            ctx.degrade(Stage.FEATURES, exc.kind, exc)
             return UserFeatures(default_blob, encoded, frozenset(), cold_start=False)
-        if record.blob is None:
+        seen = frozenset(record.seen)
+        if record.undecodable_seen:
+            ctx.degrade(
+                Stage.FEATURES,
+                FailureKind.BAD_DATA,
+                f"{record.undecodable_seen} seen entries are not UTF-8",
+            )
+        if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()
-            return UserFeatures(default_blob, encoded, frozenset(record.seen), cold_start=True)
-        return UserFeatures(record.blob, encoded, frozenset(record.seen), cold_start=False)
+            return UserFeatures(default_blob, encoded, seen, cold_start=True)
+        if record.blob is None or not np.isfinite(record.blob).all():
+            ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
+            return UserFeatures(default_blob, encoded, seen, cold_start=False)
+        return UserFeatures(record.blob, encoded, seen, cold_start=False)

@@ -2,30 +2,67 @@
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Sequence
+from typing import Protocol
 
-from app.clients.feature_store import FeatureStore
+import numpy as np
+
+from app.clients.feature_store import ItemBlobs
 from app.context import RequestContext
 from app.errors import FailureKind, FeatureStoreError
-from app.stages.types import HydratedCandidates
+from app.metrics import Stage
+from app.stages.types import HydratedCandidates, Positions
+
+# A few items without features is a catalog ahead of its feature store; more is an incident.
+MISSING_SHARE_FLAGGED = 0.1
+_NONE = np.empty(0, dtype=np.intp)
+
+
+class ItemStore(Protocol):
+    async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs: ...
+
+
+def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCandidates, int]:
+    """Drop candidates whose blob is malformed or holds NaN/Inf; also return how many."""
+    finite = np.isfinite(blobs.matrix).all(axis=1)
+    bad = np.concatenate([blobs.malformed, blobs.found[~finite]])
+    if len(bad) == 0:
+        return HydratedCandidates(positions, blobs.found, blobs.matrix), 0
+    keep = np.ones(len(positions), dtype=bool)
+    keep[bad] = False
+    renumbered = np.cumsum(keep) - 1
+    hydrated = HydratedCandidates(
+        positions[keep], renumbered[blobs.found[finite]], blobs.matrix[finite]
+    )
+    return hydrated, len(bad)
 
 
 class ItemFeatureHydrator:
-    """Keeps the candidates that have well-formed blobs, in recall order."""
+    """Keeps every candidate in recall order, with the blobs of those that have good ones."""
 
-    def __init__(self, store: FeatureStore) -> None:
+    def __init__(self, store: ItemStore, timeout_s: float) -> None:
         self._store = store
+        self._timeout_s = timeout_s
 
-    async def hydrate(
-        self, positions: npt.NDArray[np.int64], ctx: RequestContext
-    ) -> HydratedCandidates:
-        keys: list[bytes] = ctx.artifacts.item_keys[positions].tolist()
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+        artifacts = ctx.artifacts
+        keys: list[bytes] = artifacts.item_keys[positions].tolist()
         try:
-            blobs = await self._store.items(keys)
+            blobs = await self._store.items(keys, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:
-            ctx.degrade("fetch", exc.kind)
-            return HydratedCandidates(positions, None)
-        if blobs.malformed:
-            ctx.degrade("fetch", FailureKind.BAD_DATA)
-        return HydratedCandidates(positions[blobs.found], blobs.matrix)
+            ctx.degrade(Stage.FETCH, exc.kind, exc)
+            width = artifacts.schema.item_blob_width
+            return HydratedCandidates(positions, _NONE, np.empty((0, width), np.float32))
+        hydrated, bad = without_bad_rows(positions, blobs)
+        if bad:
+            ctx.degrade(
+                Stage.FETCH, FailureKind.BAD_DATA, f"{bad} item blobs malformed or not finite"
+            )
+        missing = len(hydrated.positions) - len(hydrated.found)
+        if missing > MISSING_SHARE_FLAGGED * len(hydrated.positions):
+            ctx.degrade(
+                Stage.FETCH,
+                FailureKind.MISSING,
+                f"{missing} of {len(hydrated.positions)} candidates have no features",
+            )
+        return hydrated

@@ -1,34 +1,87 @@
-"""Stage `rank`: model scores from Triton, or recall order when Triton cannot answer."""
+"""Stage `rank`: model scores from Triton; in process, or recall order, when it cannot answer."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from app.clients.ranking_model import RankingModelClient
 from app.context import RequestContext
-from app.errors import RankingModelError
+from app.errors import FailureKind, RankingModelError
+from app.metrics import Stage
+from app.schema import ModelSignature
+from app.stages.types import HydratedCandidates, Scored, Scores
+
+# Left after a fallback for the rerank and the answer itself.
+ANSWER_S = 0.002
 
 
-def recall_order_scores(n_items: int) -> npt.NDArray[np.float32]:
-    """Descending scores in (0, 1] that keep recall order, for answers ranked without a model."""
-    return (1.0 - np.arange(n_items, dtype=np.float32) / max(n_items, 1)).astype(np.float32)
+class RemoteModel(Protocol):
+    async def score(
+        self,
+        rows: npt.NDArray[np.float32],
+        signature: ModelSignature,
+        timeout_s: float,
+        request_id: str,
+    ) -> Scores: ...
+
+
+class FallbackModel(Protocol):
+    async def score(self, rows: npt.NDArray[np.float32], timeout_s: float) -> Scores:
+        """Scores of the first rows that fit in timeout_s (fewer than rows, possibly)."""
+        ...
+
+
+def scores_by_candidate(hydrated: HydratedCandidates, values: Scores) -> tuple[Scored, int]:
+    """Spread the scores of the first `len(values)` rows over the candidates.
+
+    Rows are the hydrated candidates' blobs in order; a candidate without a score gets NaN.
+    One whose score is NaN or Inf is dropped; the count of those is returned too.
+    """
+    scores = np.full(len(hydrated.positions), np.nan, dtype=np.float32)
+    scored_at = hydrated.found[: len(values)]
+    finite = np.isfinite(values)
+    scores[scored_at[finite]] = values[finite]
+    if finite.all():
+        return Scored(hydrated.positions, scores), 0
+    keep = np.ones(len(scores), dtype=bool)
+    keep[scored_at[~finite]] = False
+    return Scored(hydrated.positions[keep], scores[keep]), int((~finite).sum())
 
 
 class Scorer:
-    """Scores packed rows, keeping their order; falls back instead of failing."""
+    """Scores candidates' rows, keeping their order; falls back instead of failing."""
 
-    def __init__(self, model: RankingModelClient) -> None:
+    def __init__(
+        self, model: RemoteModel, fallback: FallbackModel | None, timeout_s: float
+    ) -> None:
         self._model = model
+        self._fallback = fallback
+        self._timeout_s = timeout_s
+
+    async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+        try:
+            return await self._model.score(
+                rows, ctx.artifacts.model, ctx.time_for(self._timeout_s), ctx.request_id
+            )
+        except RankingModelError as exc:
+            ctx.degrade(Stage.RANK, exc.kind, exc)
+        if self._fallback is None:
+            return np.empty(0, dtype=np.float32)
+        try:
+            return await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S)
+        except RankingModelError:
+            return np.empty(0, dtype=np.float32)
 
     async def score(
-        self, rows: npt.NDArray[np.float32] | None, n_items: int, ctx: RequestContext
-    ) -> npt.NDArray[np.float32]:
-        """One score per row; rows is None when fetch already fell back."""
-        if rows is None:
-            return recall_order_scores(n_items)
-        try:
-            return await self._model.score(rows, ctx.artifacts.model, ctx.remaining_s())
-        except RankingModelError as exc:
-            ctx.degrade("rank", exc.kind)
-            return recall_order_scores(n_items)
+        self,
+        hydrated: HydratedCandidates,
+        rows: npt.NDArray[np.float32],
+        ctx: RequestContext,
+    ) -> Scored:
+        values = await self._values(rows, ctx) if len(rows) else np.empty(0, np.float32)
+        scored, bad = scores_by_candidate(hydrated, values)
+        if bad:
+            ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")
+        return scored

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
-from typing import Any
+from concurrent.futures import Executor, Future
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from app.catalog import Catalog
 from app.context import RequestContext
-from app.errors import FailureKind
+from app.errors import FailureKind, RecallError
+from app.metrics import Stage
+from app.stages.types import Positions, UserFeatures
 
-Positions = npt.NDArray[np.int64]
+
+class VectorSearch(Protocol):
+    async def search(
+        self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int, timeout_s: float
+    ) -> Positions: ...
 
 
 def _search(index: Any, vector: npt.NDArray[np.float32], k: int) -> Positions:
@@ -23,15 +29,41 @@ def _search(index: Any, vector: npt.NDArray[np.float32], k: int) -> Positions:
 
 
 class AnnCandidateSource:
-    """Inner-product search on the catalog's FAISS index, run off the event loop."""
+    """Inner-product search on the catalog's FAISS index, in a thread pool off the event loop.
 
-    def __init__(self, executor: Executor) -> None:
+    At most `max_pending` searches wait or run at once: a search that cannot start soon
+    would only finish after its request gave up, so beyond that recall falls back at once.
+    """
+
+    def __init__(self, executor: Executor, max_pending: int) -> None:
         self._executor = executor
+        self._max_pending = max_pending
+        self._pending = 0
 
-    async def search(self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int) -> Positions:
+    def _release(self, _: Future[Positions]) -> None:
+        self._pending -= 1
+
+    async def search(
+        self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int, timeout_s: float
+    ) -> Positions:
+        if timeout_s <= 0:
+            raise RecallError(FailureKind.TIMEOUT, "no time left before the deadline")
+        if self._pending >= self._max_pending:
+            raise RecallError(FailureKind.OVERLOADED, f"{self._pending} searches queued")
         loop = asyncio.get_running_loop()
         query = np.ascontiguousarray(vector, dtype=np.float32)
-        return await loop.run_in_executor(self._executor, _search, catalog.index, query, k)
+        future = self._executor.submit(_search, catalog.index, query, k)
+        self._pending += 1
+        # Released when the search really ends (or is cancelled before it starts), not when
+        # its request stops waiting, so the bound counts the pool's actual backlog.
+        future.add_done_callback(lambda done: loop.call_soon_threadsafe(self._release, done))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.wrap_future(future)
+        except TimeoutError as exc:
+            raise RecallError(FailureKind.TIMEOUT, f"search took over {timeout_s:.3f}s") from exc
+        except RuntimeError as exc:  # faiss reports every failure as RuntimeError
+            raise RecallError(FailureKind.ERROR, str(exc)) from exc
 
 
 def merge_popular(found: Positions, popular_order: Positions, extra: int) -> Positions:
@@ -46,22 +78,21 @@ def merge_popular(found: Positions, popular_order: Positions, extra: int) -> Pos
 class CandidateRecall:
     """Merges the ANN source with popular items, and tops up when ANN returns too few."""
 
-    def __init__(self, ann: AnnCandidateSource, candidate_count: int, popular_count: int) -> None:
+    def __init__(self, ann: VectorSearch, candidate_count: int, popular_count: int) -> None:
         self._ann = ann
         self._candidate_count = candidate_count
         self._popular_count = popular_count
 
-    async def recall(
-        self, user_embedding: npt.NDArray[np.float32], at_least: int, ctx: RequestContext
-    ) -> Positions:
-        """Unblocked candidates in recall order: ANN hits first, then popular ones."""
+    async def recall(self, user: UserFeatures, at_least: int, ctx: RequestContext) -> Positions:
+        """Candidates in recall order: ANN hits first, then popular ones."""
         artifacts = ctx.artifacts
         k = min(max(self._candidate_count, at_least), len(artifacts.popular))
+        embedding = user.blob[: artifacts.schema.embedding_dim]
         try:
-            found = await self._ann.search(artifacts.catalog, user_embedding, k)
-        except RuntimeError:  # faiss reports every failure as RuntimeError
-            ctx.degrade("recall", FailureKind.ERROR)
+            found = await self._ann.search(artifacts.catalog, embedding, k, ctx.time_for())
+        except RecallError as exc:
+            ctx.degrade(Stage.RECALL, exc.kind, exc)
             found = np.empty(0, dtype=np.int64)
-        found = found[~artifacts.blocked[found]].astype(np.int64, copy=False)
+        found = found.astype(np.int64, copy=False)
         extra = min(self._popular_count + max(0, k - len(found)), len(artifacts.popular))
         return merge_popular(found, artifacts.popular, extra)

@@ -7,6 +7,33 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from app.metrics import Removal
+
+Positions = npt.NDArray[np.int64]  # catalog positions of items, in the order of the stage
+Indices = npt.NDArray[np.intp]  # indices into a stage's own arrays
+Scores = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """What the frontend knows about the moment of the request; hour and weekday in UTC."""
+
+    device: str = "other"
+    page: str = "other"
+    locale: str = "other"
+    hour: int | None = None
+    weekday: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What one request asks for, in the pipeline's own terms."""
+
+    user_id: str
+    num_items: int
+    exclude_item_ids: frozenset[str] = frozenset()
+    moment: Moment = Moment()
+
 
 @dataclass(frozen=True, slots=True)
 class UserFeatures:
@@ -17,20 +44,39 @@ class UserFeatures:
 
 
 @dataclass(frozen=True, slots=True)
-class HydratedCandidates:
-    """Catalog positions of the candidates, in recall order, with their item feature blobs.
+class Filtered:
+    """The candidates a filter kept, in order, and how many it removed for each reason."""
 
-    `blobs` is None when the fetch failed; the positions are then all that recall found.
+    kept: Positions
+    removed: dict[Removal, int]
+
+
+@dataclass(frozen=True, slots=True)
+class HydratedCandidates:
+    """Candidates in recall order, and the feature blobs of those that have them.
+
+    `blobs[j]` belongs to `positions[found[j]]`. Candidates outside `found` have no features
+    (missing in the store, or the read failed): they cannot be scored, but can still fill
+    the answer after the scored ones.
     """
 
-    positions: npt.NDArray[np.int64]
-    blobs: npt.NDArray[np.float32] | None
+    positions: Positions
+    found: Indices
+    blobs: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """Candidates in recall order and their scores; NaN marks one that was not scored."""
+
+    positions: Positions
+    scores: Scores
 
 
 @dataclass(frozen=True, slots=True)
 class RankedItem:
     item_id: str
-    score: float
+    score: float | None  # None: not scored by a model (a degraded answer's backfill)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.catalog import MODEL_FILE
 from app.schema import FeatureSchema
 from app.world.files import (
-    MODEL_FILE,
     ItemTable,
     UserTable,
     save_default_user,

@@ -16,7 +16,6 @@ from app.errors import ConfigError
 from app.schema import FeatureSchema
 
 MANIFEST_FILE = "manifest.json"
-MODEL_FILE = "model.onnx"
 SEEN_FILE = "seen.npz"
 
 

@@ -10,9 +10,10 @@ import pytest
 import redis
 from httpx import AsyncClient
 
+from app.catalog import MODEL_FILE
 from app.clients.feature_store import KeySpace
 from app.packing import encode_context, pack_rows
-from app.world.files import MODEL_FILE, load_items, load_seen, load_users
+from app.world.files import load_items, load_seen, load_users
 from tests.integration.conftest import CONTEXT, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -72,6 +73,7 @@ async def test_answer_is_the_models_top_n(stack: Stack, plain_client: AsyncClien
     assert set(answer["timings_ms"]) == {
         "features",
         "recall",
+        "filter",
         "fetch",
         "pack",
         "rank",
@@ -157,7 +159,7 @@ async def test_every_stage_is_measured(client: AsyncClient) -> None:
         for sample in families["recsys_stage_duration_seconds"].samples
         if sample.name.endswith("_count")
     }
-    assert set(counts) == {"features", "recall", "fetch", "pack", "rank", "rerank"}
+    assert set(counts) == {"features", "recall", "filter", "fetch", "pack", "rank", "rerank"}
     assert all(count >= 1 for count in counts.values())
     requests = {
         s.labels["outcome"]: s.value

@@ -1,19 +1,30 @@
-"""What Triton itself reports about the service's calls, and readiness when it goes away."""
+"""What Triton itself reports about the service's calls, how its queue policy sheds load, and
+readiness when the model goes away."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
 import pytest
 import tritonclient.grpc.aio as triton_grpc
 from httpx import AsyncClient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import CONTEXT, TEST_MAX_BATCH, Stack
+from app.localstack import default_triton_env, start_triton
+from tests.integration.conftest import CONTEXT, TEST_MAX_BATCH, Stack, serving
+from tests.integration.models import slow_model_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 MODEL = "ranking_model"
+SLOW_MS = 200
 
 
 async def _statistics(triton: triton_grpc.InferenceServerClient) -> dict[str, Any]:
@@ -64,26 +75,120 @@ async def _wait_for_readiness(client: AsyncClient, status: int) -> dict[str, Any
     raise AssertionError(f"/readyz never answered {status}: {response.text}")
 
 
-async def test_readyz_names_triton_when_its_model_is_unloaded(
-    stack: Stack, client: AsyncClient
-) -> None:
-    ready = await _wait_for_readiness(client, 200)
-    assert ready["checks"] == {"redis": True, "triton": True, "index": True, "schema": True}
-    triton = triton_grpc.InferenceServerClient(stack.triton_url)
+@pytest.fixture(scope="module")
+def slow_triton(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """This module's own Triton, serving the slow ranking model, with explicit model control
+    (the session stack's Triton has none, so its model cannot be unloaded)."""
+    root = tmp_path_factory.mktemp("slow-triton")
+    onnx = stack.model_repository / MODEL / "1" / "model.onnx"
+    repository = slow_model_repository(root / "models", onnx, SLOW_MS, TEST_MAX_BATCH)
+    process, url = start_triton(
+        default_triton_env(), repository, root / "triton", [MODEL], model_control=True
+    )
     try:
-        await triton.unload_model(MODEL)
-        not_ready = await _wait_for_readiness(client, 503)
-        assert "triton" in not_ready["failing"]
-        assert not_ready["checks"]["redis"] is True
-
-        # Without the model the answer degrades to recall order; it does not fail.
-        response = await client.post(
-            "/recommend", json={"user_id": "u4", "num_items": 10, "context": CONTEXT}
-        )
-        assert response.status_code == 200
-        assert response.json()["degraded"] == ["rank:unavailable"]
-        assert len(response.json()["items"]) == 10
+        yield url
     finally:
-        await triton.load_model(MODEL)
+        process.stop()
+
+
+def _features(rows: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    return np.random.default_rng(seed).random((rows, 121), dtype=np.float32)
+
+
+async def _infer(
+    triton: triton_grpc.InferenceServerClient, rows: npt.NDArray[np.float32], **kwargs: Any
+) -> npt.NDArray[np.float32]:
+    features = triton_grpc.InferInput("features", list(rows.shape), "FP32")
+    features.set_data_from_numpy(rows)
+    result = await triton.infer(MODEL, [features], client_timeout=10.0, **kwargs)
+    scores: npt.NDArray[np.float32] = result.as_numpy("score")
+    return scores
+
+
+async def _outcome(
+    triton: triton_grpc.InferenceServerClient, rows: npt.NDArray[np.float32], **kwargs: Any
+) -> tuple[str, str]:
+    """("OK", "") or the status and message Triton answered with."""
+    try:
+        await _infer(triton, rows, **kwargs)
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    return "OK", ""
+
+
+async def test_the_slow_model_answers_valid_scores_after_its_delay(
+    stack: Stack, slow_triton: str
+) -> None:
+    rows = _features(64)
+    session = ort.InferenceSession(str(stack.model_repository / MODEL / "1" / "model.onnx"))
+    expected = session.run(None, {session.get_inputs()[0].name: rows})[0].reshape(-1, 1)
+    triton = triton_grpc.InferenceServerClient(slow_triton)
+    try:
+        started = time.monotonic()
+        scores = await _infer(triton, rows, request_id="slow-1")
+        elapsed = time.monotonic() - started
+    finally:
         await triton.close()
-    await _wait_for_readiness(client, 200)
+    assert elapsed >= SLOW_MS / 1000
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+async def test_triton_rejects_a_request_whose_queue_timeout_passed(slow_triton: str) -> None:
+    triton = triton_grpc.InferenceServerClient(slow_triton)
+    try:
+        busy = asyncio.create_task(_outcome(triton, _features(8)))
+        await asyncio.sleep(0.02)  # the first request now holds the only model instance
+        # The service passes its remaining deadline in microseconds, as here.
+        late = await _outcome(triton, _features(8), timeout=50_000, request_id="late-1")
+        assert await busy == ("OK", "")
+    finally:
+        await triton.close()
+    assert late == ("StatusCode.UNAVAILABLE", "Request timeout expired")
+
+
+async def test_triton_rejects_requests_beyond_its_queue_at_once(slow_triton: str) -> None:
+    triton = triton_grpc.InferenceServerClient(slow_triton)
+    try:
+        config = await triton.get_model_config(MODEL, as_json=True)
+        queue = int(config["config"]["dynamic_batching"]["default_queue_policy"]["max_queue_size"])
+        rows = _features(8)
+        # One or two execute, up to `queue` wait (and time out behind them), the rest find
+        # the queue full and are answered at once. Twice the queue keeps it full even when a
+        # busy machine takes a while to send the burst.
+        burst = [_outcome(triton, rows, request_id=f"burst-{i}") for i in range(2 * queue)]
+        outcomes = await asyncio.gather(*burst)
+    finally:
+        await triton.close()
+    full = [m for _, m in outcomes if m.endswith("Exceeds maximum queue size")]
+    assert full
+    assert all(m.startswith("[request id: burst-") for m in full)
+    messages = Counter(m for s, m in outcomes if s != "OK")
+    assert set(messages) == {"Request timeout expired", *full}
+    assert {s for s, _ in outcomes} == {"OK", "StatusCode.UNAVAILABLE"}
+
+
+async def test_readyz_names_triton_when_its_model_is_unloaded(
+    stack: Stack, slow_triton: str
+) -> None:
+    async with serving(stack.settings(triton_url=slow_triton)) as client:
+        ready = await _wait_for_readiness(client, 200)
+        assert ready["checks"]["triton"] is True
+        assert all(ready["checks"].values())
+        triton = triton_grpc.InferenceServerClient(slow_triton)
+        try:
+            await triton.unload_model(MODEL)
+            not_ready = await _wait_for_readiness(client, 503)
+            assert "triton" in not_ready["failing"]
+            assert not_ready["checks"]["redis"] is True
+
+            # Without the model the answer degrades to recall order; it does not fail.
+            response = await client.post(
+                "/recommend", json={"user_id": "u4", "num_items": 10, "context": CONTEXT}
+            )
+            assert response.status_code == 200
+            assert response.json()["degraded"] == ["rank:unavailable"]
+            assert len(response.json()["items"]) == 10
+        finally:
+            await triton.load_model(MODEL)
+            await triton.close()
+        await _wait_for_readiness(client, 200)

@@ -1,6 +1,12 @@
 import numpy as np
 
-from app.clients.feature_store import KeySpace, decode_blob, decode_item_blobs, layout_meta
+from app.clients.feature_store import (
+    BlobState,
+    KeySpace,
+    decode_item_blobs,
+    decode_user,
+    layout_meta,
+)
 from tests.unit.tiny_schema import tiny_schema
 
 
@@ -13,20 +19,32 @@ def test_item_blobs_stack_in_request_order_skipping_missing_and_malformed() -> N
     decoded = decode_item_blobs(values, width=3)
     assert decoded.found.tolist() == [0, 3]
     np.testing.assert_array_equal(decoded.matrix, [[1, 2, 3], [7, 8, 9]])
-    assert decoded.malformed == 1
+    assert decoded.malformed.tolist() == [2]
 
 
 def test_no_blobs() -> None:
     decoded = decode_item_blobs([None, None], width=3)
     assert decoded.matrix.shape == (0, 3)
     assert decoded.found.tolist() == []
-    assert decoded.malformed == 0
+    assert decoded.malformed.tolist() == []
 
 
 def test_user_blob_must_have_the_schema_width() -> None:
-    np.testing.assert_array_equal(decode_blob(_blob(1, 2, 3), 3), [1, 2, 3])
-    assert decode_blob(_blob(1, 2), 3) is None
-    assert decode_blob(None, 3) is None
+    present = decode_user(_blob(1, 2, 3), [b"i1", b"i2"], 3)
+    assert present.state is BlobState.PRESENT
+    assert present.blob is not None
+    np.testing.assert_array_equal(present.blob, [1, 2, 3])
+    assert present.seen == ["i1", "i2"]
+    malformed = decode_user(_blob(1, 2), [], 3)
+    assert (malformed.state, malformed.blob) == (BlobState.MALFORMED, None)
+    absent = decode_user(None, [], 3)
+    assert (absent.state, absent.blob) == (BlobState.ABSENT, None)
+
+
+def test_seen_entries_that_are_not_utf8_are_skipped_and_counted() -> None:
+    record = decode_user(None, [b"i1", b"\xff\xfe", b"i3"], 3)
+    assert record.seen == ["i1", "i3"]
+    assert record.undecodable_seen == 1
 
 
 def test_key_space() -> None:

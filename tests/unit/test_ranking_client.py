@@ -1,6 +1,16 @@
-import pytest
+import asyncio
+import time
+from typing import Any
 
-from app.clients.ranking_model import chunk_bounds, signature_from_triton
+import numpy as np
+import numpy.typing as npt
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from app.breaker import CircuitBreaker
+from app.clients.ranking_model import RankingModelClient, chunk_bounds, signature_from_triton
+from app.errors import FailureKind, RankingModelError
+from app.schema import ModelSignature
 
 
 @pytest.mark.parametrize(
@@ -41,3 +51,96 @@ def test_signature_of_a_model_without_inputs() -> None:
     signature = signature_from_triton({"name": "m"}, {"config": {}})
     assert signature.input_shape == ()
     assert signature.max_batch_size == 0
+
+
+class _Result:
+    def __init__(self, rows: int) -> None:
+        self._rows = rows
+
+    def as_numpy(self, name: str) -> npt.NDArray[np.float32]:
+        return np.full((self._rows, 1), 0.5, dtype=np.float32)
+
+
+class _FakeTriton:
+    """The first chunk fails at once; the others would take a second."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status, self.message = status, message
+        self.calls: list[dict[str, Any]] = []
+        self.cancelled = 0
+
+    async def infer(self, model_name: str, inputs: list[Any], **kwargs: Any) -> _Result:
+        self.calls.append(kwargs)
+        rows = inputs[0].shape()[0]
+        if len(self.calls) == 1:
+            raise InferenceServerException(self.message, status=self.status)
+        try:
+            await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return _Result(rows)
+
+
+SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 2)
+
+
+def _client(fake: _FakeTriton, breaker: CircuitBreaker | None = None) -> RankingModelClient:
+    return RankingModelClient(
+        fake,
+        "m",
+        "",
+        breaker or CircuitBreaker("triton", failures=5, open_s=1.0),
+    )
+
+
+async def test_one_failing_chunk_cancels_its_siblings_and_maps_the_error() -> None:
+    fake = _FakeTriton("StatusCode.UNAVAILABLE", "connection refused")
+    rows = np.zeros((6, 3), dtype=np.float32)
+    started = time.monotonic()
+    with pytest.raises(RankingModelError) as raised:
+        await _client(fake).score(rows, SIGNATURE, 0.5, "req-7")
+    assert time.monotonic() - started < 0.5
+    assert raised.value.kind is FailureKind.UNAVAILABLE
+    assert fake.cancelled == 2
+    # Every chunk carries the request id, the gRPC deadline and Triton's queue timeout.
+    assert {c["request_id"] for c in fake.calls} == {"req-7"}
+    assert {c["client_timeout"] for c in fake.calls} == {0.5}
+    assert {c["timeout"] for c in fake.calls} == {500_000}
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "kind"),
+    [
+        ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", FailureKind.TIMEOUT),
+        ("StatusCode.UNAVAILABLE", "failed to connect", FailureKind.UNAVAILABLE),
+        ("StatusCode.UNAVAILABLE", "Exceeds maximum queue size", FailureKind.OVERLOADED),
+        ("StatusCode.UNAVAILABLE", "Request timeout expired", FailureKind.OVERLOADED),
+        ("StatusCode.INTERNAL", "model crashed", FailureKind.ERROR),
+    ],
+)
+async def test_triton_statuses_map_to_failure_kinds(
+    status: str, message: str, kind: FailureKind
+) -> None:
+    fake = _FakeTriton(status, message)
+    with pytest.raises(RankingModelError) as raised:
+        await _client(fake).score(np.zeros((1, 3), np.float32), SIGNATURE, 0.5, "r")
+    assert raised.value.kind is kind
+
+
+async def test_an_open_breaker_skips_triton_and_no_time_left_is_not_its_fault() -> None:
+    fake = _FakeTriton("StatusCode.UNAVAILABLE", "down")
+    breaker = CircuitBreaker("triton", failures=1, open_s=60.0)
+    client = _client(fake, breaker)
+    rows = np.zeros((1, 3), np.float32)
+    with pytest.raises(RankingModelError):
+        await client.score(rows, SIGNATURE, 0.0, "r")
+    assert not fake.calls
+    assert breaker.state.name == "CLOSED"
+    with pytest.raises(RankingModelError):
+        await client.score(rows, SIGNATURE, 0.5, "r")
+    assert breaker.state.name == "OPEN"
+    with pytest.raises(RankingModelError) as raised:
+        await client.score(rows, SIGNATURE, 0.5, "r")
+    assert raised.value.kind is FailureKind.CIRCUIT_OPEN
+    assert len(fake.calls) == 1

@@ -1,6 +1,5 @@
 import numpy as np
 
-from app.stages.rank import recall_order_scores
 from app.stages.recall import merge_popular
 
 
@@ -21,9 +20,3 @@ def test_no_extra_keeps_ann_hits() -> None:
 
 def test_cold_catalog_fill_from_popular_only() -> None:
     assert _merge([], [4, 3, 2], extra=5) == [4, 3, 2]
-
-
-def test_recall_order_scores_descend_in_unit_interval() -> None:
-    scores = recall_order_scores(4)
-    np.testing.assert_allclose(scores, [1.0, 0.75, 0.5, 0.25])
-    assert recall_order_scores(0).shape == (0,)

@@ -15,12 +15,12 @@ from app.rules import (
 )
 
 NO_RULES = RerankRules()
+CAP_ONE = RerankRules(diversity=DiversityRule(max_per_category=1))
 
 
 def _rerank(
     scores: list[float],
     categories: list[int] | None = None,
-    dropped: list[bool] | None = None,
     age_days: list[float] | None = None,
     rules: RerankRules = NO_RULES,
     n_items: int = 10,
@@ -32,7 +32,6 @@ def _rerank(
         scores=np.array(scores, dtype=np.float32),
         categories=np.array(categories or [0] * n, dtype=np.int64),
         age_days=np.array(age_days or [100.0] * n, dtype=np.float32),
-        dropped=np.array(dropped or [False] * n, dtype=bool),
         rules=rules,
         n_items=n_items,
     )
@@ -50,9 +49,18 @@ def test_ties_break_on_tie_key_whatever_the_input_order() -> None:
     assert positions == [1, 2, 0]
 
 
-def test_dropped_items_never_come_back_even_to_fill_the_answer() -> None:
-    positions, _ = _rerank([0.9, 0.8, 0.7], dropped=[True, False, True], n_items=3)
-    assert positions == [1]
+def test_unscored_candidates_follow_the_scored_ones_in_input_order() -> None:
+    nan = float("nan")
+    positions, scores = _rerank([nan, 0.2, nan, 0.9, nan], n_items=5, tie_keys=[9, 8, 7, 6, 5])
+    assert positions == [3, 1, 0, 2, 4]
+    assert scores[:2] == pytest.approx([0.9, 0.2])
+    assert all(np.isnan(scores[2:]))
+
+
+def test_the_cap_applies_to_unscored_candidates_too() -> None:
+    nan = float("nan")
+    positions, _ = _rerank([0.5, nan, nan, nan], categories=[1, 1, 2, 2], n_items=3, rules=CAP_ONE)
+    assert positions == [0, 2, 1]
 
 
 def test_diversity_cap_then_backfill_in_score_order() -> None:

@@ -1,0 +1,1 @@
+"""The HTTP layer: routes, request and response bodies, middleware and error mapping."""

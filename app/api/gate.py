@@ -1,0 +1,182 @@
+"""The gate in front of the routes, as plain ASGI so that refusing costs next to nothing.
+
+For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
+response header and kept in the scope for error bodies. For POST /recommend, in order:
+the content type (415), admission (503 with Retry-After when the worker is full or behind),
+the body size (413), then the route; and one count and duration per request by outcome.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.admission import Admission
+from app.api.errors import error_body
+from app.api.models import REQUEST_ID_HEADER
+from app.metrics import Outcome, ServiceMetrics
+
+RETRY_AFTER_S = "1"
+_REQUEST_ID = REQUEST_ID_HEADER.encode()
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def request_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The caller's id when it is 1-64 printable ASCII characters; a fresh one otherwise."""
+    supplied = _header(headers, _REQUEST_ID)
+    if supplied and len(supplied) <= 64 and supplied.isascii():
+        text = supplied.decode("ascii")
+        if text.isprintable():
+            return text
+    return uuid.uuid4().hex
+
+
+def is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+def _outcome_of(status: int) -> Outcome:
+    if status == 503:
+        return Outcome.SHED
+    return Outcome.INVALID if 400 <= status < 500 else Outcome.ERROR
+
+
+class Gate:
+    def __init__(
+        self,
+        app: ASGIApp,
+        admission: Admission,
+        metrics: ServiceMetrics,
+        max_body_bytes: int,
+        path: str = "/recommend",
+    ) -> None:
+        self.app = app
+        self._admission = admission
+        self._metrics = metrics
+        self._max_body_bytes = max_body_bytes
+        self._path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope["headers"])
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = rid
+        tagged = _tagging(send, rid)
+        if scope["path"] != self._path or scope["method"] != "POST":
+            await self.app(scope, receive, tagged)
+            return
+        started = time.perf_counter()
+        status = 500  # what an exception escaping the route becomes
+        try:
+            status = await self._recommend(scope, receive, tagged, state)
+        finally:
+            outcome = state.get("outcome") or _outcome_of(status)
+            self._metrics.observe_request(outcome, time.perf_counter() - started)
+
+    async def _recommend(
+        self, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
+    ) -> int:
+        """Run POST /recommend through the checks; return the status it was answered with."""
+        rid = state["request_id"]
+        if not is_json(_header(scope["headers"], b"content-type")):
+            message = "send the body as application/json"
+            return await _refuse(send, 415, "unsupported_media_type", message, rid)
+        refusal = self._admission.refusal()
+        if refusal is not None:
+            headers = [(b"retry-after", RETRY_AFTER_S.encode())]
+            return await _refuse(send, 503, "overloaded", f"try again: {refusal}", rid, headers)
+        # Deadlines count from when the request probably arrived, its unread wait included.
+        state["arrived"] = time.monotonic() - self._admission.queued_s
+        self._admission.enter()
+        try:
+            body = await _read_body(receive, self._max_body_bytes)
+            if body is None:
+                message = f"the body is over {self._max_body_bytes} bytes"
+                return await _refuse(send, 413, "body_too_large", message, rid)
+            return await _run(self.app, scope, _replaying(body, receive), send)
+        finally:
+            self._admission.leave()
+
+
+def _tagging(send: Send, rid: str) -> Send:
+    header = (_REQUEST_ID, rid.encode())
+
+    async def tagged(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), header]
+        await send(message)
+
+    return tagged
+
+
+async def _refuse(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    rid: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> int:
+    body = error_body(code, message, rid).model_dump_json().encode()
+    length = [(b"content-length", str(len(body)).encode())]
+    start_headers = _JSON_HEADERS + length + (headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None once it is over `limit` bytes (the rest is never read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)  # the client left; the route will see the disconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _run(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> int:
+    status = 500
+
+    async def watching(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    await app(scope, receive, watching)
+    return status

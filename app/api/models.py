@@ -1,0 +1,112 @@
+"""The HTTP API's request and response bodies.
+
+Requests are validated strictly: a number sent as a string, a float or a boolean where an
+integer belongs, or a string where a boolean belongs, is refused rather than converted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from app.stages.types import Moment, Query
+
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+ShortLabel = Annotated[str, StringConstraints(max_length=32)]
+
+MAX_EXCLUDED = 500
+REQUEST_ID_HEADER = "x-request-id"
+BUDGET_HEADER = "x-request-timeout-ms"
+
+
+class ClientContext(BaseModel):
+    """What the frontend knows about the moment of the request; all of it optional."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    device: ShortLabel = Field(
+        default="other", description="mobile, desktop, tablet...; unknown values count as other"
+    )
+    page: ShortLabel = Field(
+        default="other", description="home, product, search, cart...; unknown: other"
+    )
+    locale: ShortLabel = Field(default="other", description="BCP 47 tag such as en-US")
+    hour: int | None = Field(
+        default=None, ge=0, le=23, description="hour of the day, UTC; default: now"
+    )
+    weekday: int | None = Field(
+        default=None, ge=0, le=6, description="0 is Monday, UTC; default: today"
+    )
+
+
+class RecommendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    user_id: Identifier
+    context: ClientContext = Field(default_factory=ClientContext)
+    num_items: int = Field(default=20, ge=1, le=200)
+    exclude_item_ids: list[Identifier] = Field(
+        default_factory=list, max_length=MAX_EXCLUDED, description="ids never to return"
+    )
+    debug: bool = Field(default=False, description="add the time spent in each stage")
+
+    def query(self) -> Query:
+        context = self.context
+        return Query(
+            user_id=self.user_id,
+            num_items=self.num_items,
+            exclude_item_ids=frozenset(self.exclude_item_ids),
+            moment=Moment(
+                context.device, context.page, context.locale, context.hour, context.weekday
+            ),
+        )
+
+
+class RecommendedItem(BaseModel):
+    item_id: str
+    score: float | None = Field(
+        description="the ranking model's score; null for an item that filled a degraded "
+        "answer without being scored"
+    )
+    rank: int
+
+
+class ModelInfo(BaseModel):
+    name: str
+    version: str
+
+
+class RecommendResponse(BaseModel):
+    request_id: str
+    user_id: str
+    items: list[RecommendedItem]
+    model: ModelInfo
+    cold_start: bool = Field(description="the user had no stored features; defaults were used")
+    degraded: list[str] = Field(description="stage:reason for every stage that fell back")
+    timings_ms: dict[str, float] | None = Field(default=None, description="only with debug")
+
+
+class ErrorField(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error the API returns, whatever its status."""
+
+    error: str = Field(description="a fixed code: invalid_request, invalid_json, overloaded...")
+    message: str
+    fields: list[ErrorField] = Field(
+        default_factory=list, description="the offending fields, at most 20"
+    )
+    request_id: str
+
+
+class Liveness(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="ready or not_ready")
+    checks: dict[str, bool] = Field(description="each part and whether it passed")
+    failing: list[str] = Field(description="the checks that make the instance not ready")
+    breakers: dict[str, str] = Field(description="circuit breaker state per dependency")

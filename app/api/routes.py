@@ -1,0 +1,149 @@
+"""HTTP routes: /recommend, /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.api.deps import ServicesDep
+from app.api.errors import error_body
+from app.api.models import (
+    ErrorBody,
+    Liveness,
+    ModelInfo,
+    Readiness,
+    RecommendedItem,
+    RecommendRequest,
+    RecommendResponse,
+)
+from app.context import RequestContext
+from app.health import failing, readiness
+from app.metrics import Outcome
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _error(description: str, **extra: Any) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description, **extra}
+
+
+RECOMMEND_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The body is not valid JSON."),
+    413: _error("The body is larger than RECSYS_MAX_BODY_BYTES."),
+    415: _error("The body is not sent as application/json."),
+    422: _error("A field is invalid; `fields` names each one (at most 20)."),
+    503: _error(
+        "Overloaded: the worker already handles its maximum of requests, or is running "
+        "behind. Nothing was done; retry after the delay, on another instance if possible.",
+        headers={"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    ),
+    500: _error("An unexpected error; the request id is in the body and the log."),
+}
+# Any path can answer these.
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: _error("No such path."),
+    405: _error("The path exists, not with this method; `Allow` lists the methods."),
+}
+
+
+@router.post(
+    "/recommend",
+    response_model=RecommendResponse,
+    response_model_exclude_none=True,
+    responses=RECOMMEND_ERRORS,
+    summary="The top N items for a user",
+)
+async def recommend(
+    body: RecommendRequest,
+    request: Request,
+    services: ServicesDep,
+    x_request_timeout_ms: Annotated[
+        int | None,
+        Header(
+            ge=1,
+            description="a tighter budget for this request, in ms; raised to the configured "
+            "minimum and capped at the configured budget",
+        ),
+    ] = None,
+    x_request_id: Annotated[
+        str | None,
+        Header(
+            description="echoed as `request_id` and in the response header when 1-64 "
+            "printable ASCII characters; a new id is made otherwise"
+        ),
+    ] = None,
+) -> RecommendResponse | JSONResponse:
+    state = request.state
+    arrived: float = getattr(state, "arrived", time.monotonic())
+    artifacts = services.artifacts.current
+    ctx = RequestContext(
+        request_id=state.request_id,
+        deadline=arrived + services.budget_s(x_request_timeout_ms),
+        reserve_s=services.settings.reserve_ms / 1000.0,
+        artifacts=artifacts,
+        metrics=services.metrics,
+    )
+    try:
+        result = await services.pipeline.run(body.query(), ctx)
+    except Exception:
+        log.exception("request %s failed", ctx.request_id)
+        error = error_body("internal_error", "the request failed", ctx.request_id)
+        return JSONResponse(error.model_dump(), status_code=500)
+    state.outcome = Outcome.DEGRADED if ctx.degraded else Outcome.OK
+    return RecommendResponse(
+        request_id=ctx.request_id,
+        user_id=body.user_id,
+        items=[
+            RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
+            for rank, item in enumerate(result.items, start=1)
+        ],
+        model=ModelInfo(name=artifacts.model.name, version=artifacts.model.version),
+        cold_start=result.cold_start,
+        degraded=ctx.degraded,
+        timings_ms=ctx.timings_ms if body.debug else None,
+    )
+
+
+@router.get("/healthz", response_model=Liveness, summary="The process is alive")
+async def healthz() -> Liveness:
+    return Liveness(status="alive")
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready; `failing` says why."}},
+    summary="Whether a load balancer should send this instance traffic",
+)
+async def readyz(services: ServicesDep) -> JSONResponse:
+    checks = await readiness(services)
+    failed = failing(checks)
+    services.metrics.ready.set(0 if failed else 1)
+    body = Readiness(
+        status="not_ready" if failed else "ready",
+        checks=checks,
+        failing=failed,
+        breakers={name: b.state.name.lower() for name, b in services.breakers.items()},
+    )
+    return JSONResponse(body.model_dump(), status_code=503 if failed else 200)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+    summary="Prometheus metrics",
+)
+async def metrics(services: ServicesDep) -> Response:
+    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,88 @@
+"""The API as a process of its own (`recsys serve`), for benchmarks and fault tests.
+
+Measuring the service in the process that also generates the load, or without its real
+HTTP server, would measure something else; so it runs as production runs it, and is
+stopped the way production stops it: SIGTERM, then a kill if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from app.localstack import free_port
+
+
+@dataclass
+class ApiProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the process now (Linux)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.url, timeout=2.0) as client:
+            while time.monotonic() < give_up:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the API exited during start-up:\n{self.log_tail()}")
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(f"the API was not ready in {timeout_s}s:\n{self.log_tail()}")
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM, wait, then SIGKILL; the exit status (negative: killed by that signal)."""
+        self.terminate()
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(timeout=5.0)
+
+
+def start_api(env: dict[str, str], log_path: Path, port: int | None = None) -> ApiProcess:
+    """`python -m app serve` with RECSYS_* settings from `env`; returns once it is spawned."""
+    chosen = port or free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
+            env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    return ApiProcess(process, chosen, log_path)

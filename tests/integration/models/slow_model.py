@@ -1,0 +1,57 @@
+"""Triton Python-backend model for tests: the ranking model, slowed by a fixed delay.
+
+Written into a test repository as ranking_model/1/model.py (see slow_model_repository). It
+scores model.onnx through onnxruntime as the real model does, so answers stay valid; each
+execution (one dynamic batch, however many requests it merged) first sleeps `delay_ms` from
+the config's parameters, which keeps Triton's queue busy for queue-policy and deadline tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]
+
+
+def _parameter(config: dict[str, Any], key: str, default: str) -> str:
+    value: str = config.get("parameters", {}).get(key, {}).get("string_value", default)
+    return value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        self.input_name: str = config["input"][0]["name"]
+        self.output_name: str = config["output"][0]["name"]
+        self.delay_s = int(_parameter(config, "delay_ms", "0")) / 1000.0
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(_parameter(config, "intra_op_num_threads", "1"))
+        options.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.onnx_input: str = self.session.get_inputs()[0].name
+        self.onnx_output: str = self.session.get_outputs()[0].name
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        time.sleep(self.delay_s)
+        batches = [
+            pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+            for request in requests
+        ]
+        rows = np.concatenate(batches)
+        scores = self.session.run([self.onnx_output], {self.onnx_input: rows})[0]
+        scores = np.ascontiguousarray(scores.reshape(-1, 1), dtype=np.float32)
+        bounds = np.cumsum([0, *(batch.shape[0] for batch in batches)])
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, scores[a:b])])
+            for a, b in itertools.pairwise(bounds)
+        ]
+
+    def finalize(self) -> None:
+        self.session = None

@@ -1,0 +1,149 @@
+"""Faults in real dependencies under a steady open-loop load, against the API as its own process.
+
+Each test starts what it breaks (its own Redis or Triton), points an API process at it,
+keeps RATE requests/s flowing, injects the fault, undoes it, and asserts what clients saw:
+no 5xx, full answers, the affected answers flagged, latency inside the budget plus a small
+margin, and clean answers again within RECOVERY_S of the dependency's return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from app.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
+from loadtest.faults import (
+    Fault,
+    FaultReport,
+    flushed,
+    frozen,
+    killed,
+    reloader,
+    report,
+    run_with_fault,
+)
+from loadtest.openloop import Load, demo_bodies
+from loadtest.service import ApiProcess, start_api
+from tests.integration.conftest import SMALL_WORLD, Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+RATE = 50.0
+NUM_ITEMS = 10
+BUDGET_MS = 100.0
+MARGIN_MS = 20.0
+RECOVERY_S = 2.0
+
+
+@contextmanager
+def api_process(stack: Stack, workdir: Path, **settings: str) -> Iterator[ApiProcess]:
+    env = {
+        "RECSYS_REDIS_URL": stack.redis_url,
+        "RECSYS_TRITON_URL": stack.triton_url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.world),
+        "RECSYS_REQUEST_BUDGET_MS": str(BUDGET_MS),
+        **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
+    }
+    api = start_api(env, workdir / "api.log")
+    try:
+        api.wait_ready()
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def own_redis(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        reloader(url, stack.world)()
+        yield process, url
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def own_triton(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
+    process, url = start_triton(
+        default_triton_env(), stack.model_repository, tmp_path / "triton", [stack.schema.model_name]
+    )
+    try:
+        yield process, url
+    finally:
+        process.stop()
+
+
+def _load(api: ApiProcess) -> Load:
+    return Load(f"{api.url}/recommend", demo_bodies(SMALL_WORLD.users, NUM_ITEMS), timeout_s=2.0)
+
+
+async def _survive(api: ApiProcess, fault: Fault) -> FaultReport:
+    timeline = await run_with_fault(_load(api), RATE, fault)
+    outcome = report(fault.name, timeline, NUM_ITEMS)
+    print(dataclasses.asdict(outcome))  # the figures, for -s runs and for the record
+    return outcome
+
+
+def _assert_kept_answering(outcome: FaultReport, api: ApiProcess) -> None:
+    context = f"{outcome}\n{api.log_tail()}"
+    assert outcome.server_errors == 0, context
+    assert outcome.other_statuses == 0, context
+    assert outcome.short_answers == 0, context
+    assert outcome.degraded > 0, f"the fault went unnoticed: {context}"
+    assert outcome.p99_ms <= BUDGET_MS + MARGIN_MS, context
+    assert outcome.recovery_s is not None, context
+    assert outcome.recovery_s <= RECOVERY_S, context
+
+
+async def test_redis_frozen_then_resumed(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    process, url = own_redis
+    with api_process(stack, tmp_path, redis_url=url) as api:
+        outcome = await _survive(api, frozen(process))
+    _assert_kept_answering(outcome, api)
+    # Once the breaker is open, the degraded answer costs milliseconds, not the timeout.
+    assert outcome.degraded_p50_ms is not None
+    assert outcome.degraded_p50_ms <= 15.0
+
+
+async def test_redis_killed_then_restarted(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    process, url = own_redis
+    with api_process(stack, tmp_path, redis_url=url) as api:
+        outcome = await _survive(api, killed(process, then=reloader(url, stack.world)))
+    _assert_kept_answering(outcome, api)
+
+
+async def test_redis_flushed_then_reloaded(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    _, url = own_redis
+    with api_process(stack, tmp_path, redis_url=url) as api:
+        outcome = await _survive(api, flushed(url, reloader(url, stack.world)))
+    _assert_kept_answering(outcome, api)
+
+
+async def test_triton_frozen_then_resumed(
+    stack: Stack, own_triton: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    process, url = own_triton
+    with api_process(stack, tmp_path, triton_url=url) as api:
+        outcome = await _survive(api, frozen(process))
+    _assert_kept_answering(outcome, api)
+    assert outcome.degraded_p50_ms is not None
+    assert outcome.degraded_p50_ms <= 15.0
+
+
+async def test_triton_killed_then_restarted(
+    stack: Stack, own_triton: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    process, url = own_triton
+    with api_process(stack, tmp_path, triton_url=url) as api:
+        outcome = await _survive(api, killed(process))
+    _assert_kept_answering(outcome, api)

@@ -1,0 +1,134 @@
+"""The ASGI gate in front of the routes, around a stand-in app that echoes the body."""
+
+from __future__ import annotations
+
+import pytest
+from httpx import ASGITransport, AsyncClient
+from starlette.types import Receive, Scope, Send
+
+from app.admission import Admission, LoopLag
+from app.api.gate import Gate, is_json, request_id
+from app.metrics import Outcome, ServiceMetrics
+
+
+async def echo(scope: Scope, receive: Receive, send: Send) -> None:
+    message = await receive()
+    body = message.get("body", b"")
+    scope["state"]["outcome"] = Outcome.OK
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _client(admission: Admission, metrics: ServiceMetrics) -> AsyncClient:
+    gate = Gate(echo, admission=admission, metrics=metrics, max_body_bytes=1024)
+    return AsyncClient(transport=ASGITransport(app=gate), base_url="http://test")
+
+
+def _admission(max_in_flight: int = 4) -> Admission:
+    return Admission(max_in_flight, max_queue_s=0.02, lag=LoopLag())
+
+
+def _sample(metrics: ServiceMetrics, name: str, outcome: Outcome) -> float:
+    value = metrics.registry.get_sample_value(name, {"outcome": outcome})
+    return value or 0.0
+
+
+def _count(metrics: ServiceMetrics, outcome: Outcome) -> float:
+    return _sample(metrics, "recsys_requests_total", outcome)
+
+
+def _timed(metrics: ServiceMetrics, outcome: Outcome) -> float:
+    return _sample(metrics, "recsys_request_duration_seconds_count", outcome)
+
+
+async def test_an_admitted_request_reaches_the_route_with_its_body() -> None:
+    metrics = ServiceMetrics()
+    async with _client(_admission(), metrics) as client:
+        response = await client.post("/recommend", json={"user_id": "u1"})
+    assert response.status_code == 200
+    assert response.json() == {"user_id": "u1"}
+    assert _count(metrics, Outcome.OK) == _timed(metrics, Outcome.OK) == 1
+
+
+async def test_a_full_worker_refuses_with_503_retry_after_and_the_error_body() -> None:
+    metrics = ServiceMetrics()
+    admission = _admission(max_in_flight=1)
+    admission.enter()  # one request already in flight
+    async with _client(admission, metrics) as client:
+        response = await client.post(
+            "/recommend", json={"user_id": "u1"}, headers={"x-request-id": "abc"}
+        )
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.headers["x-request-id"] == "abc"
+    body = response.json()
+    assert body["error"] == "overloaded"
+    assert body["request_id"] == "abc"
+    assert _count(metrics, Outcome.SHED) == _timed(metrics, Outcome.SHED) == 1
+    assert admission.in_flight == 1
+
+
+async def test_json_sent_as_text_is_refused_with_415() -> None:
+    metrics = ServiceMetrics()
+    async with _client(_admission(), metrics) as client:
+        response = await client.post(
+            "/recommend", content=b'{"user_id": "u1"}', headers={"content-type": "text/plain"}
+        )
+    assert response.status_code == 415
+    assert response.json()["error"] == "unsupported_media_type"
+    assert _count(metrics, Outcome.INVALID) == _timed(metrics, Outcome.INVALID) == 1
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_body_over_the_limit_is_refused_with_413_unread(chunked: bool) -> None:
+    admission = _admission()
+    payload = b'{"user_id": "' + b"x" * 2000 + b'"}'
+
+    async def chunks() -> object:
+        for start in range(0, len(payload), 100):
+            yield payload[start : start + 100]
+
+    async with _client(admission, ServiceMetrics()) as client:
+        response = await client.post(
+            "/recommend",
+            content=chunks() if chunked else payload,  # type: ignore[arg-type]
+            headers={"content-type": "application/json"},
+        )
+    assert response.status_code == 413
+    assert response.json()["error"] == "body_too_large"
+    assert admission.in_flight == 0
+
+
+async def test_other_paths_pass_through_with_a_request_id() -> None:
+    metrics = ServiceMetrics()
+    async with _client(_admission(max_in_flight=1), metrics) as client:
+        response = await client.post("/elsewhere", content=b"x")
+    assert response.status_code == 200
+    assert len(response.headers["x-request-id"]) == 32
+    assert _count(metrics, Outcome.OK) == 0
+
+
+@pytest.mark.parametrize(
+    ("supplied", "kept"),
+    [(b"req-1", True), (b"x" * 65, False), (b"bad\x7fid", False), (b"caf\xc3\xa9", False)],
+)
+def test_a_supplied_request_id_is_kept_only_when_sane(supplied: bytes, kept: bool) -> None:
+    rid = request_id([(b"x-request-id", supplied)])
+    assert (rid == supplied.decode(errors="replace")) is kept
+
+
+@pytest.mark.parametrize(
+    ("content_type", "ok"),
+    [
+        (b"application/json", True),
+        (b"application/json; charset=utf-8", True),
+        (b"Application/JSON", True),
+        (b"application/vnd.api+json", True),
+        (b"text/plain", False),
+        (b"application/x-www-form-urlencoded", False),
+        (None, False),
+    ],
+)
+def test_json_media_types(content_type: bytes | None, ok: bool) -> None:
+    assert is_json(content_type) is ok

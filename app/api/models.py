@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from app.stages.types import Moment, Query
 
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+def _encodable(value: str) -> str:
+    # JSON may escape a lone surrogate (\ud800); no UTF-8 key or id can hold one.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from exc
+    return value
+
+
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=128), AfterValidator(_encodable)
+]
 ShortLabel = Annotated[str, StringConstraints(max_length=32)]
 
 MAX_EXCLUDED = 500

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import ServicesDep
 from app.api.errors import error_body
 from app.api.models import (
+    BUDGET_HEADER,
+    REQUEST_ID_HEADER,
     ErrorBody,
+    ErrorField,
     Liveness,
     ModelInfo,
     Readiness,
@@ -52,39 +55,61 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# Read by the gate and the route from the raw headers, so documented here by hand: a header
+# is never null, which is what an optional header parameter would be documented as.
+HEADERS = [
+    {
+        "name": BUDGET_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "a tighter budget for this request, in ms: raised to the configured "
+        "minimum (RECSYS_MIN_BUDGET_MS) and capped at the configured budget",
+        "schema": {"type": "integer", "minimum": 1},
+    },
+    {
+        "name": REQUEST_ID_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "echoed as `request_id` and in the response header when 1-64 "
+        "printable ASCII characters; a new id is made otherwise",
+        "schema": {"type": "string"},
+    },
+]
+
+
+def requested_budget_ms(raw: str | None) -> int | None:
+    """The budget header's value; ValueError when it is not a positive integer."""
+    if raw is None:
+        return None
+    value = int(raw.strip()) if raw.strip().isdigit() else 0
+    if value < 1:
+        raise ValueError(f"{BUDGET_HEADER} must be a positive integer of milliseconds")
+    return value
+
+
 @router.post(
     "/recommend",
     response_model=RecommendResponse,
     response_model_exclude_none=True,
     responses=RECOMMEND_ERRORS,
     summary="The top N items for a user",
+    openapi_extra={"parameters": HEADERS},
 )
 async def recommend(
-    body: RecommendRequest,
-    request: Request,
-    services: ServicesDep,
-    x_request_timeout_ms: Annotated[
-        int | None,
-        Header(
-            ge=1,
-            description="a tighter budget for this request, in ms; raised to the configured "
-            "minimum and capped at the configured budget",
-        ),
-    ] = None,
-    x_request_id: Annotated[
-        str | None,
-        Header(
-            description="echoed as `request_id` and in the response header when 1-64 "
-            "printable ASCII characters; a new id is made otherwise"
-        ),
-    ] = None,
+    body: RecommendRequest, request: Request, services: ServicesDep
 ) -> RecommendResponse | JSONResponse:
     state = request.state
+    try:
+        budget_ms = requested_budget_ms(request.headers.get(BUDGET_HEADER))
+    except ValueError as exc:
+        field = ErrorField(field=f"header.{BUDGET_HEADER}", message=str(exc))
+        error = error_body("invalid_request", str(exc), state.request_id, [field])
+        return JSONResponse(error.model_dump(), status_code=422)
     arrived: float = getattr(state, "arrived", time.monotonic())
     artifacts = services.artifacts.current
     ctx = RequestContext(
         request_id=state.request_id,
-        deadline=arrived + services.budget_s(x_request_timeout_ms),
+        deadline=arrived + services.budget_s(budget_ms),
         reserve_s=services.settings.reserve_ms / 1000.0,
         artifacts=artifacts,
         metrics=services.metrics,

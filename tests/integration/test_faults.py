@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app.catalog import MODEL_FILE
 from app.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
 from loadtest.faults import (
     Fault,
@@ -28,7 +29,8 @@ from loadtest.faults import (
 )
 from loadtest.openloop import Load, demo_bodies
 from loadtest.service import ApiProcess, start_api
-from tests.integration.conftest import SMALL_WORLD, Stack
+from tests.integration.conftest import SMALL_WORLD, TEST_MAX_BATCH, Stack
+from tests.integration.models import slow_model_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -146,4 +148,35 @@ async def test_triton_killed_then_restarted(
     process, url = own_triton
     with api_process(stack, tmp_path, triton_url=url) as api:
         outcome = await _survive(api, killed(process))
+    _assert_kept_answering(outcome, api)
+
+
+@pytest.fixture
+def slow_triton(stack: Stack, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A Triton whose model sleeps for as long as a file says, while the file exists."""
+    delay_file = tmp_path / "delay_ms"
+    onnx = stack.world / MODEL_FILE
+    repository = slow_model_repository(
+        tmp_path / "models", onnx, 0, TEST_MAX_BATCH, delay_file, queue_policy=False
+    )
+    process, url = start_triton(
+        default_triton_env(), repository, tmp_path / "triton", [stack.schema.model_name]
+    )
+    try:
+        yield delay_file, url
+    finally:
+        process.stop()
+
+
+async def test_triton_slow_then_fast_again(
+    stack: Stack, slow_triton: tuple[Path, str], tmp_path: Path
+) -> None:
+    delay_file, url = slow_triton
+
+    def slow_down() -> None:
+        delay_file.write_text("300")
+
+    slow = Fault("tritonserver slow (300 ms a batch)", slow_down, delay_file.unlink)
+    with api_process(stack, tmp_path, triton_url=url) as api:
+        outcome = await _survive(api, slow)
     _assert_kept_answering(outcome, api)

@@ -21,7 +21,13 @@ QUEUE_POLICY = """  default_queue_policy {
 """
 
 
-def _slow_config(delay_ms: int, max_batch_size: int) -> str:
+def _parameter(key: str, value: object) -> str:
+    return f'parameters: {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+
+
+def _slow_config(
+    delay_ms: int, max_batch_size: int, delay_file: Path | None, queue_policy: bool
+) -> str:
     """The real local config (inputs, outputs, batching) plus the queue policy and delay."""
     config = (project_root() / "model_repository" / MODEL_NAME / "config.pbtxt").read_text()
     config, replaced = re.subn(
@@ -29,16 +35,27 @@ def _slow_config(delay_ms: int, max_batch_size: int) -> str:
     )
     if replaced != 1:
         raise ValueError("the local ranking_model config has no single max_batch_size line")
-    if not re.search(r"^\s*default_queue_policy", config, flags=re.M):
+    if queue_policy and not re.search(r"^\s*default_queue_policy", config, flags=re.M):
         config = config.replace("dynamic_batching {\n", "dynamic_batching {\n" + QUEUE_POLICY, 1)
-    delay = f'parameters: {{\n  key: "delay_ms"\n  value: {{ string_value: "{delay_ms}" }}\n}}\n'
-    return config + delay
+    config += _parameter("delay_ms", delay_ms)
+    if delay_file is not None:
+        config += _parameter("delay_file", delay_file.resolve())
+    return config
 
 
 def slow_model_repository(
-    target_dir: Path, model_onnx_path: Path, delay_ms: int, max_batch_size: int
+    target_dir: Path,
+    model_onnx_path: Path,
+    delay_ms: int,
+    max_batch_size: int,
+    delay_file: Path | None = None,
+    queue_policy: bool = True,
 ) -> Path:
     """Write a repository whose ranking_model sleeps delay_ms per execution; returns its root.
+
+    With `delay_file`, the delay is read from that file (ms) at every execution while the
+    file exists, and is 0 while it does not. `queue_policy=False` leaves production's queue
+    policy out (with it, Triton 2.51 holds queued requests up to 500 ms; see the config).
 
     Same name, input `features` [n, 121] FP32 and output `score` [n, 1] FP32 as the real
     model, and the same scores: it runs model_onnx_path through onnxruntime. Its dynamic
@@ -46,7 +63,8 @@ def slow_model_repository(
     """
     version = target_dir / MODEL_NAME / "1"
     version.mkdir(parents=True, exist_ok=True)
-    (target_dir / MODEL_NAME / "config.pbtxt").write_text(_slow_config(delay_ms, max_batch_size))
+    config = _slow_config(delay_ms, max_batch_size, delay_file, queue_policy)
+    (target_dir / MODEL_NAME / "config.pbtxt").write_text(config)
     shutil.copyfile(Path(__file__).with_name("slow_model.py"), version / "model.py")
     shutil.copyfile(model_onnx_path, version / "model.onnx")
     return target_dir

@@ -4,6 +4,8 @@ Written into a test repository as ranking_model/1/model.py (see slow_model_repos
 scores model.onnx through onnxruntime as the real model does, so answers stay valid; each
 execution (one dynamic batch, however many requests it merged) first sleeps `delay_ms` from
 the config's parameters, which keeps Triton's queue busy for queue-policy and deadline tests.
+With a `delay_file` parameter, the delay (ms) is read from that file at every execution
+instead, while it exists: a test slows Triton down and speeds it up again while it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class TritonPythonModel:
         self.input_name: str = config["input"][0]["name"]
         self.output_name: str = config["output"][0]["name"]
         self.delay_s = int(_parameter(config, "delay_ms", "0")) / 1000.0
+        self.delay_file = _parameter(config, "delay_file", "")
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(_parameter(config, "intra_op_num_threads", "1"))
         options.inter_op_num_threads = 1
@@ -38,8 +41,17 @@ class TritonPythonModel:
         self.onnx_input: str = self.session.get_inputs()[0].name
         self.onnx_output: str = self.session.get_outputs()[0].name
 
+    def _delay_s(self) -> float:
+        if not self.delay_file:
+            return self.delay_s
+        try:
+            with open(self.delay_file) as delay:
+                return float(delay.read()) / 1000.0
+        except (OSError, ValueError):
+            return 0.0  # no file: fast again
+
     def execute(self, requests: list[Any]) -> list[Any]:
-        time.sleep(self.delay_s)
+        time.sleep(self._delay_s())
         batches = [
             pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
             for request in requests

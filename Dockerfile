@@ -3,12 +3,15 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The fallback extra (onnxruntime) ranks in process while Triton cannot answer.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[fallback]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /var/lib/recsys recsys
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# Exactly the wheels built above, nothing from an index.
+RUN pip install --no-cache-dir --no-index --find-links /wheels "recsys-serving[fallback]==0.1.0" \
+    && rm -rf /wheels
 USER 10001
 ENV RECSYS_HOST=0.0.0.0 \
     RECSYS_PORT=8080 \
@@ -17,4 +20,7 @@ ENV RECSYS_HOST=0.0.0.0 \
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=2s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=1)"]
+# SIGTERM drains (RECSYS_DRAIN_S, then RECSYS_SHUTDOWN_GRACE_S): stop with a timeout above
+# their sum, e.g. `podman stop -t 20`.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["recsys", "serve"]

@@ -4,7 +4,7 @@ VENV := .venv
 TRITON_ENV := .venv-triton
 PYTRITON := nvidia-pytriton==0.7.0
 
-.PHONY: setup demo test lint typecheck unit integration bench-stages world-large clean
+.PHONY: setup demo test lint typecheck unit integration bench-stages bench-faults bench-overload world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -43,6 +43,14 @@ integration: setup
 # Per-stage p50 from the service's own histograms, one request at a time, on the demo world.
 bench-stages: setup
 	$(VENV)/bin/python -m loadtest.stage_latency
+
+# Each dependency frozen, killed or flushed under a steady open-loop load, on the demo world.
+bench-faults: setup
+	$(VENV)/bin/python -m loadtest.faults --rate 100
+
+# Capacity (a full worker), then three times it offered open loop: what admission does.
+bench-overload: setup
+	$(VENV)/bin/python -m loadtest.overload
 
 world-large: setup
 	$(VENV)/bin/recsys build-demo --large --world var/world-1m

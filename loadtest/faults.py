@@ -26,7 +26,7 @@ from app.localstack import ManagedProcess
 from app.schema import load_schema
 from app.world.redis_loader import load_world_into_redis
 from loadtest.openloop import Load, RunResult, demo_bodies, percentile, recovery_time, run
-from loadtest.service import start_api
+from loadtest.service import local_service
 
 log = logging.getLogger("loadtest.faults")
 
@@ -153,48 +153,35 @@ def reloader(redis_url: str, world_dir: Path) -> Callable[[], None]:
 # The demo-world report --------------------------------------------------------------------------
 
 
-async def _report_all(rate: float, num_items: int) -> list[FaultReport]:
-    from app.cli import stack_options
-    from app.demo import local_stack
-
-    options = stack_options(Path("var/world"))
+async def _report_all(world: Path, rate: float, num_items: int) -> list[FaultReport]:
     reports = []
-    with local_stack(options) as stack:
-        settings = stack.settings
-        env = {
-            "RECSYS_REDIS_URL": settings.redis_url,
-            "RECSYS_TRITON_URL": settings.triton_url,
-            "RECSYS_ARTIFACTS_DIR": str(settings.artifacts_dir),
-        }
-        api = start_api(env, options.run_dir / "api-faults.log")
-        try:
-            await asyncio.to_thread(api.wait_ready)
-            load = Load(f"{api.url}/recommend", demo_bodies(20_000, num_items))
-            reload = reloader(settings.redis_url, settings.artifacts_dir)
-            faults = [
-                frozen(stack.redis),
-                killed(stack.redis, then=reload),
-                flushed(settings.redis_url, reload),
-                frozen(stack.triton),
-                killed(stack.triton),
-            ]
-            for fault in faults:
-                log.info("%s at %.0f requests/s", fault.name, rate)
-                timeline = await run_with_fault(load, rate, fault)
-                reports.append(report(fault.name, timeline, num_items))
-                await asyncio.sleep(1.0)
-        finally:
-            api.stop()
+    with local_service(world) as (api, stack):
+        load = Load(f"{api.url}/recommend", demo_bodies(20_000, num_items), timeout_s=2.0)
+        redis_url = stack.settings.redis_url
+        reload = reloader(redis_url, world)
+        faults = [
+            frozen(stack.redis),
+            killed(stack.redis, then=reload),
+            flushed(redis_url, reload),
+            frozen(stack.triton),
+            killed(stack.triton),
+        ]
+        for fault in faults:
+            log.info("%s at %.0f requests/s", fault.name, rate)
+            timeline = await run_with_fault(load, rate, fault)
+            reports.append(report(fault.name, timeline, num_items))
+            await asyncio.sleep(1.0)
     return reports
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--num-items", type=int, default=20)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    reports = asyncio.run(_report_all(args.rate, args.num_items))
+    reports = asyncio.run(_report_all(args.world, args.rate, args.num_items))
     print(json.dumps([dataclasses.asdict(r) for r in reports], indent=2))
 
 

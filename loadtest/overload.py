@@ -6,6 +6,7 @@ last is answered, never more in flight than admission control takes. Then the op
 generator offers `factor` times that, and the report says what admission control did with
 the excess: how many were refused, how fast, and how the admitted requests fared.
 
+    python -m loadtest.overload                 # the local stack on var/world, started here
     python -m loadtest.overload --url http://127.0.0.1:8080/recommend --concurrency 8
 """
 
@@ -17,7 +18,11 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
+
+from loadtest.histograms import Buckets, quantile, scrape_buckets, subtract
 from loadtest.openloop import (
     Load,
     RequestBytes,
@@ -28,6 +33,7 @@ from loadtest.openloop import (
     run,
     summarize,
 )
+from loadtest.service import local_service
 
 
 async def _closed_worker(load: Load, first: int, step: int, until: float) -> int:
@@ -59,6 +65,14 @@ async def capacity(load: Load, concurrency: int, duration_s: float) -> float:
     return clean / (time.monotonic() - started)
 
 
+async def _scrape(url: str) -> Buckets:
+    """The service's request-duration histogram by outcome, from its /metrics."""
+    parts = parse_url(url)
+    async with httpx.AsyncClient(base_url=f"http://{parts.authority}", timeout=5.0) as client:
+        text = (await client.get("/metrics")).text
+    return scrape_buckets(text, "recsys_request_duration_seconds", "outcome")
+
+
 @dataclass(frozen=True)
 class OverloadReport:
     capacity_rps: float
@@ -71,7 +85,8 @@ class OverloadReport:
     admitted_p50_ms: float | None
     admitted_p99_ms: float | None
     shed_p50_ms: float | None
-    shed_p99_ms: float | None
+    shed_p99_ms: float | None  # as clients saw it: unread waits and the generator's own included
+    shed_server_p99_ms: float  # inside the service, from its histogram (bucket-interpolated)
     shed_with_retry_after: int
 
 
@@ -80,7 +95,9 @@ async def overload(
 ) -> OverloadReport:
     measured = await capacity(load, concurrency, duration_s=3.0)
     await asyncio.sleep(0.5)
+    before = await _scrape(load.url)
     result = await run(load, factor * measured, duration_s + 1.0, poisson=True)
+    shed_inside = subtract(await _scrape(load.url), before).get("shed", [])
     summary = summarize(result, skip_s=1.0)
     admitted = summary.latency_by_status.get("200")
     shed = summary.latency_by_status.get("503")
@@ -98,20 +115,36 @@ async def overload(
         admitted_p99_ms=admitted.p99_ms if admitted else None,
         shed_p50_ms=shed.p50_ms if shed else None,
         shed_p99_ms=shed.p99_ms if shed else None,
+        shed_server_p99_ms=round(quantile(shed_inside, 0.99) * 1000.0, 3),
         shed_with_retry_after=summary.retry_after_503,
     )
 
 
+async def _on_local_stack(
+    world: Path, concurrency: int, factor: float, duration_s: float
+) -> OverloadReport:
+    with local_service(world, max_in_flight=str(concurrency)) as (api, _):
+        load = Load(f"{api.url}/recommend", demo_bodies(20_000, 20), timeout_s=2.0)
+        await run(load, 50, 2.0)  # warm the pools and the model
+        return await overload(load, concurrency, factor, duration_s)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", help="a running service; default: start one on --world")
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
     parser.add_argument("--concurrency", type=int, default=8, help="RECSYS_MAX_IN_FLIGHT")
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--users", type=int, default=20_000)
     args = parser.parse_args()
-    load = Load(args.url, demo_bodies(args.users, 20), timeout_s=2.0)
-    report = asyncio.run(overload(load, args.concurrency, args.factor, args.duration))
+    if args.url:
+        load = Load(args.url, demo_bodies(args.users, 20), timeout_s=2.0)
+        report = asyncio.run(overload(load, args.concurrency, args.factor, args.duration))
+    else:
+        report = asyncio.run(
+            _on_local_stack(args.world, args.concurrency, args.factor, args.duration)
+        )
     print(json.dumps(dataclasses.asdict(report), indent=2))
 
 

@@ -12,11 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from app.cli import stack_options
+from app.demo import LocalStack, local_stack
 from app.localstack import free_port
 
 
@@ -71,6 +75,28 @@ class ApiProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait(timeout=5.0)
+
+
+@contextmanager
+def local_service(world: Path, **settings: str) -> Iterator[tuple[ApiProcess, LocalStack]]:
+    """The local stack on `world` (built if absent) and the API on it, ready; stopped after.
+
+    `settings` are extra RECSYS_* settings for the API, by lower-case name.
+    """
+    options = stack_options(world)
+    with local_stack(options) as stack:
+        env = {
+            "RECSYS_REDIS_URL": stack.settings.redis_url,
+            "RECSYS_TRITON_URL": stack.settings.triton_url,
+            "RECSYS_ARTIFACTS_DIR": str(stack.settings.artifacts_dir),
+            **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
+        }
+        api = start_api(env, options.run_dir / "api.log")
+        try:
+            api.wait_ready()
+            yield api, stack
+        finally:
+            api.stop()
 
 
 def start_api(env: dict[str, str], log_path: Path, port: int | None = None) -> ApiProcess:

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from app.cli import stack_options
-from app.demo import local_stack
 from app.metrics import Stage
 from loadtest.histograms import quantile, scrape_buckets, subtract
-from loadtest.service import start_api
+from loadtest.service import local_service
 
 log = logging.getLogger("loadtest")
 
@@ -71,21 +69,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    options = stack_options(args.world)
-    with local_stack(options) as stack:
-        settings = stack.settings
-        env = {
-            "RECSYS_REDIS_URL": settings.redis_url,
-            "RECSYS_TRITON_URL": settings.triton_url,
-            "RECSYS_ARTIFACTS_DIR": str(settings.artifacts_dir),
-        }
-        api = start_api(env, options.run_dir / "api.log")
-        try:
-            api.wait_ready()
-            with httpx.Client(base_url=api.url, timeout=10.0) as client:
-                print(json.dumps(measure(client, args.requests, args.users, args.seed), indent=2))
-        finally:
-            api.stop()
+    with local_service(args.world) as (api, _):
+        report = _measure_at(api.url, args)
+    print(json.dumps(report, indent=2))
+
+
+def _measure_at(url: str, args: argparse.Namespace) -> dict[str, object]:
+    with httpx.Client(base_url=url, timeout=10.0) as client:
+        return measure(client, args.requests, args.users, args.seed)
 
 
 if __name__ == "__main__":

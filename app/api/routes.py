@@ -81,7 +81,8 @@ def requested_budget_ms(raw: str | None) -> int | None:
     """The budget header's value; ValueError when it is not a positive integer."""
     if raw is None:
         return None
-    value = int(raw.strip()) if raw.strip().isdigit() else 0
+    text = raw.strip()
+    value = int(text) if text.isascii() and text.isdigit() else 0
     if value < 1:
         raise ValueError(f"{BUDGET_HEADER} must be a positive integer of milliseconds")
     return value

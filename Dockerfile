@@ -1,4 +1,5 @@
-# The recommendation API. Triton runs beside it in its own container (deploy/).
+# The recommendation API, and nothing else: the operator's tools (tools/) are not in it.
+# Triton runs beside it in its own container (deploy/).
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -23,4 +24,4 @@ HEALTHCHECK --interval=10s --timeout=2s --retries=3 \
 # SIGTERM drains (RECSYS_DRAIN_S, then RECSYS_SHUTDOWN_GRACE_S): stop with a timeout above
 # their sum, e.g. `podman stop -t 20`.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["recsys", "serve"]
+ENTRYPOINT ["recsys-serve"]

@@ -8,10 +8,11 @@ PYTRITON := nvidia-pytriton==0.7.0
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The server (recsys-serving) and the operator's tools (tools/, recsys-tools), both editable.
+$(VENV)/.installed: pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[world,local,dev]'
+	$(VENV)/bin/pip install --quiet -e '.[fallback,dev]' -e ./tools
 	touch $@
 
 # The local CPU Triton runs in an environment of its own, as Triton does in production.
@@ -35,7 +36,7 @@ typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 unit: $(VENV)/.installed
-	$(VENV)/bin/pytest tests/unit
+	$(VENV)/bin/pytest tests/unit tests/tools tests/deploy
 
 integration: setup
 	$(VENV)/bin/pytest tests/integration

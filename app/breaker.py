@@ -55,6 +55,14 @@ class CircuitBreaker:
     def state(self) -> BreakerState:
         return self._state
 
+    def available(self) -> bool:
+        """Whether `allow` would let a call out now (without taking the probe's turn)."""
+        if self._state is BreakerState.CLOSED:
+            return True
+        if self._state is BreakerState.OPEN:
+            return self._clock() - self._opened_at >= self._open_s
+        return not self._probe_out
+
     def allow(self) -> bool:
         """Whether a call may go out now; in half-open, only the one probe may."""
         if self._state is BreakerState.CLOSED:

@@ -37,7 +37,6 @@ class Removal(StrEnum):
     EXCLUDED = "excluded"
 
 
-DEPENDENCIES = ("redis", "triton")
 # The stages that have something to fall back from.
 DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.FETCH, Stage.RANK)
 COUNTED_STAGES = (Stage.RECALL, Stage.FILTER, Stage.FETCH, Stage.RANK, Stage.RERANK)
@@ -123,7 +122,8 @@ class ServiceMetrics:
         )
         self.breaker = Gauge(
             "recsys_breaker_state",
-            "Circuit breaker per dependency: 0 closed, 1 open, 2 half-open.",
+            "Circuit breaker per dependency (redis; triton, or triton-N per endpoint): "
+            "0 closed, 1 open, 2 half-open.",
             ["dependency"],
             registry=self.registry,
         )
@@ -143,7 +143,6 @@ class ServiceMetrics:
         self.request_timer = {o: self.request_duration.labels(o) for o in Outcome}
         self.request_count = {o: self.requests.labels(o) for o in Outcome}
         self.removed_count = {r: self.removed.labels(r) for r in Removal}
-        self.breaker_state = {d: self.breaker.labels(d) for d in DEPENDENCIES}
         self.degraded_count = {
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES

@@ -16,7 +16,7 @@ from app.artifacts import ArtifactsRef, serving_artifacts
 from app.breaker import BreakerState, CircuitBreaker
 from app.catalog import MODEL_FILE, load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
-from app.clients.ranking_model import RankingModelClient, connect_triton
+from app.clients.ranking_model import RankingModelClient, TritonPool, connect_triton
 from app.errors import DependencyError, SchemaError
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
@@ -41,7 +41,7 @@ class Services:
     settings: Settings
     metrics: ServiceMetrics
     store: FeatureStore
-    model: RankingModelClient
+    model: TritonPool
     artifacts: ArtifactsRef
     pipeline: RecommendPipeline
     breakers: dict[str, CircuitBreaker]
@@ -86,16 +86,27 @@ async def checked_signature(
     problems = signature_mismatches(schema, signature)
     if problems:
         raise SchemaError(
-            f"Triton model {signature.name!r} does not match the feature schema: "
-            + "; ".join(problems)
+            f"Triton model {signature.name!r} at {model.url} does not match the feature "
+            "schema: " + "; ".join(problems)
         )
     return signature
+
+
+async def pool_signature(
+    pool: TritonPool, schema: FeatureSchema, timeout_s: float
+) -> ModelSignature:
+    """Every endpoint checked; chunks are cut to fit the smallest max_batch_size among them."""
+    signatures = await asyncio.gather(
+        *(checked_signature(endpoint, schema, timeout_s) for endpoint in pool.endpoints)
+    )
+    return min(signatures, key=lambda signature: signature.max_batch_size)
 
 
 def _breaker(
     name: str, settings: Settings, metrics: ServiceMetrics, excused: Callable[[], bool]
 ) -> CircuitBreaker:
-    gauge = metrics.breaker_state[name]
+    # The names come from the configuration, fixed at start-up: a small, fixed label set.
+    gauge = metrics.breaker.labels(name)
     gauge.set(BreakerState.CLOSED)
 
     def export(state: BreakerState) -> None:
@@ -131,11 +142,18 @@ async def start_services(
     catalog = await asyncio.to_thread(
         load_catalog, settings.artifacts_dir, schema, settings.index_nprobe
     )
+    urls = settings.triton_urls
+    triton_names = ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
     breakers = {
-        name: _breaker(name, settings, metrics, running_late) for name in ("redis", "triton")
+        name: _breaker(name, settings, metrics, running_late) for name in ["redis", *triton_names]
     }
     redis_timeout_s = settings.redis_timeout_ms / 1000.0
-    redis = connect_redis(settings.redis_url, settings.redis_max_connections, redis_timeout_s)
+    redis = connect_redis(
+        settings.redis_url,
+        settings.redis_max_connections,
+        redis_timeout_s,
+        cluster=settings.redis_cluster,
+    )
     store = FeatureStore(
         redis,
         schema,
@@ -144,8 +162,11 @@ async def start_services(
         breakers["redis"],
     )
     model_name = settings.model_name or schema.model_name
-    model = connect_triton(
-        settings.triton_url, model_name, settings.model_version, breakers["triton"]
+    model = TritonPool(
+        [
+            connect_triton(url, model_name, settings.model_version, breakers[name])
+            for url, name in zip(urls, triton_names, strict=True)
+        ]
     )
     try:
         await retry_dependency(
@@ -153,7 +174,7 @@ async def start_services(
             lambda: store.check_layout(STARTUP_CALL_TIMEOUT_S),
             settings.startup_timeout_s,
         )
-        signature = await checked_signature(model, schema, settings.startup_timeout_s)
+        signature = await pool_signature(model, schema, settings.startup_timeout_s)
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
     except BaseException:
         await model.close()

@@ -24,7 +24,7 @@ class Settings(BaseSettings):
         default=8, ge=1, le=10_000, description="requests handled at once; more get a 503"
     )
     max_queue_ms: float = Field(
-        default=5.0,
+        default=10.0,
         gt=0,
         description="shed while the event loop runs this late: new requests wait unread",
     )
@@ -43,12 +43,19 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         description="redis://host:port/db or unix:///path/to/socket",
     )
+    redis_cluster: bool = Field(
+        default=False, description="RECSYS_REDIS_URL names one node of a Redis Cluster"
+    )
     redis_key_prefix: str = Field(default="recsys", min_length=1)
     redis_max_connections: int = Field(default=64, ge=1)
     redis_timeout_ms: float = Field(
         default=25.0, gt=0, description="the most one Redis call may take, budget permitting"
     )
-    triton_url: str = Field(default="127.0.0.1:8001", description="Triton gRPC host:port")
+    triton_url: str = Field(
+        default="127.0.0.1:8001",
+        description="Triton gRPC host:port; several, comma-separated, are balanced",
+        pattern=r"^[^,\s]+(,[^,\s]+)*$",
+    )
     triton_timeout_ms: float = Field(
         default=50.0, gt=0, description="the most one ranking call may take, budget permitting"
     )
@@ -96,6 +103,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, gt=0, description="then: the most in-flight requests get to finish"
     )
+
+    @property
+    def triton_urls(self) -> list[str]:
+        return self.triton_url.split(",")
 
     @model_validator(mode="after")
     def _budget_leaves_room(self) -> Settings:

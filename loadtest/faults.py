@@ -15,16 +15,17 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from recsys_tools.localstack import ManagedProcess
+from recsys_tools.world.redis_loader import load_world_into_redis
 
 from app.clients.feature_store import KeySpace
-from app.localstack import ManagedProcess
 from app.schema import load_schema
-from app.world.redis_loader import load_world_into_redis
 from loadtest.openloop import Load, RunResult, demo_bodies, percentile, recovery_time, run
 from loadtest.service import local_service
 
@@ -52,6 +53,7 @@ class FaultReport:
     fault: str
     requests: int
     server_errors: int  # 5xx, and requests that got no answer at all
+    failures: dict[str, int]  # those by status, or by error kind when no answer came
     other_statuses: int  # answers neither 200 nor 5xx
     short_answers: int  # 200s with fewer items than asked for
     degraded: int
@@ -99,6 +101,13 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
         fault=name,
         requests=len(records),
         server_errors=sum(1 for r in records if r.status >= 500 or not r.status),
+        failures=dict(
+            Counter(
+                str(r.status) if r.status else r.error
+                for r in records
+                if r.status >= 500 or not r.status
+            )
+        ),
         other_statuses=sum(1 for r in answered if r.status != 200 and r.status < 500),
         short_answers=sum(1 for r in ok if r.items < num_items),
         degraded=len(degraded),

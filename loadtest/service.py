@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-from app.cli import stack_options
-from app.demo import LocalStack, local_stack
-from app.localstack import free_port
+from recsys_tools.demo import LocalStack, local_stack, stack_options
+from recsys_tools.localstack import free_port
 
 
 @dataclass
@@ -105,7 +103,7 @@ def start_api(env: dict[str, str], log_path: Path, port: int | None = None) -> A
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--log-level", "warning"],
+            [sys.executable, "-m", "app", "--log-level", "warning"],
             env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
             stdout=log_file,
             stderr=subprocess.STDOUT,

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -25,6 +26,7 @@ from app.errors import FailureKind, FeatureStoreError, SchemaError
 from app.schema import FeatureSchema
 
 FLOAT32 = np.dtype("<f4")
+RedisClient = aioredis.Redis | RedisCluster
 MGET_CHUNK = 500
 
 
@@ -153,7 +155,7 @@ class FeatureStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         schema: FeatureSchema,
         keys: KeySpace,
         max_seen: int,
@@ -181,16 +183,26 @@ class FeatureStore:
         return decode_user(blob, seen, self._schema.user_blob_width)
 
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs:
-        """Blobs for the given item keys: MGETs in chunks, sent as one pipeline."""
+        """Blobs for the given item keys: MGETs in chunks, sent as one pipeline.
+
+        On a Redis Cluster the keys live in many slots; the client splits them by slot and
+        pipelines the MGETs to each node.
+        """
         _require_time(timeout_s)
         with self._breaker.guard(FeatureStoreError):
             async with _call("read items", timeout_s):
-                pipe = self._client.pipeline(transaction=False)
-                for start in range(0, len(keys), MGET_CHUNK):
-                    pipe.mget(keys[start : start + MGET_CHUNK])
-                chunks = await pipe.execute()
-        values = [value for chunk in chunks for value in chunk]
+                values = await self._mget(keys)
         return decode_item_blobs(values, self._schema.item_blob_width)
+
+    async def _mget(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if isinstance(self._client, RedisCluster):
+            found: list[bytes | None] = await self._client.mget_nonatomic(keys)
+            return found
+        pipe = self._client.pipeline(transaction=False)
+        for start in range(0, len(keys), MGET_CHUNK):
+            pipe.mget(keys[start : start + MGET_CHUNK])
+        chunks = await pipe.execute()
+        return [value for chunk in chunks for value in chunk]
 
     async def check_layout(self, timeout_s: float) -> None:
         """Refuse data written with another layout than the schema's."""
@@ -219,8 +231,21 @@ class FeatureStore:
             return False
 
 
-def connect_redis(url: str, max_connections: int, timeout_s: float) -> aioredis.Redis:
-    """A pooled client; creating it does no I/O, the first command connects."""
+def connect_redis(
+    url: str, max_connections: int, timeout_s: float, cluster: bool = False
+) -> RedisClient:
+    """A pooled client; creating it does no I/O, the first command connects.
+
+    With `cluster`, `url` names any node of a Redis Cluster; the client learns the others.
+    """
+    if cluster:
+        return RedisCluster.from_url(
+            url,
+            max_connections=max_connections,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
     # A blocking pool makes a burst wait for a connection instead of failing outright; each
     # call's own deadline bounds that wait. No retries: a retry cannot fit a budget of tens
     # of milliseconds, and the breaker, not a retry loop, handles a Redis that is down.

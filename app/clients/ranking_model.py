@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import numpy as np
@@ -84,9 +85,10 @@ def signature_from_triton(metadata: dict[str, Any], config: dict[str, Any]) -> M
 class RankingModelClient:
     """Scores packed rows. One gRPC channel, created in the lifespan and reused.
 
-    Every inference goes through the Triton circuit breaker and carries the request id, the
-    gRPC deadline and, as Triton's own queue timeout, the same remaining time, so Triton drops
-    a request that could no longer be answered in time instead of computing it.
+    Every inference goes through this endpoint's circuit breaker and carries the request id,
+    the gRPC deadline and, as Triton's own queue timeout, the same remaining time (honoured
+    where the model's queue policy allows overrides: Triton then drops a request that could no
+    longer be answered in time instead of computing it).
     """
 
     def __init__(
@@ -95,11 +97,17 @@ class RankingModelClient:
         model_name: str,
         model_version: str,
         breaker: CircuitBreaker,
+        url: str = "",
     ) -> None:
         self._client = client
         self._model_name = model_name
         self._model_version = model_version
         self._breaker = breaker
+        self.url = url
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self._breaker
 
     async def signature(self, timeout_s: float) -> ModelSignature:
         try:
@@ -194,9 +202,73 @@ class RankingModelClient:
         await self._client.close()
 
 
+# Failures that come at once, leaving time to ask another endpoint.
+_FAST_FAILURES = frozenset({FailureKind.UNAVAILABLE, FailureKind.CIRCUIT_OPEN})
+
+
+class TritonPool:
+    """Several Triton endpoints serving the same model; each request goes to one that is up.
+
+    Requests take the endpoints in turn, skipping one whose breaker is open until its probe
+    is due. A call that fails at once (unavailable, breaker open) moves on to the next endpoint
+    while time is left; a timeout does not, since it has used the time up. With one endpoint
+    this is that endpoint.
+    """
+
+    def __init__(self, endpoints: list[RankingModelClient]) -> None:
+        if not endpoints:
+            raise ValueError("a pool needs at least one Triton endpoint")
+        self.endpoints = endpoints
+        self._next = 0
+
+    def _turn(self) -> list[RankingModelClient]:
+        start = self._next
+        self._next = (self._next + 1) % len(self.endpoints)
+        rotated = self.endpoints[start:] + self.endpoints[:start]
+        up = [endpoint for endpoint in rotated if endpoint.breaker.available()]
+        return up or rotated[:1]  # all open: the first fails fast and the answer falls back
+
+    async def score(
+        self,
+        rows: npt.NDArray[np.float32],
+        signature: ModelSignature,
+        timeout_s: float,
+        request_id: str,
+    ) -> npt.NDArray[np.float32]:
+        deadline = time.monotonic() + timeout_s
+        failure: RankingModelError | None = None
+        for endpoint in self._turn():
+            left = deadline - time.monotonic()
+            if failure is not None and left <= 0:
+                break
+            try:
+                return await endpoint.score(rows, signature, left, request_id)
+            except RankingModelError as exc:
+                if exc.kind not in _FAST_FAILURES:
+                    raise
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def ready_signature(self, timeout_s: float = 1.0) -> ModelSignature:
+        """The signature of the first endpoint whose model is ready; UNAVAILABLE when none is."""
+        failure: RankingModelError | None = None
+        for endpoint in self.endpoints:
+            try:
+                return await endpoint.ready_signature(timeout_s)
+            except RankingModelError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def close(self) -> None:
+        for endpoint in self.endpoints:
+            await endpoint.close()
+
+
 def connect_triton(
     url: str, model_name: str, model_version: str, breaker: CircuitBreaker
 ) -> RankingModelClient:
     """Create the channel; no I/O happens until the first call."""
     client = triton_grpc.InferenceServerClient(url=url, channel_args=CHANNEL_ARGS)
-    return RankingModelClient(client, model_name, model_version, breaker)
+    return RankingModelClient(client, model_name, model_version, breaker, url)

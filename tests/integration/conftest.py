@@ -18,9 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import redis
-
-from app.clients.feature_store import KeySpace
-from app.localstack import (
+from recsys_tools.localstack import (
     ManagedProcess,
     default_triton_env,
     group_alive,
@@ -28,11 +26,13 @@ from app.localstack import (
     start_redis,
     start_triton,
 )
+from recsys_tools.world.build import DemoSize, build_demo_world, install_model
+from recsys_tools.world.redis_loader import load_world_into_redis
+
+from app.clients.feature_store import KeySpace
 from app.main import create_app
 from app.schema import FeatureSchema, load_schema
 from app.settings import Settings
-from app.world.build import DemoSize, build_demo_world, install_model
-from app.world.redis_loader import load_world_into_redis
 
 SMALL_WORLD = DemoSize(items=3000, users=400, impressions=30_000)
 # Small enough that a request's 1000+ candidates go to Triton in several chunks.

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from recsys_tools.localstack import free_port, start_redis
 
 from app.errors import ConfigError, RankingModelError, SchemaError
-from app.localstack import free_port, start_redis
 from app.metrics import ServiceMetrics
 from app.services import start_services
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving

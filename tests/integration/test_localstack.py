@@ -1,4 +1,4 @@
-"""The fault tools of app.localstack on real servers: freeze, resume, kill, restart, stop.
+"""The fault tools of recsys_tools.localstack on real servers: freeze, resume, kill, restart, stop.
 
 Every server here is this module's own; the session stack's are never touched.
 """
@@ -14,11 +14,7 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.grpc as triton_grpc
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from tritonclient.utils import InferenceServerException
-
-from app.localstack import (
+from recsys_tools.localstack import (
     ManagedProcess,
     TritonPorts,
     default_triton_env,
@@ -27,6 +23,10 @@ from app.localstack import (
     start_redis,
     start_triton,
 )
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tritonclient.utils import InferenceServerException
+
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.integration

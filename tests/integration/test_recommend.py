@@ -9,11 +9,11 @@ import onnxruntime as ort
 import pytest
 import redis
 from httpx import AsyncClient
+from recsys_tools.world.files import load_items, load_seen, load_users
 
 from app.catalog import MODEL_FILE
 from app.clients.feature_store import KeySpace
 from app.packing import encode_context, pack_rows
-from app.world.files import load_items, load_seen, load_users
 from tests.integration.conftest import CONTEXT, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -16,9 +16,9 @@ import pytest
 import tritonclient.grpc.aio as triton_grpc
 from httpx import AsyncClient
 from prometheus_client.parser import text_string_to_metric_families
+from recsys_tools.localstack import default_triton_env, start_triton
 from tritonclient.utils import InferenceServerException
 
-from app.localstack import default_triton_env, start_triton
 from tests.integration.conftest import CONTEXT, TEST_MAX_BATCH, Stack, serving
 from tests.integration.models import slow_model_repository
 

@@ -6,7 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
-from app.localstack import project_root
+from recsys_tools.localstack import project_root
 
 MODEL_NAME = "ranking_model"
 # Production's queue policy (deploy/triton/gpu) with the local queue size. The local config

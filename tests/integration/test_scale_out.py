@@ -1,0 +1,91 @@
+"""Outgrowing one host: several Triton endpoints, and the feature store on a Redis Cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.grpc as triton_grpc
+from httpx import AsyncClient
+from recsys_tools.localstack import default_triton_env, start_redis_cluster, start_triton
+from recsys_tools.world.redis_loader import load_world_into_redis
+from redis.cluster import RedisCluster
+
+from app.clients.feature_store import KeySpace
+from tests.integration.conftest import CONTEXT, Stack, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def _answer(client: AsyncClient, user: str) -> dict[str, Any]:
+    response = await client.post(
+        "/recommend", json={"user_id": user, "num_items": 10, "context": CONTEXT}
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _ids(answer: dict[str, Any]) -> list[str]:
+    return [item["item_id"] for item in answer["items"]]
+
+
+def _inferences(url: str) -> int:
+    client = triton_grpc.InferenceServerClient(url)
+    try:
+        stats = client.get_inference_statistics("ranking_model", as_json=True)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0].get("inference_count", 0))
+
+
+async def test_a_redis_cluster_serves_the_same_answers(
+    stack: Stack, client: AsyncClient, tmp_path: Path
+) -> None:
+    nodes, url = start_redis_cluster(tmp_path / "cluster")
+    try:
+        writer = RedisCluster.from_url(url)
+        try:
+            load_world_into_redis(stack.world, writer, stack.schema, KeySpace("recsys"))
+        finally:
+            writer.close()
+        async with serving(stack.settings(redis_url=url, redis_cluster=True)) as clustered:
+            for user in ("u3", "u17", "u250"):
+                on_cluster = await _answer(clustered, user)
+                assert on_cluster["degraded"] == []
+                assert _ids(on_cluster) == _ids(await _answer(client, user))
+            ready = (await clustered.get("/readyz")).json()
+    finally:
+        for node in nodes:
+            node.stop()
+    assert ready["checks"]["redis"] is True
+
+
+async def test_requests_spread_over_tritons_and_survive_one_of_them_dying(
+    stack: Stack, tmp_path: Path
+) -> None:
+    second, second_url = start_triton(
+        default_triton_env(), stack.model_repository, tmp_path / "triton", ["ranking_model"]
+    )
+    try:
+        urls = f"{stack.triton_url},{second_url}"
+        async with serving(stack.settings(triton_url=urls)) as api:
+            before = _inferences(stack.triton_url), _inferences(second_url)
+            for n in range(6):
+                assert (await _answer(api, f"u{n}"))["degraded"] == []
+            after = _inferences(stack.triton_url), _inferences(second_url)
+            assert after[0] > before[0]
+            assert after[1] > before[1]
+
+            second.kill()
+            # The dead endpoint answers "unavailable" at once: its requests move to the other.
+            answers = [await _answer(api, f"u{n}") for n in range(20)]
+            ready = (await api.get("/readyz")).json()
+            metrics = (await api.get("/metrics")).text
+    finally:
+        second.stop()
+    assert all(answer["degraded"] == [] for answer in answers)
+    assert ready["status"] == "ready"
+    assert ready["breakers"]["triton-1"] == "open"
+    assert 'recsys_breaker_state{dependency="triton-1"} 1.0' in metrics

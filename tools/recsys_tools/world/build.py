@@ -1,0 +1,90 @@
+"""Assembling a world directory: tables, index, default user, model, manifest."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.catalog import MODEL_FILE
+from app.schema import FeatureSchema
+from recsys_tools.world.files import (
+    ItemTable,
+    UserTable,
+    save_default_user,
+    save_table,
+    write_manifest,
+)
+from recsys_tools.world.index import build_index, save_index
+from recsys_tools.world.synth import generate_world
+from recsys_tools.world.train import train_ranker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSize:
+    items: int
+    users: int
+    impressions: int
+
+
+DEMO = DemoSize(items=100_000, users=20_000, impressions=200_000)
+LARGE = DemoSize(items=1_000_000, users=100_000, impressions=400_000)
+
+
+def write_catalog(
+    world: Path, schema: FeatureSchema, items: ItemTable, users: UserTable, index_factory: str
+) -> None:
+    """Check and save the tables, then build the index and the cold-start default over them."""
+    items.check(schema)
+    users.check(schema)
+    world.mkdir(parents=True, exist_ok=True)
+    save_table(world, items)
+    save_table(world, users)
+    save_default_user(world, users)
+    started = time.perf_counter()
+    index = build_index(items.embeddings, index_factory)
+    save_index(world, index)
+    write_manifest(
+        world,
+        schema_version=schema.version,
+        embedding_dim=schema.embedding_dim,
+        items=len(items.ids),
+        users=len(users.ids),
+        index=index_factory,
+        index_ntotal=int(index.ntotal),
+        index_build_seconds=round(time.perf_counter() - started, 2),
+    )
+
+
+def install_model(world: Path, model_repository: Path, model_name: str) -> Path:
+    """Copy the world's ONNX model into version 1 of the Triton model directory."""
+    target = model_repository / model_name / "1" / MODEL_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(world / MODEL_FILE, target)
+    return target
+
+
+def build_demo_world(
+    world: Path, schema: FeatureSchema, size: DemoSize, index_factory: str = "auto", seed: int = 7
+) -> dict[str, float | int]:
+    """Generate, train and write a synthetic world; returns the training report."""
+    started = time.perf_counter()
+    generated = generate_world(schema, size.items, size.users, size.impressions, seed)
+    log.info("generated %d items, %d users", size.items, size.users)
+    write_catalog(world, schema, generated.items, generated.users, index_factory)
+    save_table(world, generated.seen)
+    trained = train_ranker(generated, schema, seed)
+    (world / MODEL_FILE).write_bytes(trained.onnx_model)
+    report = trained.report.as_dict()
+    write_manifest(
+        world,
+        source="synthetic",
+        seed=seed,
+        training=report,
+        build_seconds=round(time.perf_counter() - started, 1),
+    )
+    return report

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.debian_tools import debian_root
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 CONFIG = PROMETHEUS_DIR / "prometheus.yml"
@@ -35,15 +37,7 @@ PROBLEM = re.compile(r"FAILED|WARNING|\berror\b", re.IGNORECASE)
 
 def fetch_promtool() -> Path:
     """promtool 2.42 from Debian bookworm, fetched once and cached under var/tools."""
-    result = subprocess.run(
-        [str(ROOT / "deploy" / "tools" / "fetch-deb"), "bookworm", "prometheus"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"fetch-deb bookworm prometheus failed:\n{result.stdout}{result.stderr}")
-    promtool = Path(result.stdout.strip().splitlines()[-1]) / "usr" / "bin" / "promtool"
+    promtool = debian_root("bookworm", "prometheus") / "usr" / "bin" / "promtool"
     assert promtool.exists(), f"no promtool at {promtool}"
     return promtool
 

@@ -11,7 +11,6 @@ Last, the properties that matter are read back from the units podman would run.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shlex
@@ -27,11 +26,11 @@ from typing import Any
 import pytest
 
 from app.settings import Settings
+from tests.debian_tools import debian_root
 
 ROOT = Path(__file__).resolve().parents[2]
 QUADLET_DIR = ROOT / "deploy" / "quadlet"
 PLAIN_DIR = ROOT / "deploy" / "systemd"
-FETCH_DEB = ROOT / "deploy" / "tools" / "fetch-deb"
 HEALTH_CHECK = QUADLET_DIR / "triton-model-ready.py"
 
 CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api")
@@ -52,19 +51,9 @@ ALIASES = {"-v": "--volume", "-p": "--publish", "-d": "--detach", "-e": "--env",
 # Fetching, generating and verifying --------------------------------------------------------
 
 
-@functools.cache
 def fetch_podman() -> Path:
     """Debian trixie's podman package unpacked (podman 5: this Debian's 4.3 has no quadlet)."""
-    result = subprocess.run(
-        [str(FETCH_DEB), "trixie", "podman"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"fetch-deb trixie podman failed:\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return debian_root("trixie", "podman")
 
 
 @pytest.fixture(scope="session")

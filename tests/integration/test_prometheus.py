@@ -26,6 +26,7 @@ import pytest
 from recsys_tools.localstack import TritonPorts, default_triton_env, free_port, start_triton
 
 from loadtest.service import ApiProcess, start_api
+from tests.debian_tools import debian_root
 from tests.integration.conftest import Stack
 
 pytestmark = pytest.mark.integration
@@ -48,15 +49,7 @@ class PrometheusTools:
 @pytest.fixture(scope="module")
 def tools() -> PrometheusTools:
     """Prometheus and promtool 2.42 from Debian bookworm, cached under var/tools."""
-    result = subprocess.run(
-        [str(ROOT / "deploy" / "tools" / "fetch-deb"), "bookworm", "prometheus"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"fetch-deb bookworm prometheus failed:\n{result.stdout}{result.stderr}")
-    bin_dir = Path(result.stdout.strip().splitlines()[-1]) / "usr" / "bin"
+    bin_dir = debian_root("bookworm", "prometheus") / "usr" / "bin"
     return PrometheusTools(bin_dir / "prometheus", bin_dir / "promtool")
 
 

@@ -1,0 +1,23 @@
+"""Tools the checks take from Debian's archive (deploy/tools/fetch-deb, cached in var/tools)."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FETCH_DEB = ROOT / "deploy" / "tools" / "fetch-deb"
+
+
+@functools.cache
+def debian_root(suite: str, package: str) -> Path:
+    """The folder `package` of Debian `suite` is unpacked under (fetched on first use)."""
+    result = subprocess.run(
+        [str(FETCH_DEB), suite, package], capture_output=True, text=True, check=False, timeout=900
+    )
+    if result.returncode != 0:
+        pytest.fail(f"fetch-deb {suite} {package} failed:\n{result.stdout}{result.stderr}")
+    return Path(result.stdout.strip().splitlines()[-1])

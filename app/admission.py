@@ -36,6 +36,9 @@ class LoopLag:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        # The first wake-up also waits out the rest of start-up (binding sockets, and so on):
+        # it says nothing about requests, so it is not counted.
+        await asyncio.sleep(self._interval_s)
         while True:
             start = loop.time()
             await asyncio.sleep(self._interval_s)

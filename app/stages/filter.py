@@ -18,13 +18,10 @@ from app.metrics import Removal
 from app.stages.types import Filtered, Positions
 
 
-def _matching(
-    artifacts: ServingArtifacts, positions: Positions, item_ids: Collection[str]
-) -> npt.NDArray[np.bool_]:
+def _among(ids: npt.NDArray[np.str_], item_ids: Collection[str]) -> npt.NDArray[np.bool_]:
     if not item_ids:
-        return np.zeros(len(positions), dtype=bool)
-    wanted = np.array(list(item_ids), dtype=np.str_)
-    return np.isin(artifacts.catalog.item_ids[positions], wanted)
+        return np.zeros(len(ids), dtype=bool)
+    return np.isin(ids, np.array(list(item_ids), dtype=np.str_))
 
 
 def _backfill(
@@ -32,7 +29,7 @@ def _backfill(
 ) -> Positions:
     """Up to `count` popular items that are neither present nor unwanted (rarely needed)."""
     reserve = artifacts.popular[~np.isin(artifacts.popular, present)]
-    reserve = reserve[~_matching(artifacts, reserve, unwanted)]
+    reserve = reserve[~_among(artifacts.catalog.item_ids[reserve], unwanted)]
     return reserve[:count]
 
 
@@ -46,8 +43,9 @@ class CandidateFilter:
         artifacts: ServingArtifacts,
     ) -> Filtered:
         blocked = artifacts.blocked[positions]
-        was_seen = _matching(artifacts, positions, seen)
-        was_excluded = _matching(artifacts, positions, excluded) & ~was_seen
+        ids = artifacts.catalog.item_ids[positions]
+        was_seen = _among(ids, seen)
+        was_excluded = _among(ids, excluded) & ~was_seen
         removed_mask = blocked | was_seen | was_excluded
         kept = positions[~removed_mask]
         removed = {

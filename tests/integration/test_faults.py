@@ -84,12 +84,12 @@ def own_triton(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, s
         process.stop()
 
 
-def _load(api: ApiProcess) -> Load:
+def steady_load(api: ApiProcess) -> Load:
     return Load(f"{api.url}/recommend", demo_bodies(SMALL_WORLD.users, NUM_ITEMS), timeout_s=2.0)
 
 
 async def _survive(api: ApiProcess, fault: Fault) -> FaultReport:
-    timeline = await run_with_fault(_load(api), RATE, fault)
+    timeline = await run_with_fault(steady_load(api), RATE, fault)
     outcome = report(fault.name, timeline, NUM_ITEMS)
     print(dataclasses.asdict(outcome))  # the figures, for -s runs and for the record
     return outcome

@@ -13,7 +13,7 @@ import pytest
 from loadtest.openloop import run
 from loadtest.overload import overload
 from tests.integration.conftest import Stack
-from tests.integration.test_faults import BUDGET_MS, _load, api_process
+from tests.integration.test_faults import BUDGET_MS, api_process, steady_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -24,7 +24,7 @@ async def test_three_times_capacity_is_shed_fast_and_the_rest_served_in_budget(
     stack: Stack, tmp_path: Path
 ) -> None:
     with api_process(stack, tmp_path, max_in_flight=str(MAX_IN_FLIGHT)) as api:
-        load = _load(api)
+        load = steady_load(api)
         await run(load, 50, 1.0)  # warm the pools and the model
         rss_before = api.rss_bytes()
         outcome = await overload(load, MAX_IN_FLIGHT, factor=3.0, duration_s=4.0)
@@ -59,7 +59,7 @@ async def test_sigterm_drains_without_failing_a_request(stack: Stack, tmp_path: 
     drain_s, grace_s = 1.0, 5.0
     with api_process(stack, tmp_path, drain_s=str(drain_s), shutdown_grace_s=str(grace_s)) as api:
         stop = asyncio.Event()
-        traffic = asyncio.create_task(run(_load(api), 50, 10.0, stop=stop))
+        traffic = asyncio.create_task(run(steady_load(api), 50, 10.0, stop=stop))
         await asyncio.sleep(1.0)
         api.terminate()
         signalled = time.monotonic()

@@ -219,15 +219,19 @@ def find_redis_server() -> str:
     return str(bundled)
 
 
-def redis_answers(sock: Path, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether the redis-server on this unix socket answers PING within timeout_s.
+def redis_answers(address: Path | int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the redis-server on this unix socket (or loopback port) answers PING in time.
 
     A socket file alone proves nothing: a killed server leaves its file behind.
     """
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        if isinstance(address, Path):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.settimeout(timeout_s)
-            conn.connect(str(sock))
+            conn.connect(str(address))
+        else:
+            conn = socket.create_connection((LOOPBACK, address), timeout=timeout_s)
+        with conn:
             conn.sendall(b"PING\r\n")
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
@@ -260,15 +264,6 @@ def start_redis(workdir: Path) -> tuple[ManagedProcess, str]:
     )
     launch = Launch(argv, dict(os.environ), lambda: redis_answers(sock), ready_timeout_s=10.0)
     return _start("redis-server", launch, workdir / "redis.log"), f"unix://{sock}"
-
-
-def _tcp_answers(port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _port_free(port: int) -> bool:
@@ -308,7 +303,7 @@ def start_redis_cluster(workdir: Path, nodes: int = 3) -> tuple[list[ManagedProc
                 *("--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf")),
                 *("--save", "", "--appendonly", "no", "--dir", str(home)),
             )
-            launch = Launch(argv, dict(os.environ), partial(_tcp_answers, port), 10.0)
+            launch = Launch(argv, dict(os.environ), partial(redis_answers, port), 10.0)
             started.append(_start(f"redis-cluster-{port}", launch, home / "redis.log"))
         cli = str(Path(server).with_name("redis-cli"))
         subprocess.run(

@@ -22,8 +22,9 @@ $(TRITON_ENV)/.installed: model_repository/requirements-local.txt
 	$(TRITON_ENV)/bin/pip install --quiet --no-deps $(PYTRITON)
 	touch $@
 
+# make demo WORLD=var/movies PORT=8081 serves that world as it is; without WORLD, the demo's.
 demo: setup
-	$(VENV)/bin/recsys demo
+	$(VENV)/bin/recsys demo $(if $(WORLD),--world $(WORLD)) $(if $(PORT),--port $(PORT))
 
 test: setup lint typecheck
 	$(VENV)/bin/pytest

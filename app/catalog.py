@@ -7,6 +7,9 @@ On disk a world directory holds:
 - index.faiss: an inner-product FAISS index whose row i is item i
 - default_user.npy: the blob used for users without stored features (cold start)
 - model.onnx: the ranking model Triton serves, also the in-process fallback ranker
+- seen.npz: every user's history (user_ids, offsets, item_ids newest first), loaded into Redis
+- feature_schema.json: the schema the world was built for; the service serves it by default
+- manifest.json: how the world was built, its id and the digest of each file (app.world)
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ USERS_FILE = "users.npz"
 INDEX_FILE = "index.faiss"
 DEFAULT_USER_FILE = "default_user.npy"
 MODEL_FILE = "model.onnx"
+SEEN_FILE = "seen.npz"
+SCHEMA_FILE = "feature_schema.json"
+MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +55,9 @@ class Catalog:
 def _require(world: Path, name: str) -> Path:
     path = world / name
     if not path.is_file():
-        raise ConfigError(f"{path} is missing; build the world first (recsys build-demo)")
+        raise ConfigError(
+            f"{path} is missing: build the world first (recsys build-world, or build-demo)"
+        )
     return path
 
 

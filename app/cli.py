@@ -7,22 +7,43 @@ are the operator's tools (`recsys`, in the recsys-tools package), not part of th
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
+
+from app.errors import ConfigError, RecsysError
+
+log = logging.getLogger("recsys")
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """Refuse a busy port before anything is loaded, rather than after."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            cause = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            raise ConfigError(
+                f"port {port} on {host} {cause}: stop what holds it, or choose another port "
+                "(RECSYS_PORT, or --port)"
+            ) from None
+
+
 def serve(workers: int = 1, log_level: str = "info", access_log: bool = False) -> None:
     import uvicorn
 
-    from app.settings import Settings
+    from app.settings import load_settings
 
-    settings = Settings()  # validated here, once, before any worker starts
+    settings = load_settings()  # validated here, once, before any worker starts
+    ensure_port_free(settings.host, settings.port)
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -48,8 +69,15 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="recsys-serve", description=__doc__)
     add_serve_options(parser)
     args = parser.parse_args(argv)
-    serve(args.workers, args.log_level, args.access_log)
+    try:
+        serve(args.workers, args.log_level, args.access_log)
+    except RecsysError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return 0

@@ -45,3 +45,31 @@ def drain_on_sigterm(drain_s: float, on_drain: Callable[[], None]) -> Callable[[
         signal.signal(signal.SIGTERM, previous)
 
     return restore
+
+
+def cancel_on_stop_signals(task: asyncio.Task[object]) -> Callable[[], None]:
+    """While `task` (the start-up) runs, SIGINT and SIGTERM cancel it, then reach the server.
+
+    The server's own handlers only set a flag it reads once start-up is over: without this, a
+    Ctrl-C during a long start-up (waiting for Redis or Triton) is ignored until a second one.
+    Returns what puts the previous handlers back.
+    """
+    loop = asyncio.get_running_loop()
+    restored: dict[int, Callable[[int, FrameType | None], object]] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+        restored[sig] = previous
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            loop.call_soon_threadsafe(task.cancel)
+            restored[signum](signum, frame)
+
+        signal.signal(sig, handle)
+
+    def restore() -> None:
+        for sig, previous in restored.items():
+            signal.signal(sig, previous)
+
+    return restore

@@ -34,6 +34,10 @@ class FailureKind(StrEnum):
 BREAKING_KINDS = frozenset({FailureKind.TIMEOUT, FailureKind.UNAVAILABLE})
 
 
+class UnreachableError(RecsysError):
+    """A dependency did not answer within the start-up timeout; the service does not start."""
+
+
 class DependencyError(RecsysError):
     """A call to Redis, Triton or the index failed; stages turn this into a degraded answer."""
 

@@ -6,6 +6,9 @@ its Triton's model must be ready and still match the schema, and the instance mu
 draining. Redis is shared by every instance: when it fails, answers degrade, but taking
 every instance out of rotation at once would turn a degraded service into an outage, so it
 is reported and does not fail readiness.
+
+Both also say whether they still hold the served world: `model_world` fails readiness (this
+host's Triton now answers with another world's model), `redis_world` is reported.
 """
 
 from __future__ import annotations
@@ -15,32 +18,48 @@ import asyncio
 from app.errors import RankingModelError
 from app.schema import signature_mismatches
 from app.services import Services
+from app.world import part_mismatch
 
 CHECK_TIMEOUT_S = 0.5
 # The checks that make the instance not ready when they fail.
-DECIDING = ("index", "triton", "schema", "serving")
+DECIDING = ("index", "triton", "schema", "model_world", "serving")
+
+
+def _same_world(services: Services, found: str | None) -> bool:
+    """False only when the part is known to hold another world; unknown is not a mismatch."""
+    return part_mismatch("", found or "", services.world, "") is None
 
 
 async def _model_checks(services: Services) -> dict[str, bool]:
     try:
         signature = await services.model.ready_signature(CHECK_TIMEOUT_S)
     except RankingModelError:
-        return {"triton": False, "schema": False}
+        return {"triton": False, "schema": False, "model_world": False}
     schema = services.artifacts.current.schema
-    return {"triton": True, "schema": not signature_mismatches(schema, signature)}
+    return {
+        "triton": True,
+        "schema": not signature_mismatches(schema, signature),
+        "model_world": _same_world(services, signature.world_id),
+    }
+
+
+async def _redis_checks(services: Services) -> dict[str, bool]:
+    store = services.store
+    alive, world_id = await asyncio.gather(
+        store.ping(CHECK_TIMEOUT_S), store.world_id(CHECK_TIMEOUT_S)
+    )
+    return {"redis": alive, "redis_world": _same_world(services, world_id)}
 
 
 async def readiness(services: Services) -> dict[str, bool]:
-    """One entry per part: the deciding ones, and redis (reported only)."""
+    """One entry per part: the deciding ones, and redis and its world (reported only)."""
     catalog = services.artifacts.current.catalog
-    redis_ok, model = await asyncio.gather(
-        services.store.ping(CHECK_TIMEOUT_S), _model_checks(services)
-    )
+    redis, model = await asyncio.gather(_redis_checks(services), _model_checks(services))
     return {
         "index": catalog.index.ntotal == catalog.size > 0,
         **model,
         "serving": not services.draining,
-        "redis": redis_ok,
+        **redis,
     }
 
 

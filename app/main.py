@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,10 +16,13 @@ from app.admission import Admission, LoopLag
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate
 from app.api.routes import COMMON_ERRORS, router
-from app.drain import drain_on_sigterm
+from app.drain import cancel_on_stop_signals, drain_on_sigterm
+from app.errors import RecsysError
 from app.metrics import ServiceMetrics
-from app.services import start_services
-from app.settings import Settings
+from app.services import Services, start_services
+from app.settings import Settings, load_settings
+
+log = logging.getLogger("recsys")
 
 DESCRIPTION = """Recommendations ranked by a DNN on Triton, with FAISS recall and Redis features.
 
@@ -28,9 +32,46 @@ id. A failing dependency degrades the answer instead of failing it: `degraded` l
 """
 
 
+class StartupInterruptedError(RecsysError):
+    """A signal stopped the start-up."""
+
+
+class _QuietRefusal(logging.Filter):
+    """Drops the server's traceback of a start-up refused on purpose: one line said why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.refused and str(record.msg).startswith("Traceback"))
+
+
+async def _start(
+    settings: Settings, metrics: ServiceMetrics, lag: LoopLag, refusal: _QuietRefusal
+) -> Services:
+    """start_services, stoppable by a signal, its expected failures told in one line."""
+    # Half the shedding threshold: late enough that a reply may have sat unread.
+    late_s = settings.max_queue_ms / 2000.0
+    startup = asyncio.ensure_future(start_services(settings, metrics, lambda: lag.lag_s > late_s))
+    restore = cancel_on_stop_signals(startup)
+    try:
+        return await startup
+    except RecsysError as exc:
+        refusal.refused = True
+        log.error("start-up refused: %s", exc)
+        raise
+    except asyncio.CancelledError:
+        refusal.refused = True
+        log.error("start-up interrupted by a signal; nothing was left running")
+        raise StartupInterruptedError("start-up interrupted") from None
+    finally:
+        restore()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing connects until the lifespan starts."""
-    resolved = settings or Settings()
+    resolved = settings or load_settings()
     metrics = ServiceMetrics()
     lag = LoopLag()
     admission = Admission(
@@ -42,9 +83,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Half the shedding threshold: late enough that a reply may have sat unread.
-        late_s = resolved.max_queue_ms / 2000.0
-        services = await start_services(resolved, metrics, lambda: lag.lag_s > late_s)
+        server_log = logging.getLogger("uvicorn.error")
+        refusal = _QuietRefusal()
+        server_log.addFilter(refusal)
+        services = await _start(resolved, metrics, lag, refusal)
+        server_log.removeFilter(refusal)
         app.state.services = services
 
         def mark_draining() -> None:

@@ -7,7 +7,7 @@ model metadata, so the three can never silently disagree.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -30,6 +30,19 @@ class _ModelIO(BaseModel):
     datatype: Literal["FP32"] = "FP32"
 
 
+class _DenseFeature(BaseModel):
+    """A dense feature with what it means and its scale, so whoever fills it knows both."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    meaning: str = ""
+    scale: str = ""
+
+
+def _dense(value: str | _DenseFeature) -> _DenseFeature:
+    return _DenseFeature(name=value) if isinstance(value, str) else value
+
+
 class _ContextSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     device: tuple[str, ...] = Field(min_length=1)
@@ -47,19 +60,38 @@ class _SchemaFile(BaseModel):
     version: int = Field(ge=1)
     model: _ModelIO
     embedding_dim: int = Field(ge=1, le=4096)
-    user_dense: tuple[str, ...]
-    item_dense: tuple[str, ...]
+    # A plain name, or {"name", "meaning", "scale"}: the file documents what it declares.
+    user_dense: tuple[str | _DenseFeature, ...]
+    item_dense: tuple[str | _DenseFeature, ...]
     context: _ContextSpec
     layout: tuple[BlockName, ...]
+
+    @property
+    def user_features(self) -> tuple[_DenseFeature, ...]:
+        return tuple(_dense(value) for value in self.user_dense)
+
+    @property
+    def item_features(self) -> tuple[_DenseFeature, ...]:
+        return tuple(_dense(value) for value in self.item_dense)
 
     @model_validator(mode="after")
     def _layout_names_every_block_once(self) -> _SchemaFile:
         if sorted(self.layout) != sorted(ALL_BLOCKS):
             raise ValueError(f"layout must name each of {sorted(ALL_BLOCKS)} exactly once")
+        for side, features in (("user", self.user_features), ("item", self.item_features)):
+            names = [feature.name for feature in features]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{side}_dense names a feature twice: {names}")
         for name in ("device", "page", "locale"):
             if "other" not in getattr(self.context, name):
                 raise ValueError(f"context.{name} must include 'other'")
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureDoc:
+    meaning: str
+    scale: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +112,10 @@ class FeatureSchema:
     time_features: tuple[str, ...]
     blocks: dict[str, slice]
     width: int
+    # What each dense feature means and its scale, where the file says; not part of equality.
+    docs: dict[str, FeatureDoc] = field(default_factory=dict, compare=False)
+    # The file's text, so a world can carry the exact schema it was built for.
+    source: str = field(default="", compare=False, repr=False)
 
     @property
     def user_blob_width(self) -> int:
@@ -108,7 +144,7 @@ def _block_widths(spec: _SchemaFile) -> dict[str, int]:
     }
 
 
-def _from_spec(spec: _SchemaFile) -> FeatureSchema:
+def _from_spec(spec: _SchemaFile, source: str) -> FeatureSchema:
     widths = _block_widths(spec)
     blocks: dict[str, slice] = {}
     offset = 0
@@ -122,14 +158,20 @@ def _from_spec(spec: _SchemaFile) -> FeatureSchema:
         output_name=spec.model.output,
         datatype=spec.model.datatype,
         embedding_dim=spec.embedding_dim,
-        user_dense=spec.user_dense,
-        item_dense=spec.item_dense,
+        user_dense=tuple(feature.name for feature in spec.user_features),
+        item_dense=tuple(feature.name for feature in spec.item_features),
         devices=spec.context.device,
         pages=spec.context.page,
         locales=spec.context.locale,
         time_features=spec.context.time,
         blocks=blocks,
         width=offset,
+        docs={
+            feature.name: FeatureDoc(feature.meaning, feature.scale)
+            for feature in (*spec.user_features, *spec.item_features)
+            if feature.meaning or feature.scale
+        },
+        source=source,
     )
 
 
@@ -138,7 +180,7 @@ def parse_schema(raw: str, source: str = "<string>") -> FeatureSchema:
         spec = _SchemaFile.model_validate(json.loads(raw))
     except (ValueError, ValidationError) as exc:
         raise SchemaError(f"feature schema {source} is invalid: {exc}") from exc
-    return _from_spec(spec)
+    return _from_spec(spec, raw)
 
 
 def load_schema(path: Path | None = None) -> FeatureSchema:
@@ -165,6 +207,7 @@ class ModelSignature:
     output_name: str
     output_datatype: str
     max_batch_size: int
+    world_id: str = ""  # the config's world_id parameter; empty for an unstamped model
 
 
 def signature_mismatches(schema: FeatureSchema, signature: ModelSignature) -> list[str]:

@@ -17,12 +17,12 @@ from app.breaker import BreakerState, CircuitBreaker
 from app.catalog import MODEL_FILE, load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import RankingModelClient, TritonPool, connect_triton
-from app.errors import DependencyError, SchemaError
+from app.errors import ConfigError, DependencyError, SchemaError, UnreachableError
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
 from app.rules import load_rules
-from app.schema import FeatureSchema, ModelSignature, load_schema, signature_mismatches
+from app.schema import FeatureSchema, ModelSignature, signature_mismatches
 from app.settings import Settings
 from app.stages.features import UserFeatureHydrator
 from app.stages.fetch import ItemFeatureHydrator
@@ -30,10 +30,19 @@ from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
 from app.stages.recall import AnnCandidateSource, CandidateRecall
 from app.stages.rerank import Reranker
+from app.world import (
+    WorldStamp,
+    part_mismatch,
+    read_stamp,
+    seen_over_cap,
+    verify_files,
+    world_schema,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 STARTUP_CALL_TIMEOUT_S = 2.0
+WAIT_NOTE_EVERY_S = 5.0
 
 
 @dataclass(slots=True)
@@ -47,6 +56,7 @@ class Services:
     breakers: dict[str, CircuitBreaker]
     executor: ThreadPoolExecutor
     local_ranker: LocalRanker | None
+    world: WorldStamp | None = None
     draining: bool = field(default=False)
 
     def budget_s(self, requested_ms: int | None) -> float:
@@ -68,38 +78,102 @@ class Services:
 async def retry_dependency(what: str, attempt: Callable[[], Awaitable[T]], timeout_s: float) -> T:
     """Retry a start-up call while its dependency is unavailable, up to timeout_s."""
     give_up = time.monotonic() + timeout_s
+    next_note = 0.0
     while True:
         try:
             return await attempt()
         except DependencyError as exc:
-            if time.monotonic() > give_up:
+            now = time.monotonic()
+            if now > give_up:
                 raise
-            log.info("waiting for %s: %s", what, exc)
+            if now >= next_note:
+                log.info("waiting for %s (up to %.0f s more): %s", what, give_up - now, exc)
+                next_note = now + WAIT_NOTE_EVERY_S
             await asyncio.sleep(0.5)
 
 
+INSTALL_MODEL_FIX = (
+    "install this world's model (recsys install-model --world DIR --model-repository REPO) "
+    "and let Triton load it"
+)
+LOAD_REDIS_FIX = "load this world into Redis (recsys load-redis --world DIR)"
+
+
 async def checked_signature(
-    model: RankingModelClient, schema: FeatureSchema, timeout_s: float
+    model: RankingModelClient, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
 ) -> ModelSignature:
-    """Wait for the model, then refuse to go on if it disagrees with the feature schema."""
-    signature = await retry_dependency("the triton model", model.ready_signature, timeout_s)
+    """Wait for the model, then refuse to go on if it disagrees with the schema or the world."""
+    try:
+        signature = await retry_dependency("the triton model", model.ready_signature, timeout_s)
+    except DependencyError as exc:
+        raise UnreachableError(
+            f"Triton at {model.url} did not serve a ready model in {timeout_s:.0f} s ({exc}): "
+            "start it with the model loaded, or point RECSYS_TRITON_URL at it"
+        ) from None
     problems = signature_mismatches(schema, signature)
     if problems:
         raise SchemaError(
             f"Triton model {signature.name!r} at {model.url} does not match the feature "
             "schema: " + "; ".join(problems)
         )
+    part = f"Triton model {signature.name!r} at {model.url}"
+    mismatch = part_mismatch(part, signature.world_id, world, INSTALL_MODEL_FIX)
+    if mismatch:
+        raise ConfigError(mismatch)
+    if world is not None and not signature.world_id:
+        log.warning("%s carries no world id: it cannot be checked against the world", part)
     return signature
 
 
 async def pool_signature(
-    pool: TritonPool, schema: FeatureSchema, timeout_s: float
+    pool: TritonPool, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
 ) -> ModelSignature:
     """Every endpoint checked; chunks are cut to fit the smallest max_batch_size among them."""
     signatures = await asyncio.gather(
-        *(checked_signature(endpoint, schema, timeout_s) for endpoint in pool.endpoints)
+        *(checked_signature(endpoint, schema, world, timeout_s) for endpoint in pool.endpoints)
     )
     return min(signatures, key=lambda signature: signature.max_batch_size)
+
+
+async def checked_redis(store: FeatureStore, world: WorldStamp | None, timeout_s: float) -> None:
+    """Wait for Redis, then refuse another layout, or another world's data."""
+    try:
+        found = await retry_dependency(
+            "redis", lambda: store.check_layout(STARTUP_CALL_TIMEOUT_S), timeout_s
+        )
+    except DependencyError as exc:
+        raise UnreachableError(
+            f"cannot reach Redis in {timeout_s:.0f} s ({exc}): start it, or point "
+            "RECSYS_REDIS_URL at it"
+        ) from None
+    mismatch = part_mismatch("the data in Redis", found, world, LOAD_REDIS_FIX)
+    if mismatch:
+        raise ConfigError(mismatch)
+
+
+def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
+    """The world's stamp and schema, its served files checked against the stamp."""
+    world = settings.artifacts_dir
+    stamp = read_stamp(world)
+    if stamp is None:
+        log.warning("%s carries no world id: its model and Redis data go unchecked", world)
+    else:
+        verify_files(world, stamp)
+    return stamp, world_schema(world, settings.feature_schema)
+
+
+def report_seen_cap(settings: Settings) -> None:
+    """Say how many histories the seen cap cuts: their oldest items can be recommended."""
+    over, histories, longest = seen_over_cap(settings.artifacts_dir, settings.max_seen_items)
+    if over:
+        log.warning(
+            "%d of %d users' histories are longer than RECSYS_MAX_SEEN_ITEMS=%d (the longest "
+            "%d): their older items are not filtered out; raise the cap to filter them all",
+            over,
+            histories,
+            settings.max_seen_items,
+            longest,
+        )
 
 
 def _breaker(
@@ -135,7 +209,8 @@ async def start_services(
     settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool] = lambda: False
 ) -> Services:
     """Build and check everything; `running_late` says when timeouts are the loop's fault."""
-    schema = load_schema(settings.feature_schema)
+    stamp, schema = await asyncio.to_thread(opened_world, settings)
+    report_seen_cap(settings)
     rules = load_rules(settings.rules_file)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
@@ -169,12 +244,8 @@ async def start_services(
         ]
     )
     try:
-        await retry_dependency(
-            "redis",
-            lambda: store.check_layout(STARTUP_CALL_TIMEOUT_S),
-            settings.startup_timeout_s,
-        )
-        signature = await pool_signature(model, schema, settings.startup_timeout_s)
+        await checked_redis(store, stamp, settings.startup_timeout_s)
+        signature = await pool_signature(model, schema, stamp, settings.startup_timeout_s)
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
     except BaseException:
         await model.close()
@@ -195,7 +266,8 @@ async def start_services(
         rerank=Reranker(),
     )
     log.info(
-        "serving %d items, model %s v%s (%d inputs wide, max batch %d)",
+        "serving world %s: %d items, model %s v%s (%d inputs wide, max batch %d)",
+        stamp.world_id if stamp else "(unstamped)",
         catalog.size,
         signature.name,
         signature.version,
@@ -203,5 +275,14 @@ async def start_services(
         signature.max_batch_size,
     )
     return Services(
-        settings, metrics, store, model, artifacts, pipeline, breakers, executor, local_ranker
+        settings,
+        metrics,
+        store,
+        model,
+        artifacts,
+        pipeline,
+        breakers,
+        executor,
+        local_ranker,
+        stamp,
     )

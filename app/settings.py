@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.errors import ConfigError
 
 
 class Settings(BaseSettings):
@@ -89,7 +92,12 @@ class Settings(BaseSettings):
     candidate_count: int = Field(default=1000, ge=1, le=5000)
     popular_candidates: int = Field(default=100, ge=0, le=5000)
     index_nprobe: int = Field(default=32, ge=1, le=65536)
-    max_seen_items: int = Field(default=200, ge=0, le=5000)
+    max_seen_items: int = Field(
+        default=200,
+        ge=0,
+        le=100_000,
+        description="the newest seen items filtered per user; start-up reports longer histories",
+    )
     recall_threads: int = Field(default=2, ge=1, le=64)
     recall_queue: int = Field(
         default=8, ge=1, description="FAISS searches waiting or running; more fall back"
@@ -115,3 +123,20 @@ class Settings(BaseSettings):
         if self.reserve_ms >= self.min_budget_ms:
             raise ValueError("reserve_ms must be below min_budget_ms, or no stage has time")
         return self
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    return "RECSYS_" + "_".join(str(part) for part in location).upper() if location else "RECSYS_*"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment; a bad value is a ConfigError naming its variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_variable(error['loc'])}: {error['msg']}"
+            + (f" (got {error['input']!r})" if error["loc"] else "")
+            for error in exc.errors()
+        )
+        raise ConfigError(f"bad setting: {problems}") from None

@@ -25,7 +25,7 @@ from recsys_tools.localstack import ManagedProcess
 from recsys_tools.world.redis_loader import load_world_into_redis
 
 from app.clients.feature_store import KeySpace
-from app.schema import load_schema
+from app.world import world_schema
 from loadtest.openloop import Load, RunResult, demo_bodies, percentile, recovery_time, run
 from loadtest.service import local_service
 
@@ -149,10 +149,12 @@ def flushed(redis_url: str, reload: Callable[[], None]) -> Fault:
 def reloader(redis_url: str, world_dir: Path) -> Callable[[], None]:
     """Write the world's features into Redis again (as a restarted Redis would load them)."""
 
+    schema = world_schema(world_dir, None)
+
     def reload() -> None:
         client = redis.Redis.from_url(redis_url)
         try:
-            load_world_into_redis(world_dir, client, load_schema(), KeySpace("recsys"))
+            load_world_into_redis(world_dir, client, schema, KeySpace("recsys"))
         finally:
             client.close()
 

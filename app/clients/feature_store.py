@@ -53,6 +53,10 @@ class KeySpace:
         return keys
 
 
+# The layout record's field naming the world the data came from (written by the loader).
+WORLD_ID_FIELD = "world_id"
+
+
 def layout_meta(schema: FeatureSchema) -> dict[str, str]:
     """What the writer records about the blobs, so a reader can refuse a different layout."""
     return {
@@ -204,8 +208,8 @@ class FeatureStore:
         chunks = await pipe.execute()
         return [value for chunk in chunks for value in chunk]
 
-    async def check_layout(self, timeout_s: float) -> None:
-        """Refuse data written with another layout than the schema's."""
+    async def check_layout(self, timeout_s: float) -> str:
+        """Refuse data written with another layout than the schema's; return its world id."""
         async with _call("read layout", timeout_s):
             stored = await self._client.hgetall(self._keys.meta)
         stored_text = {_text(key): _text(value) for key, value in stored.items()}
@@ -219,6 +223,16 @@ class FeatureStore:
         }
         if differing:
             raise SchemaError(f"Redis blobs were written with another layout: {differing}")
+        return stored_text.get(WORLD_ID_FIELD, "")
+
+    async def world_id(self, timeout_s: float) -> str | None:
+        """The id of the world Redis holds ("" for an unstamped load); None when unreadable."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                value = await self._client.hget(self._keys.meta, WORLD_ID_FIELD)
+        except (redis_errors.RedisError, OSError, TimeoutError):
+            return None
+        return "" if value is None else _text(value)
 
     async def aclose(self) -> None:
         await self._client.aclose()

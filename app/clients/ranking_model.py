@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 from app.breaker import CircuitBreaker
 from app.errors import FailureKind, RankingModelError
 from app.schema import ModelSignature
+from app.world import WORLD_ID_PARAMETER
 
 _STATUS_KINDS = {
     "StatusCode.DEADLINE_EXCEEDED": FailureKind.TIMEOUT,
@@ -70,6 +71,8 @@ def signature_from_triton(metadata: dict[str, Any], config: dict[str, Any]) -> M
     first_in = inputs[0] if inputs else {"name": "", "datatype": "", "shape": []}
     first_out = outputs[0] if outputs else {"name": "", "datatype": ""}
     versions = metadata.get("versions") or [""]
+    model_config = config.get("config", config)
+    world = model_config.get("parameters", {}).get(WORLD_ID_PARAMETER, {})
     return ModelSignature(
         name=str(metadata.get("name", "")),
         version=str(versions[-1]),
@@ -78,7 +81,8 @@ def signature_from_triton(metadata: dict[str, Any], config: dict[str, Any]) -> M
         input_shape=_dims(first_in.get("shape", [])),
         output_name=str(first_out["name"]),
         output_datatype=str(first_out["datatype"]),
-        max_batch_size=int(config.get("config", config).get("max_batch_size", 0)),
+        max_batch_size=int(model_config.get("max_batch_size", 0)),
+        world_id=str(world.get("string_value", "")),
     )
 
 

@@ -26,7 +26,8 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.build import DemoSize, build_demo_world, install_model
+from recsys_tools.world.build import DemoSize, build_demo_world
+from recsys_tools.world.identity import install_model
 from recsys_tools.world.redis_loader import load_world_into_redis
 
 from app.clients.feature_store import KeySpace

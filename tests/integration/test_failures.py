@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from recsys_tools.localstack import free_port, start_redis
 
-from app.errors import ConfigError, RankingModelError, SchemaError
+from app.catalog import SCHEMA_FILE
+from app.errors import ConfigError, SchemaError, UnreachableError
 from app.metrics import ServiceMetrics
 from app.services import start_services
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
@@ -23,9 +25,22 @@ async def test_start_up_refuses_a_schema_the_model_does_not_take(
         (Path(__file__).parents[2] / "app" / "defaults" / "feature_schema.json").read_text()
     )
     schema["context"]["locale"].append("fr")  # one column wider than the deployed model
+    # The same world, but built for the wider schema: the model is what disagrees.
+    world = tmp_path / "world"
+    shutil.copytree(stack.world, world)
+    (world / SCHEMA_FILE).write_text(json.dumps(schema))
+    with pytest.raises(SchemaError, match="input width is 121, schema packs 122"):
+        await start_services(stack.settings(artifacts_dir=world), ServiceMetrics())
+
+
+async def test_start_up_refuses_a_schema_other_than_the_worlds_own(
+    stack: Stack, tmp_path: Path
+) -> None:
+    schema = json.loads((stack.world / SCHEMA_FILE).read_text())
+    schema["version"] += 1
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
-    with pytest.raises(SchemaError, match="input width is 121, schema packs 122"):
+    with pytest.raises(ConfigError, match="differs from the world's own"):
         await start_services(stack.settings(feature_schema=path), ServiceMetrics())
 
 
@@ -36,7 +51,7 @@ async def test_start_up_refuses_a_missing_world(stack: Stack, tmp_path: Path) ->
 
 async def test_start_up_gives_up_on_an_absent_triton(stack: Stack) -> None:
     settings = stack.settings(triton_url=f"127.0.0.1:{free_port()}", startup_timeout_s=1.0)
-    with pytest.raises(RankingModelError, match="not ready"):
+    with pytest.raises(UnreachableError, match=r"did not serve a ready model.*RECSYS_TRITON_URL"):
         await start_services(settings, ServiceMetrics())
 
 

@@ -1,4 +1,7 @@
-"""`recsys`: the operator's command line: worlds, Redis, the local stack, and the server."""
+"""`recsys`: the operator's command line: worlds, Redis, the local stack, and the server.
+
+Every expected failure ends in one line naming the cause and the fix, and a non-zero exit.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +9,102 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from app.cli import add_serve_options, serve
 from app.errors import RecsysError
 
+log = logging.getLogger("recsys")
+
 
 def _build_demo(args: argparse.Namespace) -> None:
     from app.schema import load_schema
-    from recsys_tools.world.build import DEMO, LARGE, DemoSize, build_demo_world, install_model
+    from recsys_tools.world.build import DEMO, LARGE, DemoSize, build_demo_world
+    from recsys_tools.world.identity import install_model
 
     size = LARGE if args.large else DEMO
     size = DemoSize(args.items or size.items, args.users or size.users, size.impressions)
     schema = load_schema(args.schema)
     report = build_demo_world(args.world, schema, size, args.index_factory, args.seed)
-    target = install_model(args.world, args.model_repository, schema.model_name)
-    print(json.dumps({"world": str(args.world), "model": str(target), "training": report}))
+    result: dict[str, Any] = {"world": str(args.world), "training": report}
+    if args.model_repository is not None:
+        result["model"] = str(install_model(args.world, args.model_repository, schema.model_name))
+    print(json.dumps(result))
+
+
+def _build_world(args: argparse.Namespace) -> None:
+    from app.schema import load_schema
+    from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
+    from recsys_tools.world.logs import ItemColumns, LogColumns
+
+    schema = load_schema(args.schema or _interactions_schema())
+    recipe = WorldRecipe(
+        interactions=args.interactions,
+        columns=LogColumns(
+            user=args.user_col,
+            item=args.item_col,
+            time=args.time_col,
+            weight=args.weight_col,
+            min_weight=args.min_weight,
+        ),
+        items=args.items,
+        item_columns=ItemColumns(
+            item_id=args.item_id_col, category=args.category_col, published=args.published_col
+        ),
+        keep_holdout=args.keep_holdout,
+        seed=args.seed,
+        index_factory=args.index_factory,
+        max_seen=args.max_seen,
+    )
+    report = build_world_from_log(recipe, args.world, schema)
+    print(_evaluation_table(report))
+    print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+
+
+def _interactions_schema() -> Path:
+    from recsys_tools.world.derive import interactions_schema_path
+
+    return interactions_schema_path()
+
+
+def _evaluation_table(report: dict[str, Any]) -> str:
+    evaluation = report.get("evaluation", {})
+    methods = evaluation.get("methods", evaluation)
+    lines = [f"{'method':<14}{'recall@10':>10}{'ndcg@10':>10}"]
+    for name, figures in methods.items():
+        if isinstance(figures, dict) and "recall@10" in figures:
+            lines.append(f"{name:<14}{figures['recall@10']:>10.4f}{figures['ndcg@10']:>10.4f}")
+    return "\n".join(lines)
+
+
+def _install_model(args: argparse.Namespace) -> None:
+    from app.world import world_schema
+    from recsys_tools.world.identity import install_model
+
+    schema = world_schema(args.world, args.schema)
+    print(install_model(args.world, args.model_repository, schema.model_name))
 
 
 def _import_catalog(args: argparse.Namespace) -> None:
     from app.schema import load_schema
     from recsys_tools.world.build import write_catalog
+    from recsys_tools.world.identity import stamp_world
     from recsys_tools.world.importer import read_items, read_users
 
     schema = load_schema(args.schema)
     items, users = read_items(args.items, schema), read_users(args.users, schema)
     write_catalog(args.world, schema, items, users, args.index_factory)
-    print(json.dumps({"world": str(args.world), "items": len(items.ids), "users": len(users.ids)}))
+    world_id = stamp_world(args.world, schema)
+    print(
+        json.dumps(
+            {
+                "world": str(args.world),
+                "world_id": world_id,
+                "items": len(items.ids),
+                "users": len(users.ids),
+            }
+        )
+    )
 
 
 def _load_redis(args: argparse.Namespace) -> None:
@@ -39,17 +112,21 @@ def _load_redis(args: argparse.Namespace) -> None:
     from redis.cluster import RedisCluster
 
     from app.clients.feature_store import KeySpace
-    from app.schema import load_schema
-    from recsys_tools.world.redis_loader import load_world_into_redis
+    from app.world import world_schema
+    from recsys_tools.world.redis_loader import RedisUnreachableError, load_world_into_redis
 
-    client = (
-        RedisCluster.from_url(args.redis_url)
-        if args.cluster
-        else redis.Redis.from_url(args.redis_url)
-    )
-    report = load_world_into_redis(
-        args.world, client, load_schema(args.schema), KeySpace(args.prefix)
-    )
+    schema = world_schema(args.world, args.schema)
+    try:
+        client = (
+            RedisCluster.from_url(args.redis_url)
+            if args.cluster
+            else redis.Redis.from_url(args.redis_url)
+        )
+    except (ValueError, redis.RedisError) as exc:
+        raise RedisUnreachableError(
+            f"--redis-url {args.redis_url!r}: {exc} (redis://host:port/db or unix:///path)"
+        ) from None
+    report = load_world_into_redis(args.world, client, schema, KeySpace(args.prefix))
     print(json.dumps({"items": report.items, "users": report.users, "seen": report.seen_lists}))
 
 
@@ -89,8 +166,28 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--items", type=int, default=0, help="override the item count")
     build.add_argument("--users", type=int, default=0, help="override the user count")
     build.add_argument("--seed", type=int, default=7)
-    build.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    build.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="also install the model into this Triton repository (see install-model)",
+    )
     build.set_defaults(run=_build_demo)
+
+    _add_build_world(commands, index)
+
+    install = commands.add_parser(
+        "install-model",
+        parents=[world],
+        help="put the world's model, under its world id, into a Triton model repository",
+    )
+    install.add_argument(
+        "--model-repository",
+        type=Path,
+        required=True,
+        help="holds MODEL_NAME/config.pbtxt (copy model_repository/ or deploy/triton/gpu/)",
+    )
+    install.set_defaults(run=_install_model)
 
     imported = commands.add_parser(
         "import-catalog", parents=[world, index], help="a real catalog from Parquet or NPZ"
@@ -111,9 +208,13 @@ def _parser() -> argparse.ArgumentParser:
     add_serve_options(served)
     served.set_defaults(run=_serve)
 
-    demo = commands.add_parser("demo", parents=[world], help="local Redis + Triton + API")
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8080)
+    demo = commands.add_parser(
+        "demo",
+        parents=[world],
+        help="serve a world (built if absent) on a local Redis + Triton + API",
+    )
+    demo.add_argument("--host", default=None, help="default: RECSYS_HOST, else 127.0.0.1")
+    demo.add_argument("--port", type=int, default=None, help="default: RECSYS_PORT, else 8080")
     demo.set_defaults(run=_demo)
 
     from recsys_tools.doctor import add_doctor_options
@@ -126,6 +227,48 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_build_world(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    index: argparse.ArgumentParser,
+) -> None:
+    from app.settings import Settings
+
+    built = commands.add_parser(
+        "build-world",
+        parents=[index],
+        help="a world from an interaction log: embeddings, features, ranker, evaluation",
+        description="Learns embeddings and dense features from the interactions, trains the "
+        "ranker, evaluates on each user's latest 20%% and writes DIR/report.json.",
+    )
+    built.add_argument("--world", type=Path, required=True, help="the world directory to write")
+    built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
+    built.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet log")
+    built.add_argument("--user-col", default="user_id")
+    built.add_argument("--item-col", default="item_id")
+    built.add_argument("--time-col", default="timestamp", help="unix seconds or ISO datetimes")
+    built.add_argument("--weight-col", default=None, help="a rating or weight column")
+    built.add_argument(
+        "--min-weight", type=float, default=None, help="rows at or above it are positives"
+    )
+    built.add_argument("--items", type=Path, default=None, help="CSV or Parquet item table")
+    built.add_argument("--item-id-col", default="item_id")
+    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
+    built.add_argument("--published-col", default=None, help="when each item was published")
+    built.add_argument(
+        "--keep-holdout",
+        action="store_true",
+        help="serve the world trained without each user's latest 20%% (as evaluated)",
+    )
+    built.add_argument(
+        "--max-seen",
+        type=int,
+        default=Settings.model_fields["max_seen_items"].default,
+        help="the serving cap (RECSYS_MAX_SEEN_ITEMS) to report longer histories against",
+    )
+    built.add_argument("--seed", type=int, default=7)
+    built.set_defaults(run=_build_world)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
@@ -133,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.run(args)
     except RecsysError as exc:
-        logging.getLogger("recsys").error("%s", exc)
+        log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
     return 0

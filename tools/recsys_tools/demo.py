@@ -1,27 +1,39 @@
-"""`recsys demo`: the service on its demo world, with a real local Redis and Triton."""
+"""`recsys demo`: the service on a world, with a real local Redis and Triton.
+
+Any complete world is served as it is, with its own schema and model. Only a missing world,
+or one the demo generated itself, is (re)built, as the synthetic demo world: a world that
+was imported or built from interactions is never overwritten.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import shutil
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
+import numpy as np
 import redis
 import uvicorn
 
-from app.catalog import MODEL_FILE
+from app.catalog import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, MODEL_FILE, USERS_FILE
+from app.cli import ensure_port_free
 from app.clients.feature_store import KeySpace
+from app.errors import ConfigError
 from app.main import create_app
 from app.schema import load_schema
-from app.settings import Settings
+from app.settings import Settings, load_settings
+from app.world import world_schema
 from recsys_tools.localstack import (
     ManagedProcess,
     TritonPorts,
@@ -31,33 +43,71 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.build import DEMO, build_demo_world, install_model
+from recsys_tools.world.build import DEMO, SYNTHETIC, build_demo_world
 from recsys_tools.world.files import read_manifest
+from recsys_tools.world.identity import CONFIG_FILE, install_model
 from recsys_tools.world.redis_loader import load_world_into_redis
 
 log = logging.getLogger("recsys.demo")
 
-EXAMPLE_REQUEST = {
-    "user_id": "u42",
-    "num_items": 10,
-    "context": {"device": "mobile", "page": "home", "locale": "en-US"},
-    "debug": True,
-}
+EXAMPLE_USER = "u42"  # a user of the synthetic demo world
+
+
+def example_request(world: Path) -> dict[str, Any]:
+    """The request the demo shows: the demo's user, or else the world's first known user."""
+    with np.load(world / USERS_FILE) as users:
+        ids = users["ids"].astype(str)
+    user = EXAMPLE_USER if EXAMPLE_USER in ids or len(ids) == 0 else str(ids[0])
+    return {
+        "user_id": user,
+        "num_items": 10,
+        "context": {"device": "mobile", "page": "home", "locale": "en-US"},
+        "debug": True,
+    }
 
 
 @dataclass(frozen=True, slots=True)
 class StackOptions:
     world: Path
-    model_repository: Path
+    model_template: Path  # a Triton model repository whose configs the stack copies
     run_dir: Path
+
+    @property
+    def model_repository(self) -> Path:
+        """The stack's own repository: the world's model under the template's config."""
+        return self.run_dir / "model_repository"
+
+
+WORLD_FILES = (ITEMS_FILE, USERS_FILE, INDEX_FILE, DEFAULT_USER_FILE, MODEL_FILE)
 
 
 def ensure_world(world: Path) -> None:
-    if (world / MODEL_FILE).is_file() and read_manifest(world).get("index_ntotal"):
+    """Serve a complete world as it is; build the demo world only where none or ours is."""
+    missing = [name for name in WORLD_FILES if not (world / name).is_file()]
+    if not missing:
         return
+    source = read_manifest(world).get("source")
+    if world.is_dir() and any(world.iterdir()) and source != SYNTHETIC:
+        raise ConfigError(
+            f"{world} is not a complete world (no {', '.join(missing)}) and the demo did not "
+            "build it, so it is left alone: build it (recsys build-world --world "
+            f"{world} ...) or choose another --world"
+        )
     log.info("building the demo world in %s (about a minute)", world)
     report = build_demo_world(world, load_schema(), DEMO)
     log.info("ranker AUC on held-out impressions: %s", report)
+
+
+def prepare_model_repository(options: StackOptions, model_name: str) -> Path:
+    """A fresh repository in the run directory holding the world's model, under its id."""
+    source = options.model_template / model_name
+    if not (source / CONFIG_FILE).is_file():
+        raise ConfigError(f"no model config at {source / CONFIG_FILE}")
+    target = options.model_repository / model_name
+    shutil.rmtree(options.model_repository, ignore_errors=True)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", MODEL_FILE))
+    install_model(options.world, options.model_repository, model_name)
+    return options.model_repository
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -82,11 +132,14 @@ class LocalStack:
 
 @contextmanager
 def local_stack(options: StackOptions) -> Iterator[LocalStack]:
-    """Build the world if absent, start Redis and Triton, load Redis; yield the stack."""
+    """Build the world if absent, start Redis and Triton, load Redis; yield the stack.
+
+    Ctrl-C or SIGTERM at any moment stops whatever was started.
+    """
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    schema = load_schema()
     ensure_world(options.world)
-    install_model(options.world, options.model_repository, schema.model_name)
+    schema = world_schema(options.world, None)
+    repository = prepare_model_repository(options, schema.model_name)
     started: list[ManagedProcess] = []
     try:
         redis_process, redis_url = start_redis(options.run_dir / "redis")
@@ -98,7 +151,7 @@ def local_stack(options: StackOptions) -> Iterator[LocalStack]:
         ports = TritonPorts(grpc=free_port(), metrics=free_port())
         triton_process, triton_url = start_triton(
             default_triton_env(),
-            options.model_repository,
+            repository,
             options.run_dir / "triton",
             [schema.model_name],
             ports,
@@ -111,7 +164,9 @@ def local_stack(options: StackOptions) -> Iterator[LocalStack]:
             triton_url,
             ports.metrics,
         )
-        settings = Settings(redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world)
+        settings = load_settings(
+            redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world
+        )
         yield LocalStack(settings, redis_process, triton_process)
     finally:
         for process in reversed(started):
@@ -119,7 +174,7 @@ def local_stack(options: StackOptions) -> Iterator[LocalStack]:
         log.info("stopped %s", ", ".join(p.name for p in started) or "nothing")
 
 
-async def _first_answer(client: httpx.AsyncClient) -> httpx.Response:
+async def _first_answer(client: httpx.AsyncClient, request: dict[str, Any]) -> httpx.Response:
     """The example's answer once the service is ready, as a well-behaved client asks for it.
 
     This client shares the server's event loop, so its own work can make the service's
@@ -129,29 +184,61 @@ async def _first_answer(client: httpx.AsyncClient) -> httpx.Response:
         if (await client.get("/readyz")).status_code == 200:
             break
         await asyncio.sleep(0.1)
-    answer = await client.post("/recommend", json=EXAMPLE_REQUEST)
+    answer = await client.post("/recommend", json=request)
     for _ in range(10):
         if answer.status_code != 503:
             break
         await asyncio.sleep(0.1)
-        answer = await client.post("/recommend", json=EXAMPLE_REQUEST)
+        answer = await client.post("/recommend", json=request)
     return answer
 
 
+class _DemoServer(uvicorn.Server):
+    """A server that ends quietly: the demo's own stack stops after it, in this process.
+
+    uvicorn raises the signal that stopped it once more after shutting down, for whoever
+    embeds it; here that would interrupt the event loop's last steps with a traceback.
+    """
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn exits the process when start-up fails; here the stack must stop first.
+        try:
+            await super().serve(sockets)
+        except SystemExit:
+            self.should_exit = True
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 async def _serve_and_show(settings: Settings) -> None:
-    server = uvicorn.Server(
+    request = example_request(settings.artifacts_dir)
+    server = _DemoServer(
         uvicorn.Config(create_app(settings), host=settings.host, port=settings.port)
     )
     serving = asyncio.create_task(server.serve())
     while not server.started:
         if serving.done():
             await serving
-            raise RuntimeError("the API did not start")
+            raise ConfigError("the API did not start: the line above says why")
         await asyncio.sleep(0.05)
     base = f"http://{settings.host}:{settings.port}"
-    async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
-        answer = await _first_answer(client)
-    print(f"\nPOST {base}/recommend {json.dumps(EXAMPLE_REQUEST)}", flush=True)
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
+            answer = await _first_answer(client, request)
+    except httpx.HTTPError:
+        if not server.should_exit:
+            raise
+        await serving  # stopped before the first answer: nothing to show
+        return
+    print(f"\nPOST {base}/recommend {json.dumps(request)}", flush=True)
     print(json.dumps(answer.json(), indent=2), flush=True)
     print(
         f"\nServing on {base} (metrics at {base}/metrics, readiness at {base}/readyz). "
@@ -161,10 +248,14 @@ async def _serve_and_show(settings: Settings) -> None:
     await serving
 
 
-def run_demo(options: StackOptions, host: str, port: int) -> None:
+def run_demo(options: StackOptions, host: str | None, port: int | None) -> None:
+    """Host and port: the flags, else RECSYS_HOST and RECSYS_PORT, else the defaults."""
+    chosen = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    address = load_settings(**chosen)
+    ensure_port_free(address.host, address.port)
     try:
         with local_stack(options) as stack:
-            served = stack.settings.model_copy(update={"host": host, "port": port})
+            served = stack.settings.model_copy(update={"host": address.host, "port": address.port})
             asyncio.run(_serve_and_show(served))
     except KeyboardInterrupt:
-        pass
+        log.info("interrupted")

@@ -18,15 +18,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import tritonclient.grpc as triton_grpc
 
-from app.errors import ConfigError
+from app.errors import ConfigError, RecsysError
 
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0
@@ -98,7 +99,18 @@ class ManagedProcess:
             raise RuntimeError(f"{self.name} was not started by this module; cannot restart")
         self.kill()
         self.process = _popen(self.launch, self.log_path, append=True)
-        _wait_for(self, self.launch.ready, self.launch.ready_timeout_s)
+        self.await_ready(self.launch)
+
+    def await_ready(self, launch: Launch) -> None:
+        """Return once the server is ready; stop it if it never is, or the wait is interrupted.
+
+        It runs in a session of its own, so a Ctrl-C meant for us never reaches it.
+        """
+        try:
+            _wait_for(self, launch.ready, launch.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
@@ -183,22 +195,55 @@ def _popen(launch: Launch, log_path: Path, append: bool = False) -> subprocess.P
         )
 
 
+class ServerStartError(RecsysError):
+    """A local server exited or never became ready; the message ends with its log."""
+
+
 def _start(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
     """Spawn the server and return once launch.ready() holds (stopping it if it never does)."""
     managed = ManagedProcess(name, _popen(launch, log_path), log_path, launch)
-    _wait_for(managed, launch.ready, launch.ready_timeout_s)
+    managed.await_ready(launch)
     return managed
 
 
 def _wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:
-    give_up = time.monotonic() + timeout_s
-    while not ready():
-        if not managed.running():
-            raise RuntimeError(f"{managed.name} exited early:\n{managed.log_tail()}")
-        if time.monotonic() > give_up:
-            managed.stop()
-            raise RuntimeError(f"{managed.name} not ready in {timeout_s}s:\n{managed.log_tail()}")
-        time.sleep(0.05)
+    with _interrupts_noted() as interrupted:
+        give_up = time.monotonic() + timeout_s
+        while not ready():
+            if interrupted:
+                raise KeyboardInterrupt
+            if not managed.running():
+                raise ServerStartError(
+                    f"{managed.name} exited while starting (its log: {managed.log_path}); the "
+                    f"end of that log says why:\n{managed.log_tail()}"
+                )
+            if time.monotonic() > give_up:
+                raise ServerStartError(
+                    f"{managed.name} was not ready in {timeout_s} s (its log: {managed.log_path}):"
+                    f"\n{managed.log_tail()}"
+                )
+            time.sleep(0.05)
+        if interrupted:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupts_noted() -> Iterator[list[int]]:
+    """Note SIGINT instead of raising it where it lands, and let the caller raise it.
+
+    A KeyboardInterrupt raised inside a blocking gRPC call (the Triton readiness probe)
+    comes out as a cancelled call, which a probe reads as "not ready yet": the Ctrl-C
+    would be lost. Noted here, it is raised between probes.
+    """
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # Redis ---------------------------------------------------------------------------------------

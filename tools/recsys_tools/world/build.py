@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.catalog import MODEL_FILE
+from app.catalog import MANIFEST_FILE, MODEL_FILE
 from app.schema import FeatureSchema
 from recsys_tools.world.files import (
     ItemTable,
@@ -17,6 +16,7 @@ from recsys_tools.world.files import (
     save_table,
     write_manifest,
 )
+from recsys_tools.world.identity import STAMPED_FILES, stamp_world
 from recsys_tools.world.index import build_index, save_index
 from recsys_tools.world.synth import generate_world
 from recsys_tools.world.train import train_ranker
@@ -33,21 +33,37 @@ class DemoSize:
 
 DEMO = DemoSize(items=100_000, users=20_000, impressions=200_000)
 LARGE = DemoSize(items=1_000_000, users=100_000, impressions=400_000)
+# The manifest's `source` of a world the demo generated, and so may build again.
+SYNTHETIC = "synthetic"
+# What build-world's evaluation writes beside the world.
+REPORT_FILE = "report.json"
 
 
 def write_catalog(
     world: Path, schema: FeatureSchema, items: ItemTable, users: UserTable, index_factory: str
 ) -> None:
-    """Check and save the tables, then build the index and the cold-start default over them."""
+    """Check and save the tables, then build the index and the cold-start default over them.
+
+    This starts the world afresh: what an earlier build left (a seen list, a model, the
+    manifest) would otherwise be served beside tables it does not belong to.
+    """
     items.check(schema)
     users.check(schema)
     world.mkdir(parents=True, exist_ok=True)
+    for name in (*STAMPED_FILES, MANIFEST_FILE, REPORT_FILE):
+        (world / name).unlink(missing_ok=True)
     save_table(world, items)
     save_table(world, users)
     save_default_user(world, users)
     started = time.perf_counter()
     index = build_index(items.embeddings, index_factory)
     save_index(world, index)
+    log.info(
+        "indexed %d items (%s) in %.1f s",
+        index.ntotal,
+        index_factory,
+        time.perf_counter() - started,
+    )
     write_manifest(
         world,
         schema_version=schema.version,
@@ -60,14 +76,6 @@ def write_catalog(
     )
 
 
-def install_model(world: Path, model_repository: Path, model_name: str) -> Path:
-    """Copy the world's ONNX model into version 1 of the Triton model directory."""
-    target = model_repository / model_name / "1" / MODEL_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(world / MODEL_FILE, target)
-    return target
-
-
 def build_demo_world(
     world: Path, schema: FeatureSchema, size: DemoSize, index_factory: str = "auto", seed: int = 7
 ) -> dict[str, float | int]:
@@ -77,14 +85,16 @@ def build_demo_world(
     log.info("generated %d items, %d users", size.items, size.users)
     write_catalog(world, schema, generated.items, generated.users, index_factory)
     save_table(world, generated.seen)
+    log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)
     report = trained.report.as_dict()
     write_manifest(
         world,
-        source="synthetic",
+        source=SYNTHETIC,
         seed=seed,
         training=report,
         build_seconds=round(time.perf_counter() - started, 1),
     )
+    stamp_world(world, schema)
     return report

@@ -11,12 +11,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from app.catalog import DEFAULT_USER_FILE, ITEMS_FILE, USERS_FILE
+from app.catalog import DEFAULT_USER_FILE, ITEMS_FILE, MANIFEST_FILE, SEEN_FILE, USERS_FILE
 from app.errors import ConfigError
 from app.schema import FeatureSchema
-
-MANIFEST_FILE = "manifest.json"
-SEEN_FILE = "seen.npz"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -12,11 +14,21 @@ import numpy.typing as npt
 import redis
 from redis.cluster import RedisCluster
 
-from app.clients.feature_store import FLOAT32, KeySpace, layout_meta
+from app.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
+from app.clients.feature_store import FLOAT32, WORLD_ID_FIELD, KeySpace, layout_meta
+from app.errors import RecsysError
 from app.schema import FeatureSchema
+from app.world import read_stamp, verify_files
 from recsys_tools.world.files import load_items, load_seen, load_users
 
 BATCH = 5_000
+# A progress line at most this often, so a large load shows it is moving.
+PROGRESS_EVERY_S = 2.0
+log = logging.getLogger("recsys.load")
+
+
+class RedisUnreachableError(RecsysError):
+    """Redis did not answer the loader."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,31 +55,56 @@ def _blobs(
 Client = redis.Redis | RedisCluster
 
 
-def _write(client: Client, pairs: Iterable[tuple[str, bytes]]) -> int:
+def _write(client: Client, pairs: Iterable[tuple[str, bytes]], what: str, total: int) -> int:
     written = 0
+    last_report = time.monotonic()
     for batch in _batches(pairs, BATCH):
         if isinstance(client, RedisCluster):
             client.mset_nonatomic(dict(batch))  # keys of many slots, one MSET per slot
         else:
             client.mset(dict(batch))
         written += len(batch)
+        if time.monotonic() - last_report > PROGRESS_EVERY_S:
+            log.info("%s: %d of %d written", what, written, total)
+            last_report = time.monotonic()
     return written
 
 
 def load_world_into_redis(
     world: Path, client: Client, schema: FeatureSchema, keys: KeySpace
 ) -> LoadReport:
-    """Write every blob, then the layout record last: readers trust only complete loads."""
+    """Write every blob, then the layout record last: readers trust only complete loads.
+
+    Redis that cannot be reached is a RedisUnreachableError naming the fix.
+    """
+    try:
+        return _load(world, client, schema, keys)
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise RedisUnreachableError(
+            f"cannot reach Redis ({exc}): start it, or point --redis-url at it"
+        ) from None
+
+
+def _load(world: Path, client: Client, schema: FeatureSchema, keys: KeySpace) -> LoadReport:
+    stamp = read_stamp(world)
+    if stamp is not None:
+        verify_files(world, stamp, (ITEMS_FILE, USERS_FILE, SEEN_FILE))
     items = load_items(world)
     users = load_users(world)
     items.check(schema)
     users.check(schema)
     client.delete(keys.meta)
     n_items = _write(
-        client, _blobs((keys.item(i) for i in items.ids.tolist()), items.embeddings, items.dense)
+        client,
+        _blobs((keys.item(i) for i in items.ids.tolist()), items.embeddings, items.dense),
+        "item features",
+        len(items.ids),
     )
     n_users = _write(
-        client, _blobs((keys.user(u) for u in users.ids.tolist()), users.embeddings, users.dense)
+        client,
+        _blobs((keys.user(u) for u in users.ids.tolist()), users.embeddings, users.dense),
+        "user features",
+        len(users.ids),
     )
     seen_lists = 0
     seen = load_seen(world)
@@ -83,6 +120,9 @@ def load_world_into_redis(
             if len(pipe) >= BATCH:
                 pipe.execute()
         pipe.execute()
+    meta = layout_meta(schema)
+    if stamp is not None:
+        meta[WORLD_ID_FIELD] = stamp.world_id
     # redis-py annotates the mapping's key type invariantly; a dict[str, str] is what it takes.
-    client.hset(keys.meta, mapping=layout_meta(schema))  # type: ignore[arg-type]
+    client.hset(keys.meta, mapping=meta)  # type: ignore[arg-type]
     return LoadReport(n_items, n_users, seen_lists)

@@ -1,0 +1,211 @@
+"""Your own data, end to end: a ratings file in a public layout, built, loaded, served.
+
+A log written here the way public rating sets are laid out (integer ids, `userId,movieId,
+rating,timestamp`, genres `A|B`) goes through `recsys build-world` and `recsys load-redis`,
+and is served by a real Redis and a real Triton that run the world's own model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from recsys_tools.cli import main
+from recsys_tools.demo import StackOptions, prepare_model_repository
+from recsys_tools.localstack import (
+    ManagedProcess,
+    default_triton_env,
+    project_root,
+    start_redis,
+    start_triton,
+)
+
+from app.settings import Settings
+from app.world import read_stamp, world_schema
+from tests.integration.conftest import serving
+
+pytestmark = pytest.mark.integration
+START = 1_500_000_000
+GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War"]
+MIN_RATING = 3.5
+
+
+@dataclass(frozen=True)
+class Movies:
+    folder: Path
+    world: Path
+    rated: dict[str, set[str]]
+    movie_ids: set[str]
+    redis_url: str
+    triton_url: str
+    repository: Path
+    printed: str
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": self.redis_url,
+            "triton_url": self.triton_url,
+            "artifacts_dir": self.world,
+            "startup_timeout_s": 5.0,
+            "max_queue_ms": 1000.0,
+            "request_budget_ms": 2000.0,
+            "redis_timeout_ms": 1000.0,
+            "triton_timeout_ms": 1000.0,
+            **overrides,
+        }
+        return Settings(**values)
+
+
+def _write_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:
+    """Users who love two genres, rate them high and the rest low; ids are sparse integers."""
+    rng = np.random.default_rng(4)
+    movie_ids = rng.choice(np.arange(1, 5000), size=240, replace=False)
+    genres = rng.integers(0, len(GENRES), size=len(movie_ids))
+    with (folder / "movies.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["movieId", "title", "genres"])
+        for movie, genre in zip(movie_ids.tolist(), genres.tolist(), strict=True):
+            second = GENRES[(genre + 1) % len(GENRES)]
+            writer.writerow([movie, f"Movie {movie}", f"{GENRES[genre]}|{second}"])
+    rated: dict[str, set[str]] = {}
+    with (folder / "ratings.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["userId", "movieId", "rating", "timestamp"])
+        for user in range(1, 121):
+            loved = rng.choice(len(GENRES), size=2, replace=False)
+            liked = np.isin(genres, loved)
+            weights = np.where(liked, 6.0, 1.0)
+            picks = rng.choice(len(movie_ids), size=25, replace=False, p=weights / weights.sum())
+            for day, pick in enumerate(picks.tolist()):
+                rating = rng.choice([4.0, 4.5, 5.0]) if liked[pick] else rng.choice([1.0, 2.0, 3.0])
+                moment = START + (day * 120 + user) * 3600
+                writer.writerow([user, int(movie_ids[pick]), rating, moment])
+                rated.setdefault(str(user), set()).add(str(movie_ids[pick]))
+    return folder / "ratings.csv", folder / "movies.csv", rated
+
+
+def _build_world(ratings: Path, movies: Path, world: Path, *extra: str) -> None:
+    code = main(
+        [
+            "build-world",
+            "--interactions",
+            str(ratings),
+            "--user-col",
+            "userId",
+            "--item-col",
+            "movieId",
+            "--weight-col",
+            "rating",
+            "--min-weight",
+            str(MIN_RATING),
+            "--items",
+            str(movies),
+            "--item-id-col",
+            "movieId",
+            "--category-col",
+            "genres",
+            "--world",
+            str(world),
+            *extra,
+        ]
+    )
+    assert code == 0
+
+
+@pytest.fixture(scope="module")
+def movies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Movies]:
+    folder = tmp_path_factory.mktemp("movies")
+    ratings, table, rated = _write_log(folder)
+    world = folder / "world"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _build_world(ratings, table, world)
+    options = StackOptions(world, project_root() / "model_repository", folder / "run")
+    repository = prepare_model_repository(options, world_schema(world, None).model_name)
+    started: list[ManagedProcess] = []
+    try:
+        redis_process, redis_url = start_redis(folder / "redis")
+        started.append(redis_process)
+        assert main(["load-redis", "--world", str(world), "--redis-url", redis_url]) == 0
+        triton, triton_url = start_triton(
+            default_triton_env(),
+            repository,
+            folder / "triton",
+            ["ranking_model"],
+            model_control=True,
+        )
+        started.append(triton)
+        ids = {row["movieId"] for row in csv.DictReader(table.open())}
+        yield Movies(
+            folder, world, rated, ids, redis_url, triton_url, repository, printed.getvalue()
+        )
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+async def test_answers_hold_unseen_catalog_ids_as_given(movies: Movies) -> None:
+    async with serving(movies.settings()) as api:
+        for user in ("1", "17", "60", "118"):
+            response = await api.post(
+                "/recommend", json={"user_id": user, "num_items": 10, "debug": True}
+            )
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            assert answer["degraded"] == []
+            assert answer["cold_start"] is False
+            items = [item["item_id"] for item in answer["items"]]
+            assert len(items) == 10
+            assert set(items) <= movies.movie_ids  # "17", never "17.0" or "i17"
+            assert not set(items) & movies.rated[user]
+            assert all(item["score"] is not None for item in answer["items"])
+
+
+def test_the_report_has_the_evaluation_and_it_is_printed(movies: Movies) -> None:
+    report = json.loads((movies.world / "report.json").read_text())
+    methods = report["evaluation"]["methods"]
+    assert set(methods) == {"recall", "recall_rank", "popularity"}
+    assert report["evaluation"]["users_evaluated"] == 120
+    # Tastes are planted: what the model learnt beats handing everyone the popular items.
+    assert methods["recall_rank"]["ndcg@10"] > methods["popularity"]["ndcg@10"]
+    for name, figures in methods.items():
+        assert f"{figures['recall@10']:.4f}" in movies.printed
+        assert name in movies.printed
+    stamp = read_stamp(movies.world)
+    assert stamp is not None
+    assert report["histories_over_cap"]["users"] == 0
+
+
+async def test_readiness_fails_when_triton_loads_another_worlds_model(movies: Movies) -> None:
+    other = movies.folder / "other-world"
+    _build_world(movies.folder / "ratings.csv", movies.folder / "movies.csv", other, "--seed", "9")
+    async with serving(movies.settings()) as api:
+        assert (await api.get("/readyz")).json()["checks"]["model_world"] is True
+        main(["install-model", "--world", str(other), "--model-repository", str(movies.repository)])
+        client = triton_grpc.InferenceServerClient(movies.triton_url)
+        try:
+            client.load_model("ranking_model")  # Triton reads the config anew
+            ready = await api.get("/readyz")
+        finally:
+            main(
+                [
+                    "install-model",
+                    "--world",
+                    str(movies.world),
+                    "--model-repository",
+                    str(movies.repository),
+                ]
+            )
+            client.load_model("ranking_model")
+            client.close()
+    assert ready.status_code == 503
+    assert ready.json()["failing"] == ["model_world"]

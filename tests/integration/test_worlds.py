@@ -1,0 +1,94 @@
+"""One world at a time: a model, an index or Redis data from another world is refused.
+
+The session stack serves its world; a second, tiny world stands for "another world".
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from recsys_tools.localstack import start_redis
+from recsys_tools.world.build import DemoSize, build_demo_world
+
+from app.catalog import INDEX_FILE
+from app.errors import ConfigError
+from app.metrics import ServiceMetrics
+from app.services import start_services
+from app.world import read_stamp
+from tests.integration.conftest import Stack, load_redis, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+OTHER = DemoSize(items=600, users=80, impressions=6000)
+
+
+@pytest.fixture(scope="module")
+def other_world(tmp_path_factory: pytest.TempPathFactory, stack: Stack) -> Path:
+    world = tmp_path_factory.mktemp("other") / "world"
+    build_demo_world(world, stack.schema, OTHER, seed=3)
+    return world
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[str]:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        yield url
+    finally:
+        process.stop()
+
+
+def _world_id(world: Path) -> str:
+    stamp = read_stamp(world)
+    assert stamp is not None
+    return stamp.world_id
+
+
+async def test_redis_holding_another_world_is_refused(stack: Stack, other_world: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        await start_services(stack.settings(artifacts_dir=other_world), ServiceMetrics())
+    message = str(refused.value)
+    assert f"the data in Redis belongs to world {_world_id(stack.world)}" in message
+    assert f"this service serves world {_world_id(other_world)}" in message
+    assert "recsys load-redis" in message
+
+
+async def test_a_model_from_another_world_is_refused(
+    stack: Stack, other_world: Path, own_redis: str
+) -> None:
+    load_redis(own_redis, other_world, stack.schema)
+    settings = stack.settings(artifacts_dir=other_world, redis_url=own_redis)
+    with pytest.raises(ConfigError) as refused:
+        await start_services(settings, ServiceMetrics())
+    message = str(refused.value)
+    assert "Triton model 'ranking_model'" in message
+    assert f"belongs to world {_world_id(stack.world)}" in message
+    assert "recsys install-model" in message
+
+
+async def test_an_index_copied_from_another_world_is_refused(
+    stack: Stack, other_world: Path, tmp_path: Path
+) -> None:
+    world = tmp_path / "world"
+    shutil.copytree(stack.world, world)
+    shutil.copyfile(other_world / INDEX_FILE, world / INDEX_FILE)
+    with pytest.raises(ConfigError, match=r"index\.faiss does not belong to world"):
+        await start_services(stack.settings(artifacts_dir=world), ServiceMetrics())
+
+
+async def test_readiness_reports_redis_switching_worlds(stack: Stack, own_redis: str) -> None:
+    load_redis(own_redis, stack.world, stack.schema)
+    async with serving(stack.settings(redis_url=own_redis)) as api:
+        before = (await api.get("/readyz")).json()
+        client = redis.Redis.from_url(own_redis)
+        client.hset("recsys:meta", "world_id", "another-world")
+        client.close()
+        after = await api.get("/readyz")
+    assert before["checks"]["redis_world"] is True
+    # Redis is shared by every instance: reported, not a reason to leave the rotation.
+    assert after.status_code == 200
+    assert after.json()["checks"]["redis_world"] is False
+    assert after.json()["checks"]["model_world"] is True

@@ -1,0 +1,130 @@
+"""World ids: stamped on every file a builder writes, carried into Triton's config, checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_format
+from recsys_tools.world.build import DemoSize, build_demo_world
+from recsys_tools.world.identity import install_model, with_world_parameter
+from tritonclient.grpc import model_config_pb2
+
+from app.catalog import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
+from app.errors import ConfigError
+from app.schema import load_schema
+from app.world import (
+    file_digest,
+    part_mismatch,
+    read_stamp,
+    seen_over_cap,
+    verify_files,
+    world_schema,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = [
+    ROOT / "model_repository" / "ranking_model" / "config.pbtxt",
+    ROOT / "deploy" / "triton" / "gpu" / "ranking_model" / "config.pbtxt",
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("identity") / "world"
+    build_demo_world(path, load_schema(), DemoSize(items=300, users=50, impressions=3000), seed=2)
+    return path
+
+
+def _parsed(text: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["local", "gpu"])
+def test_the_world_parameter_parses_as_triton_config_and_is_replaced_not_repeated(
+    config: Path,
+) -> None:
+    original = _parsed(config.read_text())
+    once = with_world_parameter(config.read_text(), "first")
+    twice = with_world_parameter(once, "second")
+    parsed = _parsed(twice)
+    assert parsed.parameters["world_id"].string_value == "second"
+    assert twice.count('"world_id"') == 1
+    del parsed.parameters["world_id"]
+    assert parsed == original  # nothing else changed
+    assert "#" in twice  # the comments survive
+
+
+def test_a_stamp_covers_every_file_and_the_model_carries_it(world: Path) -> None:
+    stamp = read_stamp(world)
+    assert stamp is not None
+    manifest = json.loads((world / MANIFEST_FILE).read_text())
+    assert manifest["world_id"] == stamp.world_id
+    assert set(stamp.digests) >= {"items.npz", "users.npz", INDEX_FILE, MODEL_FILE, SEEN_FILE}
+    for name, digest in stamp.digests.items():
+        assert file_digest(world / name) == digest
+    model = onnx.load(str(world / MODEL_FILE))
+    assert {p.key: p.value for p in model.metadata_props}["world_id"] == stamp.world_id
+    assert load_schema(world / SCHEMA_FILE) == load_schema()
+
+
+def test_install_model_writes_the_world_id_into_the_config(world: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    (repository / "ranking_model").mkdir(parents=True)
+    shutil.copyfile(CONFIGS[1], repository / "ranking_model" / "config.pbtxt")
+    target = install_model(world, repository, "ranking_model")
+    stamp = read_stamp(world)
+    assert stamp is not None
+    assert target.read_bytes() == (world / MODEL_FILE).read_bytes()
+    config = _parsed((repository / "ranking_model" / "config.pbtxt").read_text())
+    assert config.parameters["world_id"].string_value == stamp.world_id
+
+
+def test_install_model_needs_a_model_and_a_config(world: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config\.pbtxt is missing"):
+        install_model(world, tmp_path / "empty", "ranking_model")
+    with pytest.raises(ConfigError, match=r"has no model\.onnx.*recsys build-world"):
+        install_model(tmp_path, tmp_path / "empty", "ranking_model")
+
+
+def test_a_file_from_elsewhere_is_refused(world: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(world, copy)
+    stamp = read_stamp(copy)
+    assert stamp is not None
+    verify_files(copy, stamp)
+    (copy / INDEX_FILE).write_bytes(b"another index")
+    with pytest.raises(ConfigError, match=r"index\.faiss does not belong to world"):
+        verify_files(copy, stamp)
+
+
+def test_a_part_of_another_world_is_named_and_an_unstamped_one_accepted(world: Path) -> None:
+    stamp = read_stamp(world)
+    assert stamp is not None
+    message = part_mismatch("Redis", "other", stamp, "load it")
+    served = stamp.world_id
+    assert message == f"Redis belongs to world other, this service serves world {served}: load it"
+    assert part_mismatch("Redis", "", stamp, "load it") is None
+    assert part_mismatch("Redis", "other", None, "load it") is None
+
+
+def test_a_configured_schema_must_agree_with_the_worlds(world: Path, tmp_path: Path) -> None:
+    assert world_schema(world, None) == load_schema()
+    other = json.loads((world / SCHEMA_FILE).read_text())
+    other["version"] = 2
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match="RECSYS_FEATURE_SCHEMA"):
+        world_schema(world, path)
+
+
+def test_histories_over_the_cap_are_counted(world: Path) -> None:
+    with np.load(world / SEEN_FILE) as seen:
+        lengths = np.diff(seen["offsets"])
+    over, histories, longest = seen_over_cap(world, 2)
+    assert (over, histories, longest) == (int((lengths > 2).sum()), len(lengths), lengths.max())
+    assert seen_over_cap(world, int(lengths.max()))[0] == 0

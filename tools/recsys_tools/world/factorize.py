@@ -1,0 +1,69 @@
+"""User and item embeddings from the positives, by implicit-feedback ALS.
+
+The service recalls by inner product (user_vec · item_vec over a FAISS index), which is
+exactly what ALS's factors are fitted to approximate, so the factors go in unnormalised:
+normalising items would throw away the popularity their length carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from implicit.cpu.als import AlternatingLeastSquares
+from implicit.nearest_neighbours import bm25_weight
+from scipy.sparse import csr_matrix
+from threadpoolctl import threadpool_limits
+
+from recsys_tools.world.logs import InteractionLog
+
+FloatArray = npt.NDArray[np.float32]
+
+# ALS solves each user (then each item) independently: results do not depend on threads.
+FIT_THREADS = 2
+ITERATIONS = 15
+REGULARIZATION = 0.05
+# BM25 damps heavy users and very popular items, so the factors model taste, not volume.
+BM25_K1 = 100.0
+BM25_B = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    users: FloatArray
+    items: FloatArray
+
+
+def confidence_matrix(log: InteractionLog) -> csr_matrix:
+    """Users by items; repeated positives on one item add up before weighting."""
+    counts = csr_matrix(
+        (
+            np.ones(int(log.positive.sum()), dtype=np.float32),
+            (log.user[log.positive], log.item[log.positive]),
+        ),
+        shape=(log.n_users, log.n_items),
+    )
+    counts.sum_duplicates()
+    return bm25_weight(counts, K1=BM25_K1, B=BM25_B).tocsr().astype(np.float32)
+
+
+def factorize(log: InteractionLog, dim: int, seed: int) -> Embeddings:
+    """Factors of size `dim`; users and items without positives get zero vectors."""
+    matrix = confidence_matrix(log)
+    # OpenBLAS's own threads fight ALS's; one BLAS thread is what implicit asks for.
+    with threadpool_limits(1, "blas"):
+        model = AlternatingLeastSquares(
+            factors=dim,
+            regularization=REGULARIZATION,
+            iterations=ITERATIONS,
+            random_state=seed,
+            num_threads=FIT_THREADS,
+        )
+        model.fit(matrix, show_progress=False)
+    users = np.asarray(model.user_factors, dtype=np.float32)[:, :dim]
+    items = np.asarray(model.item_factors, dtype=np.float32)[:, :dim]
+    # Without positives a row's factors are its random start, not a learned taste.
+    users[np.diff(matrix.indptr) == 0] = 0.0
+    items[np.bincount(matrix.indices, minlength=log.n_items) == 0] = 0.0
+    return Embeddings(np.ascontiguousarray(users), np.ascontiguousarray(items))

@@ -1,0 +1,390 @@
+"""A servable world from an interaction log: read, hold out, learn, evaluate, learn again, write.
+
+Everything is learnt first without each user's latest positives and evaluated on them; then,
+unless the holdout is kept out, learnt again on every interaction for the world that serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.catalog import MODEL_FILE
+from app.errors import ConfigError
+from app.schema import FeatureSchema
+from app.settings import Settings
+from recsys_tools.world.blend import (
+    Blend,
+    blended_onnx,
+    candidate_lists,
+    fit_blend,
+    recall_scores,
+)
+from recsys_tools.world.build import REPORT_FILE, write_catalog
+from recsys_tools.world.derive import (
+    category_codes,
+    check_derivable,
+    item_dense,
+    popularity,
+    published_at,
+    user_dense,
+)
+from recsys_tools.world.evaluate import ServedModel, evaluate, split_holdout
+from recsys_tools.world.factorize import Embeddings, factorize
+from recsys_tools.world.files import ItemTable, SeenLists, UserTable, save_table, write_manifest
+from recsys_tools.world.logs import (
+    FLAGS,
+    BoolArray,
+    IntArray,
+    InteractionLog,
+    ItemColumns,
+    LogColumns,
+    read_items,
+    read_log,
+)
+from recsys_tools.world.train import (
+    Examples,
+    example_rows,
+    export_onnx,
+    fit_ranker,
+    sample_examples,
+)
+
+log = logging.getLogger("recsys.build")
+FloatArray = npt.NDArray[np.float32]
+MAX_SEEN: int = Settings.model_fields["max_seen_items"].default
+# The MLP's time grows with its rows; past this many positives (times 1 + negatives rows)
+# more examples change the ranker little, so a large log is sampled.
+MAX_RANKER_POSITIVES = 200_000
+# The users whose candidate lists fit the blend of MLP and recall: a share, at most so many,
+# each list as deep as this (the top of recall, where the ranker's choices matter).
+BLEND_SHARE = 0.2
+MAX_BLEND_USERS = 2_000
+BLEND_DEPTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class WorldRecipe:
+    interactions: Path
+    columns: LogColumns = field(default_factory=LogColumns)
+    items: Path | None = None
+    item_columns: ItemColumns = field(default_factory=ItemColumns)
+    keep_holdout: bool = False
+    holdout_share: float = 0.2
+    negatives: int = 4
+    seed: int = 7
+    index_factory: str = "auto"
+    max_seen: int = MAX_SEEN
+
+
+@dataclass(slots=True)
+class _Clock:
+    """Seconds per step, for the report and the progress log."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - started, 2)
+
+    def took(self, name: str) -> str:
+        return f"({self.seconds[name]:.1f} s)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranker:
+    onnx_model: bytes
+    rows: int
+    positives: int
+    blend: Blend
+
+
+@dataclass(frozen=True, slots=True)
+class _Learnt:
+    """Everything learnt from one part of the log, in catalog and user-vocabulary order."""
+
+    embeddings: Embeddings
+    user_dense: FloatArray
+    item_dense: FloatArray
+    popularity: FloatArray
+    ranker: _Ranker
+
+    def blobs(self) -> tuple[FloatArray, FloatArray]:
+        users = np.concatenate([self.embeddings.users, self.user_dense], axis=1)
+        items = np.concatenate([self.embeddings.items, self.item_dense], axis=1)
+        return users.astype(np.float32), items.astype(np.float32)
+
+    def served(self) -> ServedModel:
+        users, items = self.blobs()
+        return ServedModel(users, items, self.popularity, self.ranker.onnx_model)
+
+
+def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe) -> _Ranker:
+    """Each user's latest positives against sampled negatives, on features learnt before them.
+
+    Served, the ranker scores items the embeddings were not fitted to; trained on positives
+    they were fitted to, it learns to trust an inflated user·item product (measured: worse
+    than recall alone). So it learns on the part's own later slice, as evaluation does.
+    The MLP learns from most users; on the others' candidate lists it is blended with
+    recall's own score (blend.py), so it moves recall's order only where it knows better.
+    """
+    split = split_holdout(part, recipe.holdout_share)
+    early = part.subset(split.train)
+    embeddings = factorize(early, schema.embedding_dim, recipe.seed)
+    user_blobs = np.concatenate([embeddings.users, user_dense(early, schema)], axis=1)
+    item_blobs = np.concatenate([embeddings.items, item_dense(early, schema)], axis=1)
+    # Items the user already had before are filtered as seen when serving: not targets.
+    before = np.unique(early.user * part.n_items + early.item)
+    targets = ~split.train & ~np.isin(part.user * part.n_items + part.item, before)
+    rng = np.random.default_rng(recipe.seed)
+    chosen = np.flatnonzero(targets & part.positive)
+    if len(chosen) > MAX_RANKER_POSITIVES:
+        targets = np.zeros_like(targets)
+        targets[rng.choice(chosen, MAX_RANKER_POSITIVES, replace=False)] = True
+    blending = _blending_users(part, targets, rng)
+    examples = sample_examples(part, popularity(early), recipe.negatives, rng, targets)
+    learning = ~np.isin(examples.users, blending)
+    rows = example_rows(schema, user_blobs, item_blobs, examples, rng)
+    model = fit_ranker(rows[learning], examples.labels[learning], recipe.seed)
+    liked = targets & part.positive
+    lists = candidate_lists(
+        embeddings.users,
+        embeddings.items,
+        blending,
+        before,
+        np.unique(part.user[liked] * part.n_items + part.item[liked]),
+        BLEND_DEPTH,
+    )
+    first_target = np.full(part.n_users, part.time.max(), dtype=np.int64)
+    np.minimum.at(first_target, part.user[targets], part.time[targets])
+    moments = Examples(lists.users, lists.items, first_target[lists.users], lists.labels)
+    listed = example_rows(schema, user_blobs, item_blobs, moments, rng)
+    blend = fit_blend(
+        recall_scores(schema, listed), model.predict_proba(listed)[:, 1], lists.labels
+    )
+    onnx_model = blended_onnx(export_onnx(model, schema), schema, blend)
+    return _Ranker(onnx_model, int(learning.sum()), int(examples.labels[learning].sum()), blend)
+
+
+def _blending_users(part: InteractionLog, targets: BoolArray, rng: np.random.Generator) -> IntArray:
+    """The users whose candidate lists fit the blend (a share, bounded), not the MLP."""
+    users = np.unique(part.user[targets & part.positive])
+    count = min(MAX_BLEND_USERS, max(1, round(BLEND_SHARE * len(users))))
+    chosen: IntArray = np.sort(rng.choice(users, size=count, replace=False))
+    return chosen
+
+
+def _learn(
+    part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: _Clock, label: str
+) -> _Learnt:
+    positives = int(part.positive.sum())
+    with clock.step(f"{label}.embeddings"):
+        embeddings = factorize(part, schema.embedding_dim, recipe.seed)
+    log.info(
+        "%s: embeddings (dim %d) from %s positives %s",
+        label,
+        schema.embedding_dim,
+        f"{positives:,}",
+        clock.took(f"{label}.embeddings"),
+    )
+    with clock.step(f"{label}.features"):
+        users, items = user_dense(part, schema), item_dense(part, schema)
+        counts = popularity(part)
+    log.info("%s: dense features %s", label, clock.took(f"{label}.features"))
+    with clock.step(f"{label}.ranker"):
+        ranker = _train_ranker(part, schema, recipe)
+    log.info(
+        "%s: ranker trained on %s rows (%s positives) %s",
+        label,
+        f"{ranker.rows:,}",
+        f"{ranker.positives:,}",
+        clock.took(f"{label}.ranker"),
+    )
+    return _Learnt(embeddings, users, items, counts, ranker)
+
+
+def _seen_lists(part: InteractionLog) -> SeenLists:
+    """Each user's every distinct item, newest first: the service filters them as seen.
+
+    Every interaction, not only the positives: an item the user rated low has been seen too.
+    """
+    users = np.flatnonzero(np.bincount(part.user, minlength=part.n_users))
+    rows = np.arange(len(part.user))[::-1]  # by user descending, then newest first
+    rows = rows[np.argsort(part.user[rows], kind="stable")]
+    _, first = np.unique(part.user[rows] * part.n_items + part.item[rows], return_index=True)
+    rows = rows[np.sort(first)]  # the newest occurrence of each (user, item)
+    position = np.full(part.n_users, -1, dtype=np.int64)
+    position[users] = np.arange(len(users))
+    counts = np.bincount(position[part.user[rows]], minlength=len(users))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return SeenLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
+
+
+def _tables(part: InteractionLog, learnt: _Learnt) -> tuple[ItemTable, UserTable, SeenLists]:
+    served = np.flatnonzero(np.bincount(part.user[part.positive], minlength=part.n_users))
+    items = ItemTable(
+        ids=part.items.ids,
+        embeddings=learnt.embeddings.items,
+        dense=learnt.item_dense,
+        categories=category_codes(part.items),
+        published_at=published_at(part),
+        popularity=learnt.popularity,
+    )
+    users = UserTable(
+        ids=part.user_ids[served],
+        embeddings=learnt.embeddings.users[served],
+        dense=learnt.user_dense[served],
+    )
+    return items, users, _seen_lists(part)
+
+
+def _counts(whole: InteractionLog, served: InteractionLog, users: int) -> dict[str, Any]:
+    rows_per_item = np.bincount(whole.item, minlength=whole.n_items)
+    positives_per_item = np.bincount(whole.item[whole.positive], minlength=whole.n_items)
+    return {
+        "rows_read": whole.counts.rows_read,
+        "interactions": len(whole.user),
+        "positives": int(whole.positive.sum()),
+        "below_min_weight": whole.counts.below_min_weight,
+        "dropped": dict(whole.counts.dropped),
+        "users": users,
+        "items": whole.n_items,
+        "items_without_interactions": int((rows_per_item == 0).sum()),
+        "items_without_positives": int((positives_per_item == 0).sum()),
+        "categories": len(whole.items.category_names),
+        "served_positives": int(served.positive.sum()),
+    }
+
+
+def _histories(seen: SeenLists, cap: int) -> dict[str, int]:
+    """How many histories the serving cap cuts: said now, not found out from the answers."""
+    lengths = np.diff(seen.offsets)
+    over = int((lengths > cap).sum())
+    longest = int(lengths.max()) if len(lengths) else 0
+    if over:
+        log.warning(
+            "%d of %d users' histories are longer than the serving cap RECSYS_MAX_SEEN_ITEMS=%d "
+            "(the longest %d): their older items can be recommended again; serve with "
+            "RECSYS_MAX_SEEN_ITEMS=%d to filter them all",
+            over,
+            len(lengths),
+            cap,
+            longest,
+            longest,
+        )
+    return {"cap": cap, "users": over, "longest": longest}
+
+
+def _read(recipe: WorldRecipe, clock: _Clock) -> InteractionLog:
+    with clock.step("read"):
+        items = None
+        if recipe.items is not None:
+            items = read_items(recipe.items, recipe.item_columns)
+        whole = read_log(recipe.interactions, recipe.columns, items)
+    dropped = sum(whole.counts.dropped.values())
+    log.info(
+        "read %s interactions from %s (%s dropped; %s positives, %s users, %s items) %s",
+        f"{whole.counts.rows_read:,}",
+        whole.source,
+        f"{dropped:,}",
+        f"{int(whole.positive.sum()):,}",
+        f"{whole.n_users:,}",
+        f"{whole.n_items:,}",
+        clock.took("read"),
+    )
+    return whole
+
+
+def _write(
+    world: Path, schema: FeatureSchema, recipe: WorldRecipe, part: InteractionLog, learnt: _Learnt
+) -> tuple[int, SeenLists]:
+    """Write the world's files; returns how many users have features, and the seen lists."""
+    items, users, seen = _tables(part, learnt)
+    write_catalog(world, schema, items, users, recipe.index_factory)
+    save_table(world, seen)
+    (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
+    return len(users.ids), seen
+
+
+def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema) -> dict[str, Any]:
+    """Build, evaluate and write the world; returns the report also written to report.json."""
+    check_derivable(schema)
+    clock = _Clock()
+    started = time.perf_counter()
+    whole = _read(recipe, clock)
+    with clock.step("holdout"):
+        holdout = split_holdout(whole, recipe.holdout_share)
+        train = whole.subset(holdout.train)
+    if len(holdout.users) == 0:
+        raise ConfigError(
+            f"{whole.source}: no user has two positives (on different items), so nothing can "
+            f"be held out or learnt to rank; lower {FLAGS['min_weight']} or bring a longer log"
+        )
+    log.info(
+        "held out the latest %d%% of %s users' positives %s",
+        round(100 * recipe.holdout_share),
+        f"{len(holdout.users):,}",
+        clock.took("holdout"),
+    )
+    learnt = _learn(train, schema, recipe, clock, "train")
+    with clock.step("evaluate"):
+        evaluation = evaluate(
+            train, holdout, learnt.served(), schema, recipe.index_factory, recipe.seed
+        )
+    log.info(
+        "evaluated %s users %s: %s",
+        f"{evaluation['users_evaluated']:,}",
+        clock.took("evaluate"),
+        json.dumps(evaluation["methods"]),
+    )
+    served = train
+    if not recipe.keep_holdout:
+        served = whole
+        learnt = _learn(whole, schema, recipe, clock, "all")
+    with clock.step("write"):
+        users, seen = _write(world, schema, recipe, served, learnt)
+    log.info("wrote the world to %s %s", world, clock.took("write"))
+    report: dict[str, Any] = {
+        "source": {
+            "interactions": str(recipe.interactions),
+            "items": None if recipe.items is None else str(recipe.items),
+        },
+        "served": "train part" if recipe.keep_holdout else "all interactions",
+        "counts": _counts(whole, served, users),
+        "evaluation": evaluation,
+        "histories_over_cap": _histories(seen, recipe.max_seen),
+        "ranker": {
+            "rows": learnt.ranker.rows,
+            "positives": learnt.ranker.positives,
+            "negatives_per_positive": recipe.negatives,
+            "blend": learnt.ranker.blend.as_dict(),
+        },
+        "seconds": {**clock.seconds, "total": round(time.perf_counter() - started, 2)},
+    }
+    (world / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    write_manifest(
+        world,
+        source="interactions",
+        interactions=recipe.interactions.name,
+        item_table=None if recipe.items is None else recipe.items.name,
+        seed=recipe.seed,
+        served=report["served"],
+        counts=report["counts"],
+        evaluation=evaluation["methods"],
+        build_seconds=report["seconds"]["total"],
+    )
+    from recsys_tools.world.identity import stamp_world
+
+    stamp_world(world, schema)
+    return report

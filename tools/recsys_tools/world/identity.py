@@ -1,0 +1,117 @@
+"""One id on everything a world builder writes, and the model installed under that id.
+
+The id goes into the manifest beside each file's digest, into the ONNX model's metadata,
+into the model's Triton config (the `world_id` parameter, which the service reads back
+from Triton) and, when the world is loaded, into the Redis layout record. The service
+checks all of them at start-up (app.world).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+from app.catalog import (
+    DEFAULT_USER_FILE,
+    INDEX_FILE,
+    ITEMS_FILE,
+    MODEL_FILE,
+    SCHEMA_FILE,
+    SEEN_FILE,
+    USERS_FILE,
+)
+from app.errors import ConfigError
+from app.schema import FeatureSchema
+from app.world import WORLD_ID_PARAMETER, file_digest, read_stamp
+from recsys_tools.world.files import write_manifest
+
+STAMPED_FILES = (
+    ITEMS_FILE,
+    USERS_FILE,
+    SEEN_FILE,
+    INDEX_FILE,
+    DEFAULT_USER_FILE,
+    MODEL_FILE,
+    SCHEMA_FILE,
+)
+CONFIG_FILE = "config.pbtxt"
+
+
+def new_world_id() -> str:
+    """Sortable by build time, unique by its random tail."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def _stamp_model(path: Path, world_id: str) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = [prop for prop in model.metadata_props if prop.key != WORLD_ID_PARAMETER]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    onnx.helper.set_model_props(
+        model, {**{p.key: p.value for p in kept}, WORLD_ID_PARAMETER: world_id}
+    )
+    onnx.save(model, str(path))
+
+
+def stamp_world(world: Path, schema: FeatureSchema) -> str:
+    """Give the world a new id; call it last, once every file is written."""
+    if not schema.source:
+        raise ConfigError("the feature schema has no source text to write into the world")
+    world_id = new_world_id()
+    (world / SCHEMA_FILE).write_text(schema.source, encoding="utf-8")
+    if (world / MODEL_FILE).is_file():
+        _stamp_model(world / MODEL_FILE, world_id)
+    digests = {
+        name: file_digest(world / name) for name in STAMPED_FILES if (world / name).is_file()
+    }
+    write_manifest(world, world_id=world_id, files=digests)
+    return world_id
+
+
+_PARAMETER_BLOCK = re.compile(
+    r'parameters\s*:?\s*\{\s*key\s*:\s*"' + WORLD_ID_PARAMETER + r'"\s*value\s*:?\s*'
+    r'\{\s*string_value\s*:\s*"[^"]*"\s*\}\s*\}'
+)
+
+
+def with_world_parameter(config: str, world_id: str) -> str:
+    """The Triton config text with its world_id parameter set; comments and order are kept."""
+    block = (
+        f'parameters: {{\n  key: "{WORLD_ID_PARAMETER}"\n'
+        f'  value: {{ string_value: "{world_id}" }}\n}}'
+    )
+    if _PARAMETER_BLOCK.search(config):
+        return _PARAMETER_BLOCK.sub(block, config, count=1)
+    return config.rstrip("\n") + "\n" + block + "\n"
+
+
+def install_model(world: Path, model_repository: Path, model_name: str) -> Path:
+    """Copy the world's model into version 1 of its Triton model directory, under its id.
+
+    The model directory's config.pbtxt must exist (the local one is model_repository/ in the
+    checkout, the GPU one deploy/triton/gpu/); it gets the world's id as a parameter.
+    """
+    source = world / MODEL_FILE
+    if not source.is_file():
+        raise ConfigError(
+            f"{world} has no {MODEL_FILE}: build the world with a ranker (recsys build-world) "
+            "or put one there"
+        )
+    config = model_repository / model_name / CONFIG_FILE
+    if not config.is_file():
+        raise ConfigError(
+            f"{config} is missing: copy a model config there first (model_repository/ for "
+            "the local CPU Triton, deploy/triton/gpu/ for a GPU)"
+        )
+    target = model_repository / model_name / "1" / MODEL_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    stamp = read_stamp(world)
+    if stamp is not None:
+        config.write_text(with_world_parameter(config.read_text(), stamp.world_id))
+    return target

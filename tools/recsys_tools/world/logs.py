@@ -1,0 +1,409 @@
+"""Reading an interaction log (and optionally an item table) from CSV or Parquet.
+
+Ids are kept as strings exactly as written: "296" stays "296", never "296.0". Rows are
+ordered by user, then time, so each user's history is one contiguous, time-ordered run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from app.errors import ConfigError
+
+StrArray = npt.NDArray[np.str_]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+# Where the item table gives no publish time for an item.
+NO_TIME = np.iinfo(np.int64).min
+
+# The command-line flag that names each column, so an error can say how to fix it.
+FLAGS = {
+    "log": "--interactions",
+    "items": "--items",
+    "user": "--user-col",
+    "item": "--item-col",
+    "time": "--time-col",
+    "weight": "--weight-col",
+    "min_weight": "--min-weight",
+    "item_id": "--item-id-col",
+    "category": "--category-col",
+    "published": "--published-col",
+}
+SUFFIXES = (".csv", ".tsv", ".parquet")
+
+
+@dataclass(frozen=True, slots=True)
+class LogColumns:
+    user: str = "user_id"
+    item: str = "item_id"
+    time: str = "timestamp"
+    weight: str | None = None
+    min_weight: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemColumns:
+    item_id: str = "item_id"
+    category: str | None = None
+    published: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemInfo:
+    """The catalog: every item the world serves, with its categories and publish time.
+
+    Item i's category codes are category_codes[category_offsets[i]:category_offsets[i + 1]],
+    indexes into category_names, in the order the table lists them.
+    """
+
+    ids: StrArray
+    category_names: tuple[str, ...]
+    category_offsets: IntArray
+    category_codes: IntArray
+    published: IntArray | None
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCounts:
+    rows_read: int
+    dropped: dict[str, int]
+    below_min_weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class InteractionLog:
+    """One row per kept interaction, as indexes into user_ids and items.ids.
+
+    Rows below min_weight stay (an item's mean weight counts them) but are not positives.
+    Subsets keep both vocabularies, so indexes mean the same items and users in every part.
+    """
+
+    source: str
+    user_ids: StrArray
+    items: ItemInfo
+    user: IntArray
+    item: IntArray
+    time: IntArray
+    weight: FloatArray | None
+    positive: BoolArray
+    counts: ReadCounts = field(compare=False)
+
+    @property
+    def n_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def n_items(self) -> int:
+        return self.items.size
+
+    def subset(self, rows: BoolArray) -> InteractionLog:
+        return replace(
+            self,
+            user=self.user[rows],
+            item=self.item[rows],
+            time=self.time[rows],
+            weight=None if self.weight is None else self.weight[rows],
+            positive=self.positive[rows],
+        )
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _check_file(path: Path, flag: str) -> None:
+    if path.suffix.lower() not in SUFFIXES:
+        raise ConfigError(
+            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; "
+            f"give {flag} a .csv, .tsv or .parquet file"
+        )
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; check the path given to {flag}")
+
+
+def _csv_options(path: Path) -> pa_csv.ParseOptions:
+    return pa_csv.ParseOptions(delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+
+
+def _column_names(path: Path) -> list[str]:
+    try:
+        if path.suffix.lower() == ".parquet":
+            return list(pq.read_schema(path).names)
+        with pa_csv.open_csv(path, parse_options=_csv_options(path)) as reader:
+            return list(reader.schema.names)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(f"cannot read {path}: {_one_line(exc)}") from exc
+
+
+def _require_columns(path: Path, wanted: dict[str, str], present: list[str]) -> None:
+    """wanted maps a role (user, item...) to the column name that should hold it."""
+    for role, name in wanted.items():
+        if name not in present:
+            raise ConfigError(
+                f"{path.name} has no column {name!r} (it has {', '.join(present)}); "
+                f"name the {role.replace('_', ' ')} column with {FLAGS[role]}"
+            )
+
+
+def _read_table(path: Path, columns: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    """Read only `columns`, with `types` forced; everything else keeps its inferred type."""
+    try:
+        if path.suffix.lower() == ".parquet":
+            table = pq.read_table(path, columns=columns)
+            return table.cast(
+                pa.schema([pa.field(n, types.get(n, table.schema.field(n).type)) for n in columns])
+            )
+        options = pa_csv.ConvertOptions(column_types=types, include_columns=columns)
+        return pa_csv.read_csv(path, parse_options=_csv_options(path), convert_options=options)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(f"cannot read {path.name}: {_one_line(exc)}") from exc
+
+
+def _strings(column: pa.ChunkedArray) -> StrArray:
+    values: StrArray = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.str_)
+    return values
+
+
+def _missing_ids(column: pa.ChunkedArray) -> BoolArray:
+    missing = pc.or_kleene(pc.is_null(column), pc.equal(pc.utf8_trim_whitespace(column), ""))
+    filled: BoolArray = np.asarray(pc.fill_null(missing, True).to_numpy(zero_copy_only=False))
+    return filled
+
+
+def _parse_text_time(value: str) -> int | None:
+    text = value.strip()
+    for parse in (int, float):
+        try:
+            number = parse(text)
+        except ValueError:
+            continue
+        return math.floor(number) if math.isfinite(number) else None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    # A datetime without a zone is taken as UTC, as a log's clock usually is.
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+
+
+def _text_times(column: pa.Array) -> tuple[IntArray, str | None]:
+    """Parse each distinct string once; returns the seconds and the first unreadable value."""
+    encoded = pc.dictionary_encode(column)
+    texts = [str(value) for value in encoded.dictionary.to_pylist()]
+    parsed = [_parse_text_time(text) for text in texts]
+    bad = next((t for t, p in zip(texts, parsed, strict=True) if p is None), None)
+    lookup = np.array([0 if p is None else p for p in parsed], dtype=np.int64)
+    return lookup[np.asarray(encoded.indices.to_numpy(zero_copy_only=False))], bad
+
+
+def _seconds(column: pa.Array) -> tuple[IntArray, str | None]:
+    kind = column.type
+    if pa.types.is_integer(kind):
+        return np.asarray(column.to_numpy(), dtype=np.int64), None
+    if pa.types.is_floating(kind):
+        values = np.asarray(column.to_numpy(), dtype=np.float64)
+        finite = np.isfinite(values)
+        bad = None if finite.all() else str(values[~finite][0])
+        return np.floor(np.where(finite, values, 0.0)).astype(np.int64), bad
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        as_seconds = pc.cast(column, pa.timestamp("s", getattr(kind, "tz", None)), safe=False)
+        return np.asarray(pc.cast(as_seconds, pa.int64()).to_numpy(), dtype=np.int64), None
+    return _text_times(pc.cast(column, pa.string()))
+
+
+def unix_seconds(column: pa.ChunkedArray, path: Path, name: str, role: str) -> IntArray:
+    """Unix seconds from integers, floats, timestamps or ISO text; NO_TIME where blank.
+
+    A datetime without a zone is taken as UTC, as a log's clock usually is.
+    """
+    values = column.combine_chunks()
+    valid = pc.is_valid(values)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        valid = pc.and_(valid, pc.not_equal(pc.utf8_trim_whitespace(values), ""))
+    present = np.asarray(pc.fill_null(valid, False).to_numpy(zero_copy_only=False), dtype=bool)
+    result = np.full(len(values), NO_TIME, dtype=np.int64)
+    seconds, bad = _seconds(values.filter(pa.array(present)))
+    if bad is not None:
+        raise ConfigError(
+            f"{path.name}: {bad!r} in column {name!r} is neither unix seconds nor an ISO "
+            f"datetime; fix the file or name another column with {FLAGS[role]}"
+        )
+    result[present] = seconds
+    return result
+
+
+def _categories(
+    column: pa.ChunkedArray | None, n_items: int
+) -> tuple[tuple[str, ...], IntArray, IntArray]:
+    """'A|B' lists, in the table's order; an empty cell is an item without category."""
+    if column is None:
+        return (), np.zeros(n_items + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lists = pc.split_pattern(pc.fill_null(column.combine_chunks(), ""), "|")
+    names = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    parents = np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64)
+    named = np.asarray(pc.not_equal(names, "").to_numpy(zero_copy_only=False), dtype=bool)
+    vocabulary, codes = np.unique(_strings(names)[named], return_inverse=True)
+    counts = np.bincount(parents[named], minlength=n_items)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return tuple(vocabulary.tolist()), offsets, codes.astype(np.int64)
+
+
+def read_items(path: Path, columns: ItemColumns) -> ItemInfo:
+    """The catalog in table order; every listed item stays, with or without interactions."""
+    _check_file(path, FLAGS["items"])
+    wanted = {"item_id": columns.item_id}
+    if columns.category is not None:
+        wanted["category"] = columns.category
+    if columns.published is not None:
+        wanted["published"] = columns.published
+    _require_columns(path, wanted, _column_names(path))
+    types = {columns.item_id: pa.string()}
+    if columns.category is not None:
+        types[columns.category] = pa.string()
+    table = _read_table(path, list(dict.fromkeys(wanted.values())), types)
+    id_column = table.column(columns.item_id)
+    missing = _missing_ids(id_column)
+    if missing.any():
+        raise ConfigError(
+            f"{path.name}: {int(missing.sum())} rows have no {columns.item_id!r}; "
+            f"every item needs an id (or name the id column with {FLAGS['item_id']})"
+        )
+    ids = _strings(id_column)
+    unique, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ConfigError(
+            f"{path.name} lists item {unique[counts > 1][0]!r} more than once "
+            f"({int((counts > 1).sum())} ids repeat); keep one row per item"
+        )
+    category = None if columns.category is None else table.column(columns.category)
+    names, offsets, codes = _categories(category, len(ids))
+    published = None
+    if columns.published is not None:
+        published = unix_seconds(
+            table.column(columns.published), path, columns.published, "published"
+        )
+    return ItemInfo(ids, names, offsets, codes, published)
+
+
+def _in_catalog(column: pa.ChunkedArray, items: ItemInfo | None) -> BoolArray:
+    if items is None:
+        return np.ones(len(column), dtype=bool)
+    found = pc.is_in(column, value_set=pa.array(items.ids.tolist(), pa.string()))
+    return np.asarray(pc.fill_null(found, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _item_index(column: pa.ChunkedArray, items: ItemInfo | None) -> tuple[ItemInfo, IntArray]:
+    """Each row's item index; without an item table the catalog is the log's items."""
+    if items is None:
+        encoded = pc.dictionary_encode(column.combine_chunks())
+        ids = _strings(encoded.dictionary)
+        names, offsets, codes = _categories(None, len(ids))
+        index = np.asarray(encoded.indices.to_numpy(), dtype=np.int64)
+        return ItemInfo(ids, names, offsets, codes, None), index
+    found = pc.index_in(column, value_set=pa.array(items.ids.tolist(), pa.string()))
+    return items, np.asarray(found.to_numpy(), dtype=np.int64)
+
+
+def _weights(table: pa.Table, columns: LogColumns) -> FloatArray | None:
+    if columns.weight is None:
+        return None
+    values = table.column(columns.weight).combine_chunks()
+    weights: FloatArray = np.asarray(
+        pc.fill_null(values, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64
+    )
+    return weights
+
+
+def _log_table(path: Path, columns: LogColumns) -> pa.Table:
+    _check_file(path, FLAGS["log"])
+    if columns.min_weight is not None and columns.weight is None:
+        raise ConfigError(
+            f"{FLAGS['min_weight']} needs a weight column; name it with {FLAGS['weight']}"
+        )
+    wanted = {"user": columns.user, "item": columns.item, "time": columns.time}
+    types = {columns.user: pa.string(), columns.item: pa.string()}
+    if columns.weight is not None:
+        wanted["weight"] = columns.weight
+        types[columns.weight] = pa.float64()
+    _require_columns(path, wanted, _column_names(path))
+    return _read_table(path, list(dict.fromkeys(wanted.values())), types)
+
+
+def _nothing_left(path: Path, rows_read: int, dropped: dict[str, int]) -> ConfigError:
+    reasons = ", ".join(f"{rows:,} {reason.replace('_', ' ')}" for reason, rows in dropped.items())
+    return ConfigError(
+        f"{path.name}: none of its {rows_read:,} rows is usable (dropped: {reasons}); "
+        f"check the id columns ({FLAGS['user']}, {FLAGS['item']}) and the item table"
+    )
+
+
+def _no_positives(path: Path, columns: LogColumns, weights: FloatArray) -> ConfigError:
+    return ConfigError(
+        f"{path.name}: no row has {columns.weight} >= {columns.min_weight} (weights run from "
+        f"{weights.min():g} to {weights.max():g}); lower {FLAGS['min_weight']}"
+    )
+
+
+def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> InteractionLog:
+    """The log's rows, ordered by user then time; rows that cannot be used are counted."""
+    table = _log_table(path, columns)
+    rows_read = table.num_rows
+    if rows_read == 0:
+        raise ConfigError(f"{path.name} has no rows; give {FLAGS['log']} a log with interactions")
+    no_id = _missing_ids(table.column(columns.user)) | _missing_ids(table.column(columns.item))
+    weights = _weights(table, columns)
+    no_weight = np.zeros(rows_read, bool) if weights is None else np.isnan(weights)
+    known = _in_catalog(table.column(columns.item), items)
+    dropped = {
+        "missing_id": int(no_id.sum()),
+        "missing_weight": int((no_weight & ~no_id).sum()),
+        "item_not_in_table": int((~known & ~no_id & ~no_weight).sum()),
+    }
+    keep = ~no_id & ~no_weight & known
+    if not keep.any():
+        raise _nothing_left(path, rows_read, dropped)
+    table = table.filter(pa.array(keep))
+    catalog, item = _item_index(table.column(columns.item), items)
+    time = unix_seconds(table.column(columns.time), path, columns.time, "time")
+    if (time == NO_TIME).any():
+        raise ConfigError(
+            f"{path.name}: {int((time == NO_TIME).sum()):,} rows have no {columns.time!r}; "
+            f"fill them in or name another column with {FLAGS['time']}"
+        )
+    users = pc.dictionary_encode(table.column(columns.user).combine_chunks())
+    user = np.asarray(users.indices.to_numpy(), dtype=np.int64)
+    weight = None if weights is None else weights[keep]
+    positive = np.ones(len(user), bool)
+    if weight is not None and columns.min_weight is not None:
+        positive = weight >= columns.min_weight
+        if not positive.any():
+            raise _no_positives(path, columns, weight)
+    order = np.lexsort((time, user))  # stable: equal times keep the file's order
+    counts = ReadCounts(rows_read, dropped, int((~positive).sum()))
+    return InteractionLog(
+        source=path.name,
+        user_ids=_strings(users.dictionary),
+        items=catalog,
+        user=user[order],
+        item=item[order],
+        time=time[order],
+        weight=None if weight is None else weight[order],
+        positive=positive[order],
+        counts=counts,
+    )

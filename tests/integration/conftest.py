@@ -60,22 +60,27 @@ class Stack:
     plain_rules: Path
 
     def settings(self, **overrides: Any) -> Settings:
-        values: dict[str, Any] = {
-            "redis_url": self.redis_url,
-            "triton_url": self.triton_url,
-            "artifacts_dir": self.world,
-            "startup_timeout_s": 5.0,
-            # In-process apps share the event loop and the heap with the test, whose own work
-            # (computing expected scores, a garbage collection of its large heap) would read
-            # as the service running late. Budgets and shedding are tested on the API as
-            # its own process (test_faults, test_overload) and in unit tests.
-            "max_queue_ms": 1000.0,
-            "request_budget_ms": 2000.0,
-            "redis_timeout_ms": 1000.0,
-            "triton_timeout_ms": 1000.0,
-        }
-        values.update(overrides)
-        return Settings(**values)
+        return in_process_settings(self.redis_url, self.triton_url, self.world, **overrides)
+
+
+def in_process_settings(redis_url: str, triton_url: str, world: Path, **overrides: Any) -> Settings:
+    """Settings for an app served in-process against these servers."""
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "triton_url": triton_url,
+        "artifacts_dir": world,
+        "startup_timeout_s": 5.0,
+        # In-process apps share the event loop and the heap with the test, whose own work
+        # (computing expected scores, a garbage collection of its large heap) would read
+        # as the service running late. Budgets and shedding are tested on the API as
+        # its own process (test_faults, test_overload) and in unit tests.
+        "max_queue_ms": 1000.0,
+        "request_budget_ms": 2000.0,
+        "redis_timeout_ms": 1000.0,
+        "triton_timeout_ms": 1000.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
 
 
 def _model_repository(root: Path, world: Path, schema: FeatureSchema) -> Path:

@@ -31,7 +31,7 @@ from recsys_tools.localstack import (
 
 from app.settings import Settings
 from app.world import read_stamp, world_schema
-from tests.integration.conftest import serving
+from tests.integration.conftest import in_process_settings, serving
 
 pytestmark = pytest.mark.integration
 START = 1_500_000_000
@@ -51,18 +51,7 @@ class Movies:
     printed: str
 
     def settings(self, **overrides: Any) -> Settings:
-        values: dict[str, Any] = {
-            "redis_url": self.redis_url,
-            "triton_url": self.triton_url,
-            "artifacts_dir": self.world,
-            "startup_timeout_s": 5.0,
-            "max_queue_ms": 1000.0,
-            "request_budget_ms": 2000.0,
-            "redis_timeout_ms": 1000.0,
-            "triton_timeout_ms": 1000.0,
-            **overrides,
-        }
-        return Settings(**values)
+        return in_process_settings(self.redis_url, self.triton_url, self.world, **overrides)
 
 
 def _write_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:

@@ -4,7 +4,7 @@ VENV := .venv
 TRITON_ENV := .venv-triton
 PYTRITON := nvidia-pytriton==0.7.0
 
-.PHONY: setup demo test lint typecheck unit integration bench-stages bench-faults bench-overload world-large clean
+.PHONY: setup demo test lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -41,6 +41,10 @@ unit: $(VENV)/.installed
 
 integration: setup
 	$(VENV)/bin/pytest tests/integration
+
+# CPU per request, the highest rate inside the p99 bound, the overhead around recall and rank.
+bench: setup
+	$(VENV)/bin/python -m loadtest.bench --out docs/benchmarks.json
 
 # Per-stage p50 from the service's own histograms, one request at a time, on the demo world.
 bench-stages: setup

@@ -98,14 +98,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # collection, whose full passes would otherwise pause requests for tens of ms.
         gc.collect()
         gc.freeze()
-        sampling = asyncio.create_task(lag.run(), name="loop-lag")
+        background = [asyncio.create_task(lag.run(), name="loop-lag")]
+        if services.item_memory is not None:
+            refreshing = services.item_memory.keep_current(resolved.item_refresh_s)
+            background.append(asyncio.create_task(refreshing, name="item-features"))
         try:
             yield
         finally:
             restore()
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await services.aclose()
 
     # Swagger UI's assets are served from the package, never fetched from a CDN.

@@ -135,6 +135,18 @@ class ServiceMetrics:
         self.ready = Gauge(
             "recsys_ready", "1 when the last readiness check passed.", registry=self.registry
         )
+        self.item_refreshes = Counter(
+            "recsys_item_features_refreshes",
+            "Reloads of the item features held in memory: swapped, or failed (the held "
+            "features keep serving).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.items_without_features = Gauge(
+            "recsys_items_without_features",
+            "Catalog items with no usable features in the matrix held in memory.",
+            registry=self.registry,
+        )
         # Children bound once, for the fixed label values only: every series exists from the
         # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
         # label value outside the set fails loudly instead of creating a series.
@@ -143,6 +155,10 @@ class ServiceMetrics:
         self.request_timer = {o: self.request_duration.labels(o) for o in Outcome}
         self.request_count = {o: self.requests.labels(o) for o in Outcome}
         self.removed_count = {r: self.removed.labels(r) for r in Removal}
+        self.refresh_count = {
+            swapped: self.item_refreshes.labels("swapped" if swapped else "failed")
+            for swapped in (True, False)
+        }
         self.degraded_count = {
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES

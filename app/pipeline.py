@@ -13,7 +13,7 @@ from app.context import RequestContext
 from app.metrics import Stage
 from app.packing import pack_rows
 from app.stages.features import UserFeatureHydrator
-from app.stages.fetch import ItemFeatureHydrator
+from app.stages.fetch import CandidateHydrator
 from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
 from app.stages.recall import CandidateRecall
@@ -27,7 +27,7 @@ class RecommendPipeline:
         features: UserFeatureHydrator,
         recall: CandidateRecall,
         filter: CandidateFilter,
-        fetch: ItemFeatureHydrator,
+        fetch: CandidateHydrator,
         rank: Scorer,
         rerank: Reranker,
     ) -> None:

@@ -12,12 +12,13 @@ from typing import TypeVar
 
 import faiss
 
-from app.artifacts import ArtifactsRef, serving_artifacts
+from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.breaker import BreakerState, CircuitBreaker
 from app.catalog import MODEL_FILE, load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import RankingModelClient, TritonPool, connect_triton
 from app.errors import ConfigError, DependencyError, SchemaError, UnreachableError
+from app.item_memory import ItemMemory, read_item_matrix
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
@@ -25,7 +26,7 @@ from app.rules import load_rules
 from app.schema import FeatureSchema, ModelSignature, signature_mismatches
 from app.settings import Settings
 from app.stages.features import UserFeatureHydrator
-from app.stages.fetch import ItemFeatureHydrator
+from app.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
 from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
 from app.stages.recall import AnnCandidateSource, CandidateRecall
@@ -57,6 +58,7 @@ class Services:
     executor: ThreadPoolExecutor
     local_ranker: LocalRanker | None
     world: WorldStamp | None = None
+    item_memory: ItemMemory | None = None
     draining: bool = field(default=False)
 
     def budget_s(self, requested_ms: int | None) -> float:
@@ -162,6 +164,34 @@ def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
     return stamp, world_schema(world, settings.feature_schema)
 
 
+async def held_item_features(
+    settings: Settings, store: FeatureStore, artifacts: ServingArtifacts, metrics: ServiceMetrics
+) -> ItemMemory | None:
+    """Every item's features read into memory (RECSYS_ITEM_FEATURES=full), or None."""
+    if settings.item_features == "off":
+        return None
+    started = time.perf_counter()
+    version = await store.items_version(STARTUP_CALL_TIMEOUT_S) or ""
+    width = artifacts.schema.item_blob_width
+    matrix = await read_item_matrix(store, artifacts.item_keys, width, version)
+    metrics.items_without_features.set(matrix.missing)
+
+    def counted(swapped: bool) -> None:
+        metrics.refresh_count[swapped].inc()
+        if swapped:
+            metrics.items_without_features.set(memory.current.missing)
+
+    memory = ItemMemory(store, artifacts.item_keys, width, matrix, counted)
+    log.info(
+        "item features held in memory: %d items (%.0f MB, %d without features) in %.1f s",
+        len(matrix.usable),
+        matrix.blobs.nbytes / 2**20,
+        matrix.missing,
+        time.perf_counter() - started,
+    )
+    return memory
+
+
 def report_seen_cap(settings: Settings) -> None:
     """Say how many histories the seen cap cuts: their oldest items can be recommended."""
     over, histories, longest = seen_over_cap(settings.artifacts_dir, settings.max_seen_items)
@@ -252,6 +282,12 @@ async def start_services(
         await store.aclose()
         raise
     artifacts = ArtifactsRef(serving_artifacts(schema, catalog, rules, signature, store.keys))
+    try:
+        item_memory = await held_item_features(settings, store, artifacts.current, metrics)
+    except BaseException:
+        await model.close()
+        await store.aclose()
+        raise
     executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
     pipeline = RecommendPipeline(
         features=UserFeatureHydrator(store, redis_timeout_s),
@@ -261,7 +297,11 @@ async def start_services(
             settings.popular_candidates,
         ),
         filter=CandidateFilter(),
-        fetch=ItemFeatureHydrator(store, redis_timeout_s),
+        fetch=(
+            HeldItemFeatures(item_memory)
+            if item_memory is not None
+            else ItemFeatureHydrator(store, redis_timeout_s)
+        ),
         rank=Scorer(model, local_ranker, settings.triton_timeout_ms / 1000.0),
         rerank=Reranker(),
     )
@@ -285,4 +325,5 @@ async def start_services(
         executor,
         local_ranker,
         stamp,
+        item_memory,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     candidate_count: int = Field(default=1000, ge=1, le=5000)
     popular_candidates: int = Field(default=100, ge=0, le=5000)
     index_nprobe: int = Field(default=32, ge=1, le=65536)
+    item_features: Literal["full", "off"] = Field(
+        default="full",
+        description="full: every item's features held in memory, kept current from Redis; "
+        "off: read from Redis per request",
+    )
+    item_refresh_s: float = Field(
+        default=5.0, gt=0, description="how often held item features check for a new load"
+    )
     max_seen_items: int = Field(
         default=200,
         ge=0,

@@ -55,6 +55,8 @@ class KeySpace:
 
 # The layout record's field naming the world the data came from (written by the loader).
 WORLD_ID_FIELD = "world_id"
+# A new value after every complete load of the item blobs, for readers that hold them.
+ITEMS_VERSION_FIELD = "items_version"
 
 
 def layout_meta(schema: FeatureSchema) -> dict[str, str]:
@@ -224,6 +226,12 @@ class FeatureStore:
         if differing:
             raise SchemaError(f"Redis blobs were written with another layout: {differing}")
         return stored_text.get(WORLD_ID_FIELD, "")
+
+    async def items_version(self, timeout_s: float) -> str | None:
+        """The version of the last complete load of the item blobs; None during a load."""
+        async with _call("read items version", timeout_s):
+            value = await self._client.hget(self._keys.meta, ITEMS_VERSION_FIELD)
+        return None if value is None else _text(value)
 
     async def world_id(self, timeout_s: float) -> str | None:
         """The id of the world Redis holds ("" for an unstamped load); None when unreadable."""

@@ -1,4 +1,4 @@
-"""Stage `fetch`: the candidates' item feature blobs from Redis."""
+"""Stage `fetch`: the candidates' item feature blobs, from memory or from Redis."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from app.clients.feature_store import ItemBlobs
 from app.context import RequestContext
 from app.errors import FailureKind, FeatureStoreError
+from app.item_memory import ItemMatrix
 from app.metrics import Stage
 from app.stages.types import HydratedCandidates, Positions
 
@@ -20,6 +21,41 @@ _NONE = np.empty(0, dtype=np.intp)
 
 class ItemStore(Protocol):
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs: ...
+
+
+class CandidateHydrator(Protocol):
+    """Gives candidates their item features; never fails, flags what it could not do."""
+
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates: ...
+
+
+class HeldMatrix(Protocol):
+    @property
+    def current(self) -> ItemMatrix: ...
+
+
+def _flag_missing(hydrated: HydratedCandidates, ctx: RequestContext) -> None:
+    missing = len(hydrated.positions) - len(hydrated.found)
+    if missing > MISSING_SHARE_FLAGGED * len(hydrated.positions):
+        ctx.degrade(
+            Stage.FETCH,
+            FailureKind.MISSING,
+            f"{missing} of {len(hydrated.positions)} candidates have no features",
+        )
+
+
+class HeldItemFeatures:
+    """Candidates' rows gathered from the item matrix held in memory: one take, no I/O."""
+
+    def __init__(self, held: HeldMatrix) -> None:
+        self._held = held
+
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+        matrix = self._held.current  # one snapshot: never half old, half new
+        found = np.flatnonzero(matrix.usable[positions])
+        hydrated = HydratedCandidates(positions, found, matrix.blobs[positions[found]])
+        _flag_missing(hydrated, ctx)
+        return hydrated
 
 
 def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCandidates, int]:
@@ -38,7 +74,10 @@ def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCa
 
 
 class ItemFeatureHydrator:
-    """Keeps every candidate in recall order, with the blobs of those that have good ones."""
+    """Reads the candidates' blobs from Redis per request (RECSYS_ITEM_FEATURES=off).
+
+    Keeps every candidate in recall order, with the blobs of those that have good ones.
+    """
 
     def __init__(self, store: ItemStore, timeout_s: float) -> None:
         self._store = store
@@ -58,11 +97,5 @@ class ItemFeatureHydrator:
             ctx.degrade(
                 Stage.FETCH, FailureKind.BAD_DATA, f"{bad} item blobs malformed or not finite"
             )
-        missing = len(hydrated.positions) - len(hydrated.found)
-        if missing > MISSING_SHARE_FLAGGED * len(hydrated.positions):
-            ctx.degrade(
-                Stage.FETCH,
-                FailureKind.MISSING,
-                f"{missing} of {len(hydrated.positions)} candidates have no features",
-            )
+        _flag_missing(hydrated, ctx)
         return hydrated

@@ -60,15 +60,13 @@ class Stack:
     plain_rules: Path
 
     def settings(self, **overrides: Any) -> Settings:
-        return in_process_settings(self.redis_url, self.triton_url, self.world, **overrides)
+        here = {"redis_url": self.redis_url, "triton_url": self.triton_url}
+        return in_process_settings(**{"artifacts_dir": self.world, **here, **overrides})
 
 
-def in_process_settings(redis_url: str, triton_url: str, world: Path, **overrides: Any) -> Settings:
-    """Settings for an app served in-process against these servers."""
+def in_process_settings(**overrides: Any) -> Settings:
+    """Settings for an app served in-process (name the servers and the world in overrides)."""
     values: dict[str, Any] = {
-        "redis_url": redis_url,
-        "triton_url": triton_url,
-        "artifacts_dir": world,
         "startup_timeout_s": 5.0,
         # In-process apps share the event loop and the heap with the test, whose own work
         # (computing expected scores, a garbage collection of its large heap) would read

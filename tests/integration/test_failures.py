@@ -55,11 +55,23 @@ async def test_start_up_gives_up_on_an_absent_triton(stack: Stack) -> None:
         await start_services(settings, ServiceMetrics())
 
 
-async def test_a_lost_redis_degrades_the_answer(stack: Stack, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("item_features", "degraded"),
+    [
+        ("off", ["features:unavailable", "fetch:unavailable"]),
+        # Item features held in memory keep every candidate scored: only the user's fall back.
+        ("full", ["features:unavailable"]),
+    ],
+)
+async def test_a_lost_redis_degrades_the_answer(
+    stack: Stack, tmp_path: Path, item_features: str, degraded: list[str]
+) -> None:
     process, url = start_redis(tmp_path / "redis")
     try:
         load_redis(url, stack.world, stack.schema)
-        async with serving(stack.settings(redis_url=url, redis_timeout_ms=200)) as api:
+        async with serving(
+            stack.settings(redis_url=url, redis_timeout_ms=200, item_features=item_features)
+        ) as api:
             process.stop()
             response = await api.post(
                 "/recommend", json={"user_id": "u1", "num_items": 8, "context": CONTEXT}
@@ -70,11 +82,14 @@ async def test_a_lost_redis_degrades_the_answer(stack: Stack, tmp_path: Path) ->
         process.stop()
     assert response.status_code == 200
     answer = response.json()
-    assert answer["degraded"] == ["features:unavailable", "fetch:unavailable"]
+    assert answer["degraded"] == degraded
     assert len(answer["items"]) == 8
+    scored = [item for item in answer["items"] if item.get("score") is not None]
+    assert len(scored) == (8 if item_features == "full" else 0)
     # Redis is shared by every instance: it degrades answers, not readiness.
     assert ready.status_code == 200
     assert ready.json()["checks"]["redis"] is False
     assert ready.json()["failing"] == []
-    assert 'recsys_degraded_total{reason="unavailable",stage="fetch"} 1.0' in metrics
+    fetch_fell_back = 'recsys_degraded_total{reason="unavailable",stage="fetch"} 1.0' in metrics
+    assert fetch_fell_back == (item_features == "off")
     assert 'recsys_requests_total{outcome="degraded"} 1.0' in metrics

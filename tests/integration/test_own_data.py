@@ -51,7 +51,8 @@ class Movies:
     printed: str
 
     def settings(self, **overrides: Any) -> Settings:
-        return in_process_settings(self.redis_url, self.triton_url, self.world, **overrides)
+        here = {"redis_url": self.redis_url, "triton_url": self.triton_url}
+        return in_process_settings(**{"artifacts_dir": self.world, **here, **overrides})
 
 
 def _write_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:

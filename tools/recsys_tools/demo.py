@@ -221,7 +221,9 @@ class _DemoServer(uvicorn.Server):
 async def _serve_and_show(settings: Settings) -> None:
     request = example_request(settings.artifacts_dir)
     server = _DemoServer(
-        uvicorn.Config(create_app(settings), host=settings.host, port=settings.port)
+        uvicorn.Config(
+            create_app(settings), host=settings.host, port=settings.port, access_log=False
+        )
     )
     serving = asyncio.create_task(server.serve())
     while not server.started:

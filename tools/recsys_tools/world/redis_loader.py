@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,13 @@ import redis
 from redis.cluster import RedisCluster
 
 from app.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
-from app.clients.feature_store import FLOAT32, WORLD_ID_FIELD, KeySpace, layout_meta
+from app.clients.feature_store import (
+    FLOAT32,
+    ITEMS_VERSION_FIELD,
+    WORLD_ID_FIELD,
+    KeySpace,
+    layout_meta,
+)
 from app.errors import RecsysError
 from app.schema import FeatureSchema
 from app.world import read_stamp, verify_files
@@ -121,6 +128,8 @@ def _load(world: Path, client: Client, schema: FeatureSchema, keys: KeySpace) ->
                 pipe.execute()
         pipe.execute()
     meta = layout_meta(schema)
+    # A new version on every load tells services holding the items in memory to re-read.
+    meta[ITEMS_VERSION_FIELD] = f"{time.time_ns():x}-{secrets.token_hex(4)}"
     if stamp is not None:
         meta[WORLD_ID_FIELD] = stamp.world_id
     # redis-py annotates the mapping's key type invariantly; a dict[str, str] is what it takes.

@@ -1,0 +1,174 @@
+"""The request path's cost against the model's own: `make bench`.
+
+Starts the local stack on a world (Redis, Triton, the API as its own process) and measures,
+side by side in one run:
+- CPU milliseconds per request of the API, Redis and Triton (with its backend stubs), at a
+  steady open-loop rate;
+- the highest open-loop rate whose p99 stays within the bound with every answer a 200 and at
+  most 1% degraded, stepping the rate up;
+- the orchestration overhead: a request's own latency minus its recall and rank stages
+  (sequential requests, from the answers' debug timings), p50.
+
+    python -m loadtest.bench                     # the demo world in var/world
+    python -m loadtest.bench --settings item_features=off
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtest.cpu import tree_cpu_seconds
+from loadtest.openloop import Load, demo_bodies, run, summarize, sweep
+from loadtest.service import ApiProcess, local_service
+
+log = logging.getLogger("loadtest.bench")
+P99_BOUND_MS = 50.0
+NUM_ITEMS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Processes:
+    api: int
+    redis: int
+    triton: int
+
+
+def _cpu(processes: Processes) -> dict[str, float]:
+    return {
+        name: tree_cpu_seconds(pid)
+        for name, pid in (
+            ("api", processes.api),
+            ("redis", processes.redis),
+            ("triton", processes.triton),
+        )
+    }
+
+
+async def cpu_per_request(
+    load: Load, processes: Processes, rate: float, duration_s: float
+) -> dict[str, Any]:
+    before = _cpu(processes)
+    result = await run(load, rate, duration_s)
+    after = _cpu(processes)
+    summary = summarize(result)
+    answered = max(summary.ok, 1)
+    return {
+        "rate": rate,
+        "requests": summary.requests,
+        "ok": summary.ok,
+        "p50_ms": summary.latency.p50_ms,
+        "p99_ms": summary.latency.p99_ms,
+        "cpu_ms_per_request": {
+            name: round((after[name] - before[name]) * 1000.0 / answered, 3) for name in before
+        },
+    }
+
+
+async def max_rate(
+    load: Load,
+    start: float,
+    step: float,
+    duration_s: float,
+    *,
+    max_steps: int = 30,
+    warmup_s: float = 2.0,
+) -> dict[str, Any]:
+    """Raise the rate by `step` (a factor) while it passes; report the highest that did."""
+    rate, points, best = start, [], None
+    for _ in range(max_steps):
+        result = await sweep(
+            load, [rate], duration_s=duration_s, p99_ms=P99_BOUND_MS, warmup_s=warmup_s
+        )
+        point = result.points[0]
+        points.append(
+            {
+                "rate": round(rate, 1),
+                "passed": point.passed,
+                "p99_ms": point.summary.latency.p99_ms,
+                "degraded_share": point.summary.degraded_share,
+                "statuses": point.summary.statuses,
+            }
+        )
+        if not point.passed:
+            break
+        best = rate
+        rate *= step
+    return {"max_rate_at_p99": round(best, 1) if best else None, "points": points}
+
+
+def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> dict[str, float]:
+    """Latency minus recall minus rank, per sequential request, from debug timings."""
+    rng = random.Random(seed)
+    overheads, latencies = [], []
+    with httpx.Client(base_url=url, timeout=5.0) as client:
+        for _ in range(requests):
+            body = {"user_id": f"u{rng.randrange(users)}", "num_items": NUM_ITEMS, "debug": True}
+            started = time.perf_counter()
+            answer = client.post("/recommend", json=body).json()
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            timings = answer["timings_ms"]
+            latencies.append(elapsed_ms)
+            overheads.append(elapsed_ms - timings["recall"] - timings["rank"])
+    return {
+        "overhead_p50_ms": round(statistics.median(overheads), 3),
+        "sequential_p50_ms": round(statistics.median(latencies), 3),
+    }
+
+
+async def measure(
+    api: ApiProcess, processes: Processes, args: argparse.Namespace
+) -> dict[str, Any]:
+    load = Load(f"{api.url}/recommend", demo_bodies(args.users, NUM_ITEMS), timeout_s=2.0)
+    await run(load, 50, 2.0)  # warm the pools, channels and model
+    cpu = await cpu_per_request(load, processes, args.cpu_rate, args.duration)
+    rate = await max_rate(load, args.start_rate, args.step, args.duration)
+    overhead = await asyncio.to_thread(overhead_p50, api.url, args.sequential, args.users)
+    return {
+        "api_cpu_ms_per_request": cpu["cpu_ms_per_request"]["api"],
+        "max_rate_at_p99": rate["max_rate_at_p99"],
+        "p99_bound_ms": P99_BOUND_MS,
+        **overhead,
+        "cpu": cpu,
+        "rate_steps": rate["points"],
+        "api_rss_mb": round(api.rss_bytes() / 2**20, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
+    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--cpu-rate", type=float, default=100.0)
+    parser.add_argument("--start-rate", type=float, default=100.0)
+    parser.add_argument("--step", type=float, default=1.2)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--sequential", type=int, default=300)
+    parser.add_argument("--settings", nargs="*", default=[], help="NAME=VALUE for the API")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = dict(item.split("=", 1) for item in args.settings)
+    with local_service(args.world, **settings) as (api, stack):
+        processes = Processes(api.pid, stack.redis.pid, stack.triton.pid)
+        report = asyncio.run(measure(api, processes, args))
+    report["settings"] = settings
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

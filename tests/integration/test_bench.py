@@ -1,0 +1,36 @@
+"""The benchmark's tools work against the real service: a smoke run, not the figures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench import Processes, cpu_per_request, max_rate, overhead_p50
+from loadtest.cpu import tree_cpu_seconds
+from loadtest.openloop import Load, demo_bodies
+from tests.integration.conftest import SMALL_WORLD, Stack
+from tests.integration.test_faults import api_process
+
+pytestmark = pytest.mark.integration
+
+
+def test_cpu_of_a_process_tree_counts_this_process() -> None:
+    before = tree_cpu_seconds(os.getpid())
+    sum(i * i for i in range(300_000))
+    assert tree_cpu_seconds(os.getpid()) > before
+
+
+async def test_a_short_bench_run_measures_each_figure(stack: Stack, tmp_path: Path) -> None:
+    with api_process(stack, tmp_path) as api:
+        load = Load(f"{api.url}/recommend", demo_bodies(SMALL_WORLD.users, 10), timeout_s=2.0)
+        processes = Processes(api.pid, api.pid, api.pid)
+        cpu = await cpu_per_request(load, processes, rate=20, duration_s=1.0)
+        rate = await max_rate(load, 20, 1.5, 1.0, max_steps=2, warmup_s=0.5)
+        overhead = overhead_p50(api.url, 20, SMALL_WORLD.users)
+    assert cpu["ok"] == cpu["requests"] > 0
+    assert cpu["cpu_ms_per_request"]["api"] > 0
+    assert rate["max_rate_at_p99"] == 30.0  # both steps pass at these rates
+    assert [point["rate"] for point in rate["points"]] == [20.0, 30.0]
+    assert 0 < overhead["overhead_p50_ms"] < overhead["sequential_p50_ms"]

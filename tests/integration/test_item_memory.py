@@ -1,0 +1,89 @@
+"""Item features held in memory: the same answers as Redis per request, kept current."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from recsys_tools.localstack import start_redis
+
+from app.clients.feature_store import ITEMS_VERSION_FIELD
+from app.metrics import ServiceMetrics
+from app.services import start_services
+from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+
+pytestmark = pytest.mark.integration
+USERS = ("u1", "u7", "u42", "u123", "nobody")
+
+
+@pytest.fixture
+def own_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        yield url
+    finally:
+        process.stop()
+
+
+async def _answers(stack: Stack, item_features: str) -> list[Any]:
+    settings = stack.settings(item_features=item_features, rules_file=stack.plain_rules)
+    async with serving(settings) as api:
+        answers = []
+        for user in USERS:
+            body = {"user_id": user, "num_items": 10, "context": CONTEXT}
+            answer = (await api.post("/recommend", json=body)).json()
+            answers.append((answer["items"], answer["degraded"]))
+    return answers
+
+
+async def test_held_features_give_the_same_answers_as_redis(stack: Stack) -> None:
+    held, per_request = await _answers(stack, "full"), await _answers(stack, "off")
+    assert held == per_request
+    assert all(degraded == [] for _, degraded in held)
+
+
+def _text(value: object) -> str:
+    assert isinstance(value, bytes)
+    return value.decode()
+
+
+async def test_a_new_load_is_read_beside_and_swapped_whole(stack: Stack, own_redis: str) -> None:
+    services = await start_services(stack.settings(redis_url=own_redis), ServiceMetrics())
+    client = redis.Redis.from_url(own_redis)
+    try:
+        memory = services.item_memory
+        assert memory is not None
+        before = memory.current
+        assert before.version == _text(client.hget("recsys:meta", ITEMS_VERSION_FIELD))
+        keys = services.artifacts.current.item_keys
+        position = 17
+        raw = client.get(keys[position])
+        assert isinstance(raw, bytes)
+        stored = np.frombuffer(raw, dtype="<f4")
+        np.testing.assert_array_equal(before.blobs[position], stored)
+        assert before.usable.all()
+
+        assert await memory.refresh() is False  # same version: nothing read
+        changed = stored + 1.0
+        client.set(keys[position], changed.astype("<f4").tobytes())
+        client.delete(keys[position + 1])
+        client.hset("recsys:meta", ITEMS_VERSION_FIELD, "v2")
+        assert await memory.refresh() is True
+        after = memory.current
+        assert after.version == "v2"
+        np.testing.assert_array_equal(after.blobs[position], changed)
+        assert not after.usable[position + 1]
+        # What a request read before the swap is untouched.
+        np.testing.assert_array_equal(before.blobs[position], stored)
+
+        client.delete("recsys:meta")  # a load in progress: nothing to read yet
+        assert await memory.refresh() is False
+        assert memory.current is after
+    finally:
+        client.close()
+        await services.aclose()

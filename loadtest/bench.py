@@ -7,7 +7,9 @@ side by side in one run:
 - the highest open-loop rate whose p99 stays within the bound with every answer a 200 and at
   most 1% degraded, stepping the rate up;
 - the orchestration overhead: a request's own latency minus its recall and rank stages
-  (sequential requests, from the answers' debug timings), p50.
+  (sequential requests, from the answers' debug timings), p50;
+- Triton alone on the same model with as many rows per request (perf_analyzer, fetched by
+  loadtest/tools/perf-analyzer), and the ratio of the two rates.
 
     python -m loadtest.bench                     # the demo world in var/world
     python -m loadtest.bench --settings item_features=off
@@ -17,10 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import logging
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +114,49 @@ async def max_rate(
     return {"max_rate_at_p99": round(best, 1) if best else None, "points": points}
 
 
+PERF_ANALYZER = Path(__file__).parent / "tools" / "perf-analyzer"
+
+
+def triton_alone(
+    triton_url: str, model: str, rows: int, max_concurrency: int = 4, interval_ms: int = 2000
+) -> dict[str, Any]:
+    """Triton's own rate for requests of `rows` rows, by perf_analyzer, inside the p99 bound.
+
+    perf_analyzer keeps `concurrency` requests in flight (a closed loop) at 1, 2, ...; the
+    best rate among the levels whose p99 is within the bound is Triton alone's rate.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "perf.csv"
+        argv = [
+            str(PERF_ANALYZER),
+            *("-m", model, "-u", triton_url, "-i", "grpc", "-b", str(rows)),
+            *("--concurrency-range", f"1:{max_concurrency}"),
+            *("--measurement-interval", str(interval_ms), "--percentile", "99"),
+            *("-f", str(report)),
+        ]
+        env = {**os.environ, "PYTHON": sys.executable}
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        levels = list(csv.DictReader(report.open()))
+    if len(levels) < max_concurrency:
+        log.warning("perf_analyzer measured %d levels only:\n%s", len(levels), done.stdout[-3000:])
+    points = [
+        {
+            "concurrency": int(level["Concurrency"]),
+            "requests_per_s": round(float(level["Inferences/Second"]) / rows, 1),
+            "p99_ms": round(float(level["p99 latency"]) / 1000.0, 2),
+        }
+        for level in levels
+    ]
+    inside = [point["requests_per_s"] for point in points if point["p99_ms"] <= P99_BOUND_MS]
+    return {
+        "triton_alone_max_rate_at_p99": max(inside, default=None),
+        "rows": rows,
+        "points": points,
+    }
+
+
 def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> dict[str, float]:
     """Latency minus recall minus rank, per sequential request, from debug timings."""
     rng = random.Random(seed)
@@ -127,20 +177,28 @@ def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> dict[str
 
 
 async def measure(
-    api: ApiProcess, processes: Processes, args: argparse.Namespace
+    api: ApiProcess, processes: Processes, triton_url: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     load = Load(f"{api.url}/recommend", demo_bodies(args.users, NUM_ITEMS), timeout_s=2.0)
     await run(load, 50, 2.0)  # warm the pools, channels and model
     cpu = await cpu_per_request(load, processes, args.cpu_rate, args.duration)
     rate = await max_rate(load, args.start_rate, args.step, args.duration)
     overhead = await asyncio.to_thread(overhead_p50, api.url, args.sequential, args.users)
+    alone = await asyncio.to_thread(triton_alone, triton_url, args.model, args.rows)
+    ratio = None
+    if rate["max_rate_at_p99"] and alone["triton_alone_max_rate_at_p99"]:
+        ratio = round(rate["max_rate_at_p99"] / alone["triton_alone_max_rate_at_p99"], 3)
     return {
         "api_cpu_ms_per_request": cpu["cpu_ms_per_request"]["api"],
         "max_rate_at_p99": rate["max_rate_at_p99"],
+        "triton_alone_max_rate_at_p99": alone["triton_alone_max_rate_at_p99"],
+        "rate_ratio": ratio,
         "p99_bound_ms": P99_BOUND_MS,
+        "candidates": args.rows,
         **overhead,
         "cpu": cpu,
         "rate_steps": rate["points"],
+        "triton_alone": alone,
         "api_rss_mb": round(api.rss_bytes() / 2**20, 1),
     }
 
@@ -154,6 +212,10 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=1.2)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--sequential", type=int, default=300)
+    parser.add_argument("--model", default="ranking_model")
+    parser.add_argument(
+        "--rows", type=int, default=1100, help="rows per request: 1000 recalled + 100 popular"
+    )
     parser.add_argument("--settings", nargs="*", default=[], help="NAME=VALUE for the API")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args()
@@ -161,7 +223,7 @@ def main() -> None:
     settings = dict(item.split("=", 1) for item in args.settings)
     with local_service(args.world, **settings) as (api, stack):
         processes = Processes(api.pid, stack.redis.pid, stack.triton.pid)
-        report = asyncio.run(measure(api, processes, args))
+        report = asyncio.run(measure(api, processes, stack.settings.triton_url, args))
     report["settings"] = settings
     text = json.dumps(report, indent=2)
     print(text)

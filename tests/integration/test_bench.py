@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import Processes, cpu_per_request, max_rate, overhead_p50
+from loadtest.bench import Processes, cpu_per_request, max_rate, overhead_p50, triton_alone
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies
 from tests.integration.conftest import SMALL_WORLD, Stack
@@ -34,3 +34,10 @@ async def test_a_short_bench_run_measures_each_figure(stack: Stack, tmp_path: Pa
     assert rate["max_rate_at_p99"] == 30.0  # both steps pass at these rates
     assert [point["rate"] for point in rate["points"]] == [20.0, 30.0]
     assert 0 < overhead["overhead_p50_ms"] < overhead["sequential_p50_ms"]
+
+
+def test_triton_alone_is_measured_by_perf_analyzer(stack: Stack) -> None:
+    alone = triton_alone(stack.triton_url, stack.schema.model_name, 100, 1, interval_ms=500)
+    (point,) = alone["points"]
+    assert point["concurrency"] == 1
+    assert alone["triton_alone_max_rate_at_p99"] == point["requests_per_s"] > 0

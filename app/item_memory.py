@@ -34,6 +34,8 @@ class ItemSource(Protocol):
 
     async def items_version(self, timeout_s: float) -> str | None: ...
 
+    async def world_id(self, timeout_s: float) -> str | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ItemMatrix:
@@ -74,8 +76,10 @@ class ItemMemory:
         width: int,
         initial: ItemMatrix,
         on_refresh: Callable[[bool], None] = lambda swapped: None,
+        world_id: str = "",
     ) -> None:
         self._source = source
+        self._world_id = world_id
         self._keys = item_keys
         self._width = width
         self._current = initial
@@ -94,6 +98,8 @@ class ItemMemory:
         version = await self._source.items_version(LOAD_CALL_TIMEOUT_S)
         if not version or version == self._current.version:
             return False
+        if not await self._same_world():
+            return False
         matrix = await read_item_matrix(self._source, self._keys, self._width, version)
         if await self._source.items_version(LOAD_CALL_TIMEOUT_S) != version:
             return False
@@ -105,6 +111,19 @@ class ItemMemory:
             matrix.missing,
         )
         return True
+
+    async def _same_world(self) -> bool:
+        """A load of another world's data is not read: its items would not be this catalog's."""
+        found = await self._source.world_id(LOAD_CALL_TIMEOUT_S)
+        if not self._world_id or not found or found == self._world_id:
+            return True
+        log.warning(
+            "Redis now holds world %s, this service serves world %s: item features not "
+            "re-read (readiness reports redis_world)",
+            found,
+            self._world_id,
+        )
+        return False
 
     async def keep_current(self, every_s: float) -> None:
         """Refresh every `every_s` until cancelled; a failure keeps what is held."""

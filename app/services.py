@@ -165,7 +165,11 @@ def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
 
 
 async def held_item_features(
-    settings: Settings, store: FeatureStore, artifacts: ServingArtifacts, metrics: ServiceMetrics
+    settings: Settings,
+    store: FeatureStore,
+    artifacts: ServingArtifacts,
+    metrics: ServiceMetrics,
+    world: WorldStamp | None,
 ) -> ItemMemory | None:
     """Every item's features read into memory (RECSYS_ITEM_FEATURES=full), or None."""
     if settings.item_features == "off":
@@ -181,7 +185,8 @@ async def held_item_features(
         if swapped:
             metrics.items_without_features.set(memory.current.missing)
 
-    memory = ItemMemory(store, artifacts.item_keys, width, matrix, counted)
+    world_id = world.world_id if world else ""
+    memory = ItemMemory(store, artifacts.item_keys, width, matrix, counted, world_id)
     log.info(
         "item features held in memory: %d items (%.0f MB, %d without features) in %.1f s",
         len(matrix.usable),
@@ -283,7 +288,7 @@ async def start_services(
         raise
     artifacts = ArtifactsRef(serving_artifacts(schema, catalog, rules, signature, store.keys))
     try:
-        item_memory = await held_item_features(settings, store, artifacts.current, metrics)
+        item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
     except BaseException:
         await model.close()
         await store.aclose()

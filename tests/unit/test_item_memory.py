@@ -16,9 +16,10 @@ WIDTH = 3
 class FakeSource:
     """Blobs by key; the version can change while the matrix is being read."""
 
-    def __init__(self, blobs: dict[bytes, bytes], version: str | None) -> None:
+    def __init__(self, blobs: dict[bytes, bytes], version: str | None, world: str = "w1") -> None:
         self.blobs = blobs
         self.versions = [version]
+        self.world = world
         self.reads = 0
 
     async def items(self, keys: list[bytes], timeout_s: float) -> ItemBlobs:
@@ -27,6 +28,9 @@ class FakeSource:
 
     async def items_version(self, timeout_s: float) -> str | None:
         return self.versions.pop(0) if len(self.versions) > 1 else self.versions[0]
+
+    async def world_id(self, timeout_s: float) -> str | None:
+        return self.world
 
 
 def _blob(*values: float) -> bytes:
@@ -48,7 +52,8 @@ async def test_rows_by_position_with_bad_ones_left_unusable() -> None:
 
 def _memory(source: FakeSource) -> ItemMemory:
     blobs = np.zeros((len(KEYS), WIDTH), np.float32)
-    return ItemMemory(source, KEYS, WIDTH, ItemMatrix("v1", blobs, np.ones(len(KEYS), bool)))
+    held = ItemMatrix("v1", blobs, np.ones(len(KEYS), bool))
+    return ItemMemory(source, KEYS, WIDTH, held, world_id="w1")
 
 
 async def test_a_new_version_is_read_and_swapped() -> None:
@@ -76,6 +81,15 @@ async def test_a_load_that_began_during_the_read_is_not_swapped_in() -> None:
     held = memory.current
     assert await memory.refresh() is False
     assert memory.current is held
+
+
+async def test_a_load_of_another_world_is_not_read() -> None:
+    source = FakeSource({b"i:a": _blob(1, 2, 3)}, "v2", world="w2")
+    memory = _memory(source)
+    held = memory.current
+    assert await memory.refresh() is False
+    assert memory.current is held
+    assert source.reads == 0
 
 
 class Held:

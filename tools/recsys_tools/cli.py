@@ -238,20 +238,22 @@ def _add_build_world(
         parents=[index],
         help="a world from an interaction log: embeddings, features, ranker, evaluation",
         description="Learns embeddings and dense features from the interactions, trains the "
-        "ranker, evaluates on each user's latest 20%% and writes DIR/report.json.",
+        "ranker, evaluates on each user's latest 20% and writes DIR/report.json.",
     )
     built.add_argument("--world", type=Path, required=True, help="the world directory to write")
     built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
     built.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet log")
-    built.add_argument("--user-col", default="user_id")
-    built.add_argument("--item-col", default="item_id")
-    built.add_argument("--time-col", default="timestamp", help="unix seconds or ISO datetimes")
+    built.add_argument("--user-col", default="user_id", help="default: user_id")
+    built.add_argument("--item-col", default="item_id", help="default: item_id")
+    built.add_argument(
+        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+    )
     built.add_argument("--weight-col", default=None, help="a rating or weight column")
     built.add_argument(
         "--min-weight", type=float, default=None, help="rows at or above it are positives"
     )
     built.add_argument("--items", type=Path, default=None, help="CSV or Parquet item table")
-    built.add_argument("--item-id-col", default="item_id")
+    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
     built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
     built.add_argument("--published-col", default=None, help="when each item was published")
     built.add_argument(

@@ -17,7 +17,14 @@ from app.breaker import BreakerState, CircuitBreaker
 from app.catalog import MODEL_FILE, load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import RankingModelClient, TritonPool, connect_triton
-from app.errors import ConfigError, DependencyError, SchemaError, UnreachableError
+from app.clients.shared_memory import InputSlots, remove_stale_regions
+from app.errors import (
+    ConfigError,
+    DependencyError,
+    RankingModelError,
+    SchemaError,
+    UnreachableError,
+)
 from app.item_memory import ItemMemory, read_item_matrix
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
@@ -197,6 +204,27 @@ async def held_item_features(
     return memory
 
 
+async def share_memory(
+    pool: TritonPool, schema: FeatureSchema, signature: ModelSignature, max_in_flight: int
+) -> None:
+    """A shared-memory region per endpoint: a slot per chunk the worker may have in flight."""
+    removed = remove_stale_regions()
+    if removed:
+        log.info("removed %d shared-memory regions of processes now gone", len(removed))
+    slot_bytes = signature.max_batch_size * schema.width * 4
+    for endpoint in pool.endpoints:
+        slots = InputSlots(2 * max_in_flight, slot_bytes)
+        try:
+            await endpoint.use_shared_memory(slots, STARTUP_CALL_TIMEOUT_S)
+        except RankingModelError as exc:
+            slots.close()
+            raise ConfigError(
+                f"Triton at {endpoint.url} cannot use this host's shared memory ({exc}): "
+                "unset RECSYS_TRITON_SHARED_MEMORY unless Triton runs here, sharing /dev/shm"
+            ) from None
+    log.info("model inputs go through shared memory (%d slots per endpoint)", 2 * max_in_flight)
+
+
 def report_seen_cap(settings: Settings) -> None:
     """Say how many histories the seen cap cuts: their oldest items can be recommended."""
     over, histories, longest = seen_over_cap(settings.artifacts_dir, settings.max_seen_items)
@@ -281,6 +309,8 @@ async def start_services(
     try:
         await checked_redis(store, stamp, settings.startup_timeout_s)
         signature = await pool_signature(model, schema, stamp, settings.startup_timeout_s)
+        if settings.triton_shared_memory:
+            await share_memory(model, schema, signature, settings.max_in_flight)
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
     except BaseException:
         await model.close()

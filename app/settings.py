@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         default=None, min_length=1, description="default: the feature schema's model name"
     )
     model_version: str = Field(default="", description="empty: Triton's latest ready version")
+    triton_shared_memory: bool = Field(
+        default=False,
+        description="send model inputs through system shared memory (Triton on this host, "
+        "sharing its /dev/shm)",
+    )
 
     # Circuit breakers, one per dependency
     breaker_failures: int = Field(

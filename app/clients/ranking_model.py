@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from typing import Any
@@ -13,6 +14,7 @@ import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.breaker import CircuitBreaker
+from app.clients.shared_memory import InputSlots
 from app.errors import FailureKind, RankingModelError
 from app.schema import ModelSignature
 from app.world import WORLD_ID_PARAMETER
@@ -108,6 +110,34 @@ class RankingModelClient:
         self._model_version = model_version
         self._breaker = breaker
         self.url = url
+        self._slots: InputSlots | None = None
+        self._registered = False
+
+    async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None:
+        """Send rows through `slots` from now on; registers the region with Triton."""
+        self._slots = slots
+        await self._register(timeout_s)
+
+    async def _register(self, timeout_s: float) -> None:
+        assert self._slots is not None
+        try:
+            await self._client.register_system_shared_memory(
+                self._slots.name, self._slots.key, self._slots.byte_size, client_timeout=timeout_s
+            )
+        except InferenceServerException as exc:
+            raise _mapped(exc, "register shared memory") from exc
+        self._registered = True
+
+    def _shared_input(self, rows: npt.NDArray[np.float32], request_input: Any) -> int | None:
+        """Put the rows in a free slot and point the input at it; None: send them inline."""
+        slots = self._slots
+        if slots is None or not self._registered or rows.nbytes > slots.slot_bytes:
+            return None
+        slot = slots.acquire()
+        if slot is not None:
+            offset = slots.write(slot, np.ascontiguousarray(rows))
+            request_input.set_shared_memory(slots.name, rows.nbytes, offset=offset)
+        return slot
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -151,7 +181,9 @@ class RankingModelClient:
         request_id: str,
     ) -> npt.NDArray[np.float32]:
         request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
-        request_input.set_data_from_numpy(rows)
+        slot = self._shared_input(rows, request_input)
+        if slot is None:
+            request_input.set_data_from_numpy(rows)
         output = triton_grpc.InferRequestedOutput(signature.output_name)
         try:
             result = await self._client.infer(
@@ -164,7 +196,16 @@ class RankingModelClient:
                 client_timeout=timeout_s,
             )
         except InferenceServerException as exc:
+            if slot is not None and "shared memory" in str(exc.message()).lower():
+                # A restarted Triton has forgotten the region: register it again for the
+                # requests that follow; this one falls back like any failed call.
+                self._registered = False
+                with contextlib.suppress(RankingModelError):
+                    await self._register(timeout_s)
             raise _mapped(exc, "infer") from exc
+        finally:
+            if slot is not None and self._slots is not None:
+                self._slots.release(slot)
         scores = result.as_numpy(signature.output_name)
         if scores is None or scores.size != rows.shape[0]:
             raise RankingModelError(
@@ -203,6 +244,13 @@ class RankingModelClient:
         return np.concatenate([task.result() for task in tasks])
 
     async def close(self) -> None:
+        if self._slots is not None:
+            if self._registered:
+                with contextlib.suppress(InferenceServerException):
+                    await self._client.unregister_system_shared_memory(
+                        self._slots.name, client_timeout=1.0
+                    )
+            self._slots.close()
         await self._client.close()
 
 

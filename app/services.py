@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import faiss
 
@@ -16,21 +15,18 @@ from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.breaker import BreakerState, CircuitBreaker
 from app.catalog import MODEL_FILE, load_catalog
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
-from app.clients.ranking_model import RankingModelClient, TritonPool, connect_triton
+from app.clients.ranking_model import TritonPool, connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
 from app.errors import (
     ConfigError,
-    DependencyError,
     RankingModelError,
-    SchemaError,
-    UnreachableError,
 )
 from app.item_memory import ItemMemory, read_item_matrix
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
 from app.rules import load_rules
-from app.schema import FeatureSchema, ModelSignature, signature_mismatches
+from app.schema import FeatureSchema, ModelSignature
 from app.settings import Settings
 from app.stages.features import UserFeatureHydrator
 from app.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
@@ -38,19 +34,18 @@ from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
 from app.stages.recall import AnnCandidateSource, CandidateRecall
 from app.stages.rerank import Reranker
+from app.startup_checks import (
+    STARTUP_CALL_TIMEOUT_S,
+    checked_redis,
+    opened_world,
+    pool_signature,
+    report_seen_cap,
+)
 from app.world import (
     WorldStamp,
-    part_mismatch,
-    read_stamp,
-    seen_over_cap,
-    verify_files,
-    world_schema,
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-STARTUP_CALL_TIMEOUT_S = 2.0
-WAIT_NOTE_EVERY_S = 5.0
 
 
 @dataclass(slots=True)
@@ -82,93 +77,6 @@ class Services:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self.local_ranker is not None:
             self.local_ranker.close()
-
-
-async def retry_dependency(what: str, attempt: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-    """Retry a start-up call while its dependency is unavailable, up to timeout_s."""
-    give_up = time.monotonic() + timeout_s
-    next_note = 0.0
-    while True:
-        try:
-            return await attempt()
-        except DependencyError as exc:
-            now = time.monotonic()
-            if now > give_up:
-                raise
-            if now >= next_note:
-                log.info("waiting for %s (up to %.0f s more): %s", what, give_up - now, exc)
-                next_note = now + WAIT_NOTE_EVERY_S
-            await asyncio.sleep(0.5)
-
-
-INSTALL_MODEL_FIX = (
-    "install this world's model (recsys install-model --world DIR --model-repository REPO) "
-    "and let Triton load it"
-)
-LOAD_REDIS_FIX = "load this world into Redis (recsys load-redis --world DIR)"
-
-
-async def checked_signature(
-    model: RankingModelClient, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
-) -> ModelSignature:
-    """Wait for the model, then refuse to go on if it disagrees with the schema or the world."""
-    try:
-        signature = await retry_dependency("the triton model", model.ready_signature, timeout_s)
-    except DependencyError as exc:
-        raise UnreachableError(
-            f"Triton at {model.url} did not serve a ready model in {timeout_s:.0f} s ({exc}): "
-            "start it with the model loaded, or point RECSYS_TRITON_URL at it"
-        ) from None
-    problems = signature_mismatches(schema, signature)
-    if problems:
-        raise SchemaError(
-            f"Triton model {signature.name!r} at {model.url} does not match the feature "
-            "schema: " + "; ".join(problems)
-        )
-    part = f"Triton model {signature.name!r} at {model.url}"
-    mismatch = part_mismatch(part, signature.world_id, world, INSTALL_MODEL_FIX)
-    if mismatch:
-        raise ConfigError(mismatch)
-    if world is not None and not signature.world_id:
-        log.warning("%s carries no world id: it cannot be checked against the world", part)
-    return signature
-
-
-async def pool_signature(
-    pool: TritonPool, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
-) -> ModelSignature:
-    """Every endpoint checked; chunks are cut to fit the smallest max_batch_size among them."""
-    signatures = await asyncio.gather(
-        *(checked_signature(endpoint, schema, world, timeout_s) for endpoint in pool.endpoints)
-    )
-    return min(signatures, key=lambda signature: signature.max_batch_size)
-
-
-async def checked_redis(store: FeatureStore, world: WorldStamp | None, timeout_s: float) -> None:
-    """Wait for Redis, then refuse another layout, or another world's data."""
-    try:
-        found = await retry_dependency(
-            "redis", lambda: store.check_layout(STARTUP_CALL_TIMEOUT_S), timeout_s
-        )
-    except DependencyError as exc:
-        raise UnreachableError(
-            f"cannot reach Redis in {timeout_s:.0f} s ({exc}): start it, or point "
-            "RECSYS_REDIS_URL at it"
-        ) from None
-    mismatch = part_mismatch("the data in Redis", found, world, LOAD_REDIS_FIX)
-    if mismatch:
-        raise ConfigError(mismatch)
-
-
-def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
-    """The world's stamp and schema, its served files checked against the stamp."""
-    world = settings.artifacts_dir
-    stamp = read_stamp(world)
-    if stamp is None:
-        log.warning("%s carries no world id: its model and Redis data go unchecked", world)
-    else:
-        verify_files(world, stamp)
-    return stamp, world_schema(world, settings.feature_schema)
 
 
 async def held_item_features(
@@ -223,20 +131,6 @@ async def share_memory(
                 "unset RECSYS_TRITON_SHARED_MEMORY unless Triton runs here, sharing /dev/shm"
             ) from None
     log.info("model inputs go through shared memory (%d slots per endpoint)", 2 * max_in_flight)
-
-
-def report_seen_cap(settings: Settings) -> None:
-    """Say how many histories the seen cap cuts: their oldest items can be recommended."""
-    over, histories, longest = seen_over_cap(settings.artifacts_dir, settings.max_seen_items)
-    if over:
-        log.warning(
-            "%d of %d users' histories are longer than RECSYS_MAX_SEEN_ITEMS=%d (the longest "
-            "%d): their older items are not filtered out; raise the cap to filter them all",
-            over,
-            histories,
-            settings.max_seen_items,
-            longest,
-        )
 
 
 def _breaker(

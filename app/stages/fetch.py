@@ -53,7 +53,7 @@ class HeldItemFeatures:
     async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
         matrix = self._held.current  # one snapshot: never half old, half new
         found = np.flatnonzero(matrix.usable[positions])
-        hydrated = HydratedCandidates(positions, found, matrix.blobs[positions[found]])
+        hydrated = HydratedCandidates(positions, found, np.take(matrix.blobs, positions[found], 0))
         _flag_missing(hydrated, ctx)
         return hydrated
 

@@ -18,7 +18,7 @@ import asyncio
 from app.errors import RankingModelError
 from app.schema import signature_mismatches
 from app.services import Services
-from app.world import part_mismatch
+from app.world import same_world
 
 CHECK_TIMEOUT_S = 0.5
 # The checks that make the instance not ready when they fail.
@@ -26,8 +26,7 @@ DECIDING = ("index", "triton", "schema", "model_world", "serving")
 
 
 def _same_world(services: Services, found: str | None) -> bool:
-    """False only when the part is known to hold another world; unknown is not a mismatch."""
-    return part_mismatch("", found or "", services.world, "") is None
+    return same_world(found, services.world.world_id if services.world else "")
 
 
 async def _model_checks(services: Services) -> dict[str, bool]:
@@ -44,11 +43,9 @@ async def _model_checks(services: Services) -> dict[str, bool]:
 
 
 async def _redis_checks(services: Services) -> dict[str, bool]:
-    store = services.store
-    alive, world_id = await asyncio.gather(
-        store.ping(CHECK_TIMEOUT_S), store.world_id(CHECK_TIMEOUT_S)
-    )
-    return {"redis": alive, "redis_world": _same_world(services, world_id)}
+    # Reading the layout record's world id is the liveness check too: None when unanswered.
+    world_id = await services.store.world_id(CHECK_TIMEOUT_S)
+    return {"redis": world_id is not None, "redis_world": _same_world(services, world_id)}
 
 
 async def readiness(services: Services) -> dict[str, bool]:

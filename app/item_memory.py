@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from app.clients.feature_store import ItemBlobs
 from app.errors import FeatureStoreError
+from app.world import same_world
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class ItemMemory:
         item_keys: npt.NDArray[np.bytes_],
         width: int,
         initial: ItemMatrix,
-        on_refresh: Callable[[bool], None] = lambda swapped: None,
+        on_refresh: Callable[[ItemMatrix | None], None] = lambda matrix: None,
         world_id: str = "",
     ) -> None:
         self._source = source
@@ -115,7 +116,7 @@ class ItemMemory:
     async def _same_world(self) -> bool:
         """A load of another world's data is not read: its items would not be this catalog's."""
         found = await self._source.world_id(LOAD_CALL_TIMEOUT_S)
-        if not self._world_id or not found or found == self._world_id:
+        if same_world(found, self._world_id):
             return True
         log.warning(
             "Redis now holds world %s, this service serves world %s: item features not "
@@ -126,18 +127,20 @@ class ItemMemory:
         return False
 
     async def keep_current(self, every_s: float) -> None:
-        """Refresh every `every_s` until cancelled; a failure keeps what is held."""
+        """Refresh every `every_s` until cancelled; `on_refresh` hears of each swap (the new
+        matrix) and each failure (None). A failure keeps what is held."""
         while True:
             await asyncio.sleep(every_s)
             try:
                 swapped = await self.refresh()
-            except FeatureStoreError as exc:
-                log.warning("item features not refreshed (%s); serving what is held", exc)
-                self._on_refresh(False)
-                continue
-            except Exception:  # the task must outlive any one bad refresh
-                log.exception("item features not refreshed; serving what is held")
-                self._on_refresh(False)
+            except Exception as exc:  # the task must outlive any one bad refresh
+                unexpected = not isinstance(exc, FeatureStoreError)
+                log.warning(
+                    "item features not refreshed (%s); serving what is held",
+                    exc,
+                    exc_info=unexpected,
+                )
+                self._on_refresh(None)
                 continue
             if swapped:
-                self._on_refresh(True)
+                self._on_refresh(self._current)

@@ -21,7 +21,7 @@ from app.errors import (
     ConfigError,
     RankingModelError,
 )
-from app.item_memory import ItemMemory, read_item_matrix
+from app.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
@@ -95,10 +95,10 @@ async def held_item_features(
     matrix = await read_item_matrix(store, artifacts.item_keys, width, version)
     metrics.items_without_features.set(matrix.missing)
 
-    def counted(swapped: bool) -> None:
-        metrics.refresh_count[swapped].inc()
-        if swapped:
-            metrics.items_without_features.set(memory.current.missing)
+    def counted(swapped: ItemMatrix | None) -> None:
+        metrics.refresh_count[swapped is not None].inc()
+        if swapped is not None:
+            metrics.items_without_features.set(swapped.missing)
 
     world_id = world.world_id if world else ""
     memory = ItemMemory(store, artifacts.item_keys, width, matrix, counted, world_id)

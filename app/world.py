@@ -76,12 +76,18 @@ def verify_files(world: Path, stamp: WorldStamp, names: tuple[str, ...] = SERVED
             )
 
 
-def part_mismatch(part: str, found: str, stamp: WorldStamp | None, fix: str) -> str | None:
-    """One line when `part` belongs to another world than the served one; None when it fits.
+def same_world(found: str | None, served: str) -> bool:
+    """False only when a part is known to hold another world than the served one.
 
-    A part without an id (written before stamping) is accepted: there is nothing to compare.
+    A part without an id (written before stamping, or unreadable just now) and a served world
+    without one are accepted: there is nothing to compare.
     """
-    if stamp is None or not found or found == stamp.world_id:
+    return not served or not found or found == served
+
+
+def part_mismatch(part: str, found: str, stamp: WorldStamp | None, fix: str) -> str | None:
+    """One line when `part` belongs to another world than the served one; None when it fits."""
+    if stamp is None or same_world(found, stamp.world_id):
         return None
     return f"{part} belongs to world {found}, this service serves world {stamp.world_id}: {fix}"
 

@@ -245,13 +245,6 @@ class FeatureStore:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def ping(self, timeout_s: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return bool(await self._client.ping())
-        except (redis_errors.RedisError, OSError, TimeoutError):
-            return False
-
 
 def connect_redis(
     url: str, max_connections: int, timeout_s: float, cluster: bool = False

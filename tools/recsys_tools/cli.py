@@ -68,12 +68,9 @@ def _interactions_schema() -> Path:
 
 
 def _evaluation_table(report: dict[str, Any]) -> str:
-    evaluation = report.get("evaluation", {})
-    methods = evaluation.get("methods", evaluation)
     lines = [f"{'method':<14}{'recall@10':>10}{'ndcg@10':>10}"]
-    for name, figures in methods.items():
-        if isinstance(figures, dict) and "recall@10" in figures:
-            lines.append(f"{name:<14}{figures['recall@10']:>10.4f}{figures['ndcg@10']:>10.4f}")
+    for name, figures in report["evaluation"]["methods"].items():
+        lines.append(f"{name:<14}{figures['recall@10']:>10.4f}{figures['ndcg@10']:>10.4f}")
     return "\n".join(lines)
 
 

@@ -49,12 +49,8 @@ def _stamp_model(path: Path, world_id: str) -> None:
     import onnx
 
     model = onnx.load(str(path))
-    kept = [prop for prop in model.metadata_props if prop.key != WORLD_ID_PARAMETER]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    onnx.helper.set_model_props(
-        model, {**{p.key: p.value for p in kept}, WORLD_ID_PARAMETER: world_id}
-    )
+    props = {prop.key: prop.value for prop in model.metadata_props}
+    onnx.helper.set_model_props(model, {**props, WORLD_ID_PARAMETER: world_id})
     onnx.save(model, str(path))
 
 

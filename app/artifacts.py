@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,13 +10,15 @@ import numpy.typing as npt
 
 from app.catalog import Catalog
 from app.clients.feature_store import KeySpace
+from app.membership import positions_of
 from app.rules import RerankRules
 from app.schema import FeatureSchema, ModelSignature
+from app.stages.types import Positions
 
 
 @dataclass(frozen=True, slots=True)
 class ServingArtifacts:
-    """What a request reads. Build with `serving_artifacts`, which derives the last three."""
+    """What a request reads. Build with `serving_artifacts`, which derives the last four."""
 
     schema: FeatureSchema
     catalog: Catalog
@@ -24,6 +27,11 @@ class ServingArtifacts:
     item_keys: npt.NDArray[np.bytes_]  # the Redis key of each catalog item, by position
     blocked: npt.NDArray[np.bool_]  # by position: the rules' block list
     popular: npt.NDArray[np.int64]  # unblocked positions, most popular first
+    id_order: npt.NDArray[np.intp]  # sorts catalog.item_ids: ids to positions by binary search
+
+    def positions_of(self, ids: Collection[str]) -> Positions:
+        """The positions of those of `ids` that the catalog has, in no particular order."""
+        return positions_of(self.catalog.item_ids, self.id_order, list(ids))
 
 
 def serving_artifacts(
@@ -37,7 +45,8 @@ def serving_artifacts(
     blocked = np.isin(catalog.item_ids, np.array(sorted(rules.block.item_ids), dtype=np.str_))
     popular = catalog.popular_order[~blocked[catalog.popular_order]]
     item_keys = keys.item_keys(catalog.item_ids)
-    return ServingArtifacts(schema, catalog, rules, model, item_keys, blocked, popular)
+    id_order = np.argsort(catalog.item_ids, kind="stable")
+    return ServingArtifacts(schema, catalog, rules, model, item_keys, blocked, popular, id_order)
 
 
 class ArtifactsRef:

@@ -67,13 +67,22 @@ def set_search_breadth(index: Any, nprobe: int) -> None:
         faiss.extract_index_ivf(index).nprobe = nprobe
 
 
-def load_catalog(world: Path, schema: FeatureSchema, nprobe: int) -> Catalog:
+def read_index(path: Path, mmap: bool) -> Any:
+    """The FAISS index; mapped, its pages are the page cache's, shared by every process."""
+    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    try:
+        return faiss.read_index(str(path), flags)
+    except RuntimeError as exc:
+        raise ConfigError(f"{path} is not a FAISS index faiss can read: {exc}") from exc
+
+
+def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = False) -> Catalog:
     with np.load(_require(world, ITEMS_FILE)) as items:
         item_ids = items["ids"].astype(np.str_)
         categories = items["categories"].astype(np.int64)
         published_at = items["published_at"].astype(np.int64)
         popularity = items["popularity"].astype(np.float64)
-    index = faiss.read_index(str(_require(world, INDEX_FILE)))
+    index = read_index(_require(world, INDEX_FILE), mmap)
     default_user = np.load(_require(world, DEFAULT_USER_FILE)).astype(np.float32)
     if index.ntotal != len(item_ids):
         raise ConfigError(f"index holds {index.ntotal} vectors but the catalog {len(item_ids)}")

@@ -37,30 +37,45 @@ def ensure_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def serve(workers: int = 1, log_level: str = "info", access_log: bool = False) -> None:
+def serve(workers: int | None = None, log_level: str = "info", access_log: bool = False) -> None:
     import uvicorn
 
     from app.settings import load_settings
+    from app.workers import shared_metrics
 
     settings = load_settings()  # validated here, once, before any worker starts
     ensure_port_free(settings.host, settings.port)
+    count = workers or settings.workers
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        "app.main:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=workers,
-        log_level=log_level,
-        access_log=access_log,
-        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-    )
+    with shared_metrics(count):
+        uvicorn.run(
+            "app.main:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=count,
+            log_level=log_level,
+            access_log=access_log,
+            timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+        )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="worker processes on the one port (default: RECSYS_WORKERS, 1); one set of metrics",
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
         "--access-log", action="store_true", help="log every request (costs CPU under load)"

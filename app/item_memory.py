@@ -67,6 +67,17 @@ async def read_item_matrix(
     return ItemMatrix(version, blobs, usable)
 
 
+def _cancelled() -> bool:
+    """Whether this task was asked to stop, even when the CancelledError itself got lost.
+
+    A cancel that lands inside a Redis call while its timeout is also due (as when the
+    event loop resumes after standing still) can be swallowed on the way out; the task
+    would then refresh forever and shutdown, which waits for it, would never end.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class ItemMemory:
     """The current item matrix, and what keeps it current."""
 
@@ -129,7 +140,7 @@ class ItemMemory:
     async def keep_current(self, every_s: float) -> None:
         """Refresh every `every_s` until cancelled; `on_refresh` hears of each swap (the new
         matrix) and each failure (None). A failure keeps what is held."""
-        while True:
+        while not _cancelled():
             await asyncio.sleep(every_s)
             try:
                 swapped = await self.refresh()
@@ -144,3 +155,4 @@ class ItemMemory:
                 continue
             if swapped:
                 self._on_refresh(self._current)
+        raise asyncio.CancelledError

@@ -21,6 +21,7 @@ from app.errors import RecsysError
 from app.metrics import ServiceMetrics
 from app.services import Services, start_services
 from app.settings import Settings, load_settings
+from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
 
 log = logging.getLogger("recsys")
 
@@ -83,6 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        shared = metrics_dir()
+        if shared is not None:
+            forget_dead_workers(shared)
         server_log = logging.getLogger("uvicorn.error")
         refusal = _QuietRefusal()
         server_log.addFilter(refusal)
@@ -98,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # collection, whose full passes would otherwise pause requests for tens of ms.
         gc.collect()
         gc.freeze()
+        metrics.workers.set(1)
         background = [asyncio.create_task(lag.run(), name="loop-lag")]
         if services.item_memory is not None:
             refreshing = services.item_memory.keep_current(resolved.item_refresh_s)
@@ -111,6 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await services.aclose()
+            if shared is not None:
+                retire_this_worker(shared)
 
     # Swagger UI's assets are served from the package, never fetched from a CDN.
     make = FastAPIOffline if resolved.docs else FastAPI

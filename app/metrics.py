@@ -126,14 +126,25 @@ class ServiceMetrics:
             "0 closed, 1 open, 2 half-open.",
             ["dependency"],
             registry=self.registry,
+            multiprocess_mode="livemax",  # with workers: the least closed among them
         )
         self.in_flight = Gauge(
             "recsys_in_flight_requests",
-            "Requests to /recommend being handled by this process.",
+            "Requests to /recommend being handled (by all the workers).",
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.ready = Gauge(
-            "recsys_ready", "1 when the last readiness check passed.", registry=self.registry
+            "recsys_ready",
+            "1 when the last readiness check passed (with workers: in every worker).",
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+        self.workers = Gauge(
+            "recsys_workers",
+            "Worker processes started and serving on this instance's port.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.item_refreshes = Counter(
             "recsys_item_features_refreshes",
@@ -146,6 +157,7 @@ class ServiceMetrics:
             "recsys_items_without_features",
             "Catalog items with no usable features in the matrix held in memory.",
             registry=self.registry,
+            multiprocess_mode="livemax",
         )
         # Children bound once, for the fixed label values only: every series exists from the
         # first scrape (so rate() and absent() behave), requests skip the label lookup, and a

@@ -32,7 +32,7 @@ from app.stages.features import UserFeatureHydrator
 from app.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
 from app.stages.filter import CandidateFilter
 from app.stages.rank import Scorer
-from app.stages.recall import AnnCandidateSource, CandidateRecall
+from app.stages.recall import CandidateRecall, InlineSearch, PooledSearch
 from app.stages.rerank import Reranker
 from app.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -57,7 +57,7 @@ class Services:
     artifacts: ArtifactsRef
     pipeline: RecommendPipeline
     breakers: dict[str, CircuitBreaker]
-    executor: ThreadPoolExecutor
+    executor: ThreadPoolExecutor | None
     local_ranker: LocalRanker | None
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
@@ -74,7 +74,8 @@ class Services:
     async def aclose(self) -> None:
         await self.model.close()
         await self.store.aclose()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
         if self.local_ranker is not None:
             self.local_ranker.close()
 
@@ -172,7 +173,11 @@ async def start_services(
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
     catalog = await asyncio.to_thread(
-        load_catalog, settings.artifacts_dir, schema, settings.index_nprobe
+        load_catalog,
+        settings.artifacts_dir,
+        schema,
+        settings.index_nprobe,
+        settings.index_mmap,
     )
     urls = settings.triton_urls
     triton_names = ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
@@ -217,11 +222,18 @@ async def start_services(
         await model.close()
         await store.aclose()
         raise
-    executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
+    executor = (
+        ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
+        if settings.recall_threads
+        else None
+    )
+    search = (
+        PooledSearch(executor, settings.recall_queue) if executor is not None else InlineSearch()
+    )
     pipeline = RecommendPipeline(
         features=UserFeatureHydrator(store, redis_timeout_s),
         recall=CandidateRecall(
-            AnnCandidateSource(executor, settings.recall_queue),
+            search,
             settings.candidate_count,
             settings.popular_candidates,
         ),

@@ -18,6 +18,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
     docs: bool = Field(default=True, description="serve /docs (Swagger UI, no external assets)")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="worker processes on the one port (recsys-serve --workers overrides); "
+        "their metrics are combined",
+    )
     max_body_bytes: int = Field(
         default=1 << 20, ge=1024, description="larger request bodies get a 413"
     )
@@ -97,6 +104,11 @@ class Settings(BaseSettings):
     candidate_count: int = Field(default=1000, ge=1, le=5000)
     popular_candidates: int = Field(default=100, ge=0, le=5000)
     index_nprobe: int = Field(default=32, ge=1, le=65536)
+    index_mmap: bool = Field(
+        default=False,
+        description="map the FAISS index file instead of reading it: workers share its pages; "
+        "the file must then be replaced by a rename, never rewritten in place",
+    )
     item_features: Literal["full", "off"] = Field(
         default="full",
         description="full: every item's features held in memory, kept current from Redis; "
@@ -111,9 +123,15 @@ class Settings(BaseSettings):
         le=100_000,
         description="the newest seen items filtered per user; start-up reports longer histories",
     )
-    recall_threads: int = Field(default=2, ge=1, le=64)
+    recall_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="0: FAISS searches run on the event loop (cheapest while a search takes "
+        "well under a millisecond); N: in a pool of N threads, for slower indexes",
+    )
     recall_queue: int = Field(
-        default=8, ge=1, description="FAISS searches waiting or running; more fall back"
+        default=8, ge=1, description="with a pool: searches waiting or running; more fall back"
     )
 
     # Start-up and shutdown

@@ -9,7 +9,9 @@ from fastapi import Depends, Request
 from app.services import Services
 
 
-def get_services(request: Request) -> Services:
+# Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
+# on every request for what is one attribute read.
+async def get_services(request: Request) -> Services:
     return cast(Services, request.app.state.services)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import ServicesDep
 from app.api.errors import error_body
@@ -27,6 +27,7 @@ from app.api.models import (
 from app.context import RequestContext
 from app.health import failing, readiness
 from app.metrics import Outcome
+from app.workers import exposition
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -172,4 +173,4 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     summary="Prometheus metrics",
 )
 async def metrics(services: ServicesDep) -> Response:
-    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

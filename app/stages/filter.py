@@ -11,25 +11,19 @@ from __future__ import annotations
 from collections.abc import Collection
 
 import numpy as np
-import numpy.typing as npt
 
 from app.artifacts import ServingArtifacts
+from app.membership import member_mask
 from app.metrics import Removal
 from app.stages.types import Filtered, Positions
 
 
-def _among(ids: npt.NDArray[np.str_], item_ids: Collection[str]) -> npt.NDArray[np.bool_]:
-    if not item_ids:
-        return np.zeros(len(ids), dtype=bool)
-    return np.isin(ids, np.array(list(item_ids), dtype=np.str_))
-
-
 def _backfill(
-    artifacts: ServingArtifacts, present: Positions, unwanted: Collection[str], count: int
+    artifacts: ServingArtifacts, present: Positions, unwanted: Positions, count: int
 ) -> Positions:
     """Up to `count` popular items that are neither present nor unwanted (rarely needed)."""
-    reserve = artifacts.popular[~np.isin(artifacts.popular, present)]
-    reserve = reserve[~_among(artifacts.catalog.item_ids[reserve], unwanted)]
+    reserve = artifacts.popular
+    reserve = reserve[~member_mask(reserve, np.concatenate([present, unwanted]))]
     return reserve[:count]
 
 
@@ -42,10 +36,12 @@ class CandidateFilter:
         at_least: int,
         artifacts: ServingArtifacts,
     ) -> Filtered:
+        # Ids the catalog lacks cannot be candidates, so they drop out here.
+        seen_at = artifacts.positions_of(seen)
+        excluded_at = artifacts.positions_of(excluded)
         blocked = artifacts.blocked[positions]
-        ids = artifacts.catalog.item_ids[positions]
-        was_seen = _among(ids, seen)
-        was_excluded = _among(ids, excluded) & ~was_seen
+        was_seen = member_mask(positions, seen_at)
+        was_excluded = member_mask(positions, excluded_at) & ~was_seen
         removed_mask = blocked | was_seen | was_excluded
         kept = positions[~removed_mask]
         removed = {
@@ -54,7 +50,7 @@ class CandidateFilter:
             Removal.EXCLUDED: int((was_excluded & ~blocked).sum()),
         }
         if len(kept) < at_least:
-            unwanted = set(seen) | set(excluded)
+            unwanted = np.concatenate([seen_at, excluded_at])
             kept = np.concatenate(
                 [kept, _backfill(artifacts, positions, unwanted, at_least - len(kept))]
             )

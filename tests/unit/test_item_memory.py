@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -106,3 +109,27 @@ async def test_candidates_gather_their_rows_and_the_missing_are_flagged() -> Non
     assert hydrated.found.tolist() == [0, 2]
     assert hydrated.blobs.tolist() == [[9, 10, 11], [0, 1, 2]]
     assert ctx.degraded == ["fetch:missing"]  # one of three is over the 10% share
+
+
+class SwallowingSource(FakeSource):
+    """A client that, like some do when their own timeout is also due, eats a cancel."""
+
+    def __init__(self) -> None:
+        super().__init__({}, "v1")
+        self.entered = asyncio.Event()
+
+    async def items_version(self, timeout_s: float) -> str | None:
+        self.entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        return "v1"
+
+
+async def test_refreshing_stops_on_cancel_even_when_a_client_swallows_it() -> None:
+    source = SwallowingSource()
+    refreshing = asyncio.ensure_future(_memory(source).keep_current(0.001))
+    await asyncio.wait_for(source.entered.wait(), 1.0)
+    refreshing.cancel()
+    done, _ = await asyncio.wait({refreshing}, timeout=1.0)
+    assert refreshing in done, "the refresh kept running after its cancel"
+    assert refreshing.cancelled()

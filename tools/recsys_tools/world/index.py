@@ -41,4 +41,7 @@ def build_index(
 
 
 def save_index(world: Path, index: faiss.Index) -> None:
-    faiss.write_index(index, str(world / INDEX_FILE))
+    """Written beside, then renamed: a service that maps the old file keeps reading it whole."""
+    partial = world / f".{INDEX_FILE}.partial"
+    faiss.write_index(index, str(partial))
+    partial.replace(world / INDEX_FILE)

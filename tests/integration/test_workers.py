@@ -1,0 +1,106 @@
+"""Several workers on one port: one set of metrics between them, one clean stop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.workers import METRICS_DIR_ENV
+from loadtest.service import ApiProcess, start_api
+from tests.integration.conftest import Stack
+
+pytestmark = pytest.mark.integration
+
+WORKERS = 2
+REQUESTS = 40
+
+
+@contextmanager
+def workers_api(stack: Stack, workdir: Path) -> Iterator[ApiProcess]:
+    env = {
+        "RECSYS_REDIS_URL": stack.redis_url,
+        "RECSYS_TRITON_URL": stack.triton_url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.world),
+        "RECSYS_WORKERS": str(WORKERS),
+        "RECSYS_INDEX_MMAP": "true",
+    }
+    api = start_api(env, workdir / "api.log")
+    try:
+        api.wait_ready()
+        yield api
+    finally:
+        api.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.append(int(status.parent.name))
+    return found
+
+
+def _metrics_dir(workers: list[int]) -> Path:
+    for pid in workers:
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            name, _, value = entry.partition(b"=")
+            if name.decode() == METRICS_DIR_ENV:
+                return Path(value.decode())
+    raise AssertionError("no worker names a metrics directory")
+
+
+def _scrape(url: str) -> dict[str, float]:
+    # A new connection per scrape, so the scrapes land on different workers.
+    text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def _until(check: object, timeout_s: float = 30.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > give_up:
+            raise AssertionError("timed out")
+        time.sleep(0.2)
+
+
+def test_every_scrape_reports_the_sum_over_the_workers(stack: Stack, tmp_path: Path) -> None:
+    with workers_api(stack, tmp_path) as api:
+        _until(lambda: _scrape(api.url).get("recsys_workers{}") == WORKERS)
+        before = _scrape(api.url).get("recsys_requests_total{outcome=ok}", 0.0)
+        for n in range(REQUESTS):
+            body = {"user_id": f"u{n}", "num_items": 5}
+            answer = httpx.post(f"{api.url}/recommend", json=body, timeout=5.0)
+            assert answer.status_code == 200, answer.text
+        scrapes = [_scrape(api.url) for _ in range(2 * WORKERS + 2)]
+        for samples in scrapes:
+            assert samples["recsys_requests_total{outcome=ok}"] - before == REQUESTS
+            assert samples["recsys_workers{}"] == WORKERS
+            assert samples["recsys_in_flight_requests{}"] == 0
+
+
+def test_sigterm_stops_every_worker_and_removes_the_metrics(stack: Stack, tmp_path: Path) -> None:
+    with workers_api(stack, tmp_path) as api:
+        _until(lambda: _scrape(api.url).get("recsys_workers{}") == WORKERS)
+        children = _children(api.pid)  # the workers, and multiprocessing's resource tracker
+        shared = _metrics_dir(children)
+        assert any(shared.glob("counter_*.db"))
+        status = api.stop()
+    assert status == 0, api.log_tail()
+    assert not shared.exists()
+    # The tracker exits when it sees its parent's pipe close, a moment after the parent.
+    _until(lambda: not [pid for pid in children if Path(f"/proc/{pid}").exists()], 5.0)

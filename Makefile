@@ -12,7 +12,7 @@ setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 $(VENV)/.installed: pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[fallback,dev]' -e ./tools
+	$(VENV)/bin/pip install --quiet -e '.[fallback,dev,bench]' -e ./tools
 	touch $@
 
 # The local CPU Triton runs in an environment of its own, as Triton does in production.

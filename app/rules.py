@@ -79,6 +79,40 @@ def rank_within_group(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     return ranks
 
 
+def _best_first(
+    candidates: npt.NDArray[np.intp],
+    final: npt.NDArray[np.float32],
+    tie_keys: npt.NDArray[np.int64],
+) -> npt.NDArray[np.intp]:
+    return candidates[np.lexsort((tie_keys[candidates], -final[candidates]))]
+
+
+def _head(
+    scored: npt.NDArray[np.intp], final: npt.NDArray[np.float32], size: int
+) -> npt.NDArray[np.intp]:
+    """The scored candidates at or above the `size`-th best score, ties included: in the
+    final order they come first, whatever the tie-break."""
+    if len(scored) <= size:
+        return scored
+    values = final[scored]
+    cut = len(values) - size
+    threshold = np.partition(values, cut)[cut]
+    head: npt.NDArray[np.intp] = scored[values >= threshold]
+    return head
+
+
+def _capped(
+    order: npt.NDArray[np.intp], categories: npt.NDArray[np.int64], cap: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    within_cap = rank_within_group(categories[order]) < cap
+    return order[within_cap], order[~within_cap]
+
+
+# How far past n_items the sorted head reaches: enough, nearly always, for the category cap
+# to fill the answer from the head alone; when it cannot, every candidate is sorted.
+HEAD_FACTOR = 4
+
+
 def rerank(
     tie_keys: npt.NDArray[np.int64],
     scores: npt.NDArray[np.float32],
@@ -93,16 +127,23 @@ def rerank(
     always come out in the same order, keeps at most `max_per_category` of a category, and
     backfills from the capped-out items in score order when there are not enough others to
     fill the answer. Unscored candidates (NaN) come after every scored one, in input order.
+
+    Only the head of the order is sorted when it decides the answer: a candidate's place
+    under the cap depends on the candidates before it alone, so when the head holds
+    n_items within the cap, the rest of the order cannot change them.
     """
     final = boosted_scores(scores, age_days, rules)
     unscored = np.isnan(final)
     scored = np.flatnonzero(~unscored)
-    order = np.concatenate(
-        [scored[np.lexsort((tie_keys[scored], -final[scored]))], np.flatnonzero(unscored)]
-    )
     cap = rules.diversity.max_per_category
+    head = _best_first(_head(scored, final, HEAD_FACTOR * n_items), final, tie_keys)
+    if len(head) < len(scored):
+        kept = _capped(head, categories, cap)[0] if cap > 0 else head
+        if len(kept) >= n_items:
+            chosen = kept[:n_items]
+            return Selection(positions=chosen, scores=final[chosen])
+    order = np.concatenate([_best_first(scored, final, tie_keys), np.flatnonzero(unscored)])
     if cap > 0:
-        within_cap = rank_within_group(categories[order]) < cap
-        order = np.concatenate([order[within_cap], order[~within_cap]])
+        order = np.concatenate(_capped(order, categories, cap))
     chosen = order[:n_items]
     return Selection(positions=chosen, scores=final[chosen])

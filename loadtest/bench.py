@@ -9,7 +9,14 @@ side by side in one run:
 - the orchestration overhead: a request's own latency minus its recall and rank stages
   (sequential requests, from the answers' debug timings), p50;
 - Triton alone on the same model with as many rows per request (perf_analyzer, fetched by
-  loadtest/tools/perf-analyzer), and the ratio of the two rates.
+  loadtest/tools/perf-analyzer), and the ratio of the two rates;
+- during the steady run, each stage's latency (the service's histograms) and Triton's own
+  statistics (queue and compute time, rows and requests per execution);
+- the API's resident memory against the data it holds;
+- at 100 candidates, requests/s with 4 connections in a closed loop (a second API process
+  on the same stack).
+- with 4 connections in a closed loop, requests/s (the form peers publish figures in).
+With --out X.json, the JSON goes there and the plots into the folder X (loadtest/plots.py).
 
     python -m loadtest.bench                     # the demo world in var/world
     python -m loadtest.bench --settings item_features=off
@@ -28,20 +35,30 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import numpy as np
 
+from app.artifacts import serving_artifacts
+from app.catalog import ITEMS_FILE, load_catalog
+from app.clients.feature_store import KeySpace
+from app.rules import RerankRules
+from app.schema import ModelSignature
+from app.world import world_schema
+from loadtest.closedloop import closed_loop
 from loadtest.cpu import tree_cpu_seconds
+from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot
 from loadtest.openloop import Load, demo_bodies, run, summarize, sweep
-from loadtest.service import ApiProcess, local_service
+from loadtest.plots import write_plots
+from loadtest.service import ApiProcess, api_on, local_service
 
 log = logging.getLogger("loadtest.bench")
 P99_BOUND_MS = 50.0
 NUM_ITEMS = 20
+SMALL_CANDIDATES = 100
+CLOSED_LOOP_CONNECTIONS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,7 @@ async def max_rate(
             {
                 "rate": round(rate, 1),
                 "passed": point.passed,
+                "p50_ms": point.summary.latency.p50_ms,
                 "p99_ms": point.summary.latency.p99_ms,
                 "degraded_share": point.summary.degraded_share,
                 "statuses": point.summary.statuses,
@@ -157,23 +175,76 @@ def triton_alone(
     }
 
 
-def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> dict[str, float]:
-    """Latency minus recall minus rank, per sequential request, from debug timings."""
+async def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> dict[str, float]:
+    """Latency minus recall minus rank, per sequential request, from debug timings.
+
+    Sent on one keep-alive connection by the loop's own lean client: a general-purpose
+    HTTP client spends about as long per request as the overhead being measured.
+    """
     rng = random.Random(seed)
+    bodies = [
+        json.dumps(
+            {"user_id": f"u{rng.randrange(users)}", "num_items": NUM_ITEMS, "debug": True}
+        ).encode()
+        for _ in range(requests)
+    ]
+    load = Load(f"{url}/recommend", bodies, timeout_s=5.0)
+    result = await closed_loop(load, 1, 3600.0, max_requests=requests, keep_answers=True)
     overheads, latencies = [], []
-    with httpx.Client(base_url=url, timeout=5.0) as client:
-        for _ in range(requests):
-            body = {"user_id": f"u{rng.randrange(users)}", "num_items": NUM_ITEMS, "debug": True}
-            started = time.perf_counter()
-            answer = client.post("/recommend", json=body).json()
-            elapsed_ms = (time.perf_counter() - started) * 1000.0
-            timings = answer["timings_ms"]
-            latencies.append(elapsed_ms)
-            overheads.append(elapsed_ms - timings["recall"] - timings["rank"])
+    for seconds, body in result.answers:
+        timings = json.loads(body)["timings_ms"]
+        latencies.append(seconds * 1000.0)
+        overheads.append(seconds * 1000.0 - timings["recall"] - timings["rank"])
     return {
         "overhead_p50_ms": round(statistics.median(overheads), 3),
         "sequential_p50_ms": round(statistics.median(latencies), 3),
     }
+
+
+def held_data_bytes(world: Path) -> int:
+    """What the API holds of the world: the catalog's arrays, the index and item features.
+
+    Built the way the service builds them, so the count follows the service's own layout.
+    """
+    schema = world_schema(world, None)
+    catalog = load_catalog(world, schema, nprobe=1)
+    signature = ModelSignature("m", "1", "x", "FP32", (-1, schema.width), "y", "FP32", 1)
+    held = serving_artifacts(schema, catalog, RerankRules(), signature, KeySpace("recsys"))
+    arrays = [
+        catalog.item_ids,
+        catalog.categories,
+        catalog.published_at,
+        catalog.popular_order,
+        held.item_keys,
+        held.blocked,
+        held.popular,
+        held.id_order,
+    ]
+    item_features = catalog.size * (schema.item_blob_width * 4 + 1)  # matrix + usable flags
+    index_bytes = (world / "index.faiss").stat().st_size
+    return sum(a.nbytes for a in arrays) + item_features + index_bytes
+
+
+def memory_report(api: ApiProcess, world: Path) -> dict[str, float]:
+    rss = api.rss_bytes()
+    data = held_data_bytes(world)
+    return {
+        "api_rss_mb": round(rss / 2**20, 1),
+        "held_data_mb": round(data / 2**20, 1),
+        "rss_over_data": round(rss / data, 2),
+    }
+
+
+async def steady_run(
+    load: Load, api: ApiProcess, processes: Processes, triton_url: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """CPU per request at a steady rate, with the stages' and Triton's view of the same run."""
+    stages_before = stage_snapshot(api.url)
+    triton_before = triton_snapshot(triton_url, args.model)
+    cpu = await cpu_per_request(load, processes, args.cpu_rate, args.duration)
+    cpu["stages"] = stage_deltas(stages_before, stage_snapshot(api.url))
+    cpu["triton"] = triton_deltas(triton_before, triton_snapshot(triton_url, args.model))
+    return cpu
 
 
 async def measure(
@@ -181,9 +252,10 @@ async def measure(
 ) -> dict[str, Any]:
     load = Load(f"{api.url}/recommend", demo_bodies(args.users, NUM_ITEMS), timeout_s=2.0)
     await run(load, 50, 2.0)  # warm the pools, channels and model
-    cpu = await cpu_per_request(load, processes, args.cpu_rate, args.duration)
+    cpu = await steady_run(load, api, processes, triton_url, args)
     rate = await max_rate(load, args.start_rate, args.step, args.duration)
-    overhead = await asyncio.to_thread(overhead_p50, api.url, args.sequential, args.users)
+    overhead = await overhead_p50(api.url, args.sequential, args.users)
+    closed = await closed_loop(load, CLOSED_LOOP_CONNECTIONS, args.duration)
     alone = await asyncio.to_thread(triton_alone, triton_url, args.model, args.rows)
     ratio = None
     if rate["max_rate_at_p99"] and alone["triton_alone_max_rate_at_p99"]:
@@ -195,11 +267,34 @@ async def measure(
         "rate_ratio": ratio,
         "p99_bound_ms": P99_BOUND_MS,
         "candidates": args.rows,
+        "items": None,  # filled in by main, from the world
         **overhead,
         "cpu": cpu,
         "rate_steps": rate["points"],
         "triton_alone": alone,
-        "api_rss_mb": round(api.rss_bytes() / 2**20, 1),
+        "closed_loop": {
+            "connections": closed.connections,
+            "requests_per_s": round(closed.requests_per_s, 1),
+            "statuses": closed.statuses,
+            "p50_ms": closed.latency.p50_ms,
+            "p99_ms": closed.latency.p99_ms,
+        },
+        "memory": memory_report(api, args.world),
+    }
+
+
+async def rate_at_small_candidates(api: ApiProcess, args: argparse.Namespace) -> dict[str, Any]:
+    """Requests/s at 100 candidates with 4 connections, each sending on an answer."""
+    load = Load(f"{api.url}/recommend", demo_bodies(args.users, NUM_ITEMS), timeout_s=2.0)
+    await closed_loop(load, CLOSED_LOOP_CONNECTIONS, 2.0)  # warm
+    result = await closed_loop(load, CLOSED_LOOP_CONNECTIONS, args.duration)
+    return {
+        "rate_at_100_candidates": round(result.requests_per_s, 1),
+        "connections": result.connections,
+        "statuses": result.statuses,
+        "degraded": result.degraded,
+        "p50_ms": result.latency.p50_ms,
+        "p99_ms": result.latency.p99_ms,
     }
 
 
@@ -221,15 +316,24 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = dict(item.split("=", 1) for item in args.settings)
+    small = {**settings, "candidate_count": str(SMALL_CANDIDATES), "popular_candidates": "0"}
     with local_service(args.world, **settings) as (api, stack):
         processes = Processes(api.pid, stack.redis.pid, stack.triton.pid)
         report = asyncio.run(measure(api, processes, stack.settings.triton_url, args))
+        with api_on(stack, api.log_path.with_name("api-small.log"), **small) as small_api:
+            at_small = asyncio.run(rate_at_small_candidates(small_api, args))
+    report["rate_at_100_candidates"] = at_small.pop("rate_at_100_candidates")
+    report["at_100_candidates"] = at_small
+    with np.load(args.world / ITEMS_FILE) as items:
+        report["items"] = len(items["ids"])
     report["settings"] = settings
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+        for path in write_plots(report, args.out.parent / args.out.stem):
+            log.info("wrote %s", path)
 
 
 if __name__ == "__main__":

@@ -82,19 +82,28 @@ def local_service(world: Path, **settings: str) -> Iterator[tuple[ApiProcess, Lo
     `settings` are extra RECSYS_* settings for the API, by lower-case name.
     """
     options = stack_options(world)
-    with local_stack(options) as stack:
-        env = {
-            "RECSYS_REDIS_URL": stack.settings.redis_url,
-            "RECSYS_TRITON_URL": stack.settings.triton_url,
-            "RECSYS_ARTIFACTS_DIR": str(stack.settings.artifacts_dir),
-            **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
-        }
-        api = start_api(env, options.run_dir / "api.log")
-        try:
-            api.wait_ready()
-            yield api, stack
-        finally:
-            api.stop()
+    with (
+        local_stack(options) as stack,
+        api_on(stack, options.run_dir / "api.log", **settings) as api,
+    ):
+        yield api, stack
+
+
+@contextmanager
+def api_on(stack: LocalStack, log_path: Path, **settings: str) -> Iterator[ApiProcess]:
+    """An API process on a running local stack, ready; stopped after."""
+    env = {
+        "RECSYS_REDIS_URL": stack.settings.redis_url,
+        "RECSYS_TRITON_URL": stack.settings.triton_url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.settings.artifacts_dir),
+        **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
+    }
+    api = start_api(env, log_path)
+    try:
+        api.wait_ready()
+        yield api
+    finally:
+        api.stop()
 
 
 def start_api(env: dict[str, str], log_path: Path, port: int | None = None) -> ApiProcess:

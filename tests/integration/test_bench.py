@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 
-from loadtest.bench import Processes, cpu_per_request, max_rate, overhead_p50, triton_alone
+from loadtest.bench import (
+    Processes,
+    cpu_per_request,
+    held_data_bytes,
+    max_rate,
+    memory_report,
+    overhead_p50,
+    steady_run,
+    triton_alone,
+)
+from loadtest.closedloop import closed_loop
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies
+from loadtest.plots import write_plots
 from tests.integration.conftest import SMALL_WORLD, Stack
 from tests.integration.test_faults import api_process
 
@@ -28,12 +40,48 @@ async def test_a_short_bench_run_measures_each_figure(stack: Stack, tmp_path: Pa
         processes = Processes(api.pid, api.pid, api.pid)
         cpu = await cpu_per_request(load, processes, rate=20, duration_s=1.0)
         rate = await max_rate(load, 20, 1.5, 1.0, max_steps=2, warmup_s=0.5)
-        overhead = overhead_p50(api.url, 20, SMALL_WORLD.users)
+        overhead = await overhead_p50(api.url, 20, SMALL_WORLD.users)
     assert cpu["ok"] == cpu["requests"] > 0
     assert cpu["cpu_ms_per_request"]["api"] > 0
     assert rate["max_rate_at_p99"] == 30.0  # both steps pass at these rates
     assert [point["rate"] for point in rate["points"]] == [20.0, 30.0]
     assert 0 < overhead["overhead_p50_ms"] < overhead["sequential_p50_ms"]
+
+
+async def test_the_steady_run_reports_stages_triton_and_memory(
+    stack: Stack, tmp_path: Path
+) -> None:
+    with api_process(stack, tmp_path) as api:
+        load = Load(f"{api.url}/recommend", demo_bodies(SMALL_WORLD.users, 10), timeout_s=2.0)
+        args = argparse.Namespace(cpu_rate=20.0, duration=1.0, model=stack.schema.model_name)
+        steady = await steady_run(
+            load, api, Processes(api.pid, api.pid, api.pid), stack.triton_url, args
+        )
+        memory = memory_report(api, stack.world)
+        closed = await closed_loop(load, 2, 1.0)
+    answered = steady["ok"]
+    assert answered > 0
+    # Every answered request went through each stage once, and Triton saw each one.
+    assert {"features", "recall", "rank", "rerank"} <= set(steady["stages"])
+    assert steady["stages"]["rank"]["count"] == answered
+    assert steady["triton"]["requests"] >= answered
+    assert steady["triton"]["rows_per_execution"] > 1
+    assert 0 < memory["held_data_mb"] < memory["api_rss_mb"]
+    assert held_data_bytes(stack.world) > 0
+    assert closed.ok > 0
+    assert closed.statuses == {200: closed.ok}
+    assert closed.requests_per_s > 0
+
+    report = {
+        "p99_bound_ms": 50.0,
+        "max_rate_at_p99": 30.0,
+        "candidates": 100,
+        "rate_steps": [{"rate": 20.0, "p50_ms": 3.0, "p99_ms": 6.0}],
+        "cpu": steady,
+    }
+    written = write_plots(report, tmp_path / "plots")
+    assert [path.name for path in written] == ["latency.png", "cpu.png", "stages.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in written)
 
 
 def test_triton_alone_is_measured_by_perf_analyzer(stack: Stack) -> None:

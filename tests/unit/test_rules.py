@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from app.errors import ConfigError
@@ -137,3 +138,45 @@ def test_invalid_rules_are_refused(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match="rules file"):
         load_rules(path)
+
+
+def _sorted_in_full(
+    tie_keys: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float32],
+    categories: npt.NDArray[np.int64],
+    cap: int,
+    n: int,
+) -> list[int]:
+    """The definition, sorting every candidate: what the head-only shortcut must equal."""
+    scored = [i for i in range(len(scores)) if not np.isnan(scores[i])]
+    scored.sort(key=lambda i: (-float(scores[i]), int(tie_keys[i])))
+    order = scored + [i for i in range(len(scores)) if np.isnan(scores[i])]
+    if cap:
+        taken: dict[int, int] = {}
+        first: list[int] = []
+        rest: list[int] = []
+        for i in order:
+            taken[int(categories[i])] = taken.get(int(categories[i]), 0) + 1
+            (first if taken[int(categories[i])] <= cap else rest).append(i)
+        order = first + rest
+    return order[:n]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_head_only_shortcut_equals_a_full_sort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 400))
+    # Coarse scores make ties common; few categories make the cap bite.
+    scores = (rng.integers(0, 20, size) / 20).astype(np.float32)
+    scores[rng.random(size) < 0.1] = np.nan
+    categories = rng.integers(0, int(rng.integers(1, 8)), size).astype(np.int64)
+    tie_keys = rng.permutation(size * 3)[:size].astype(np.int64)
+    cap = int(rng.integers(0, 4))
+    n_items = int(rng.integers(1, 30))
+    rules = RerankRules(diversity=DiversityRule(max_per_category=cap))
+    selection = rerank(
+        tie_keys, scores, categories, np.full(size, 100.0, np.float32), rules, n_items
+    )
+    assert selection.positions.tolist() == _sorted_in_full(
+        tie_keys, scores, categories, cap, n_items
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import faiss
 
@@ -113,25 +114,50 @@ async def held_item_features(
     return memory
 
 
+class SharingEndpoint(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None: ...
+
+
+class SharingPool(Protocol):
+    @property
+    def endpoints(self) -> Sequence[SharingEndpoint]: ...
+
+
 async def share_memory(
-    pool: TritonPool, schema: FeatureSchema, signature: ModelSignature, max_in_flight: int
-) -> None:
-    """A shared-memory region per endpoint: a slot per chunk the worker may have in flight."""
+    pool: SharingPool,
+    schema: FeatureSchema,
+    signature: ModelSignature,
+    max_in_flight: int,
+    required: bool,
+) -> int:
+    """A shared-memory region per endpoint that can map it: a slot per chunk the worker may
+    have in flight. Returns how many endpoints use one; the others are sent plain gRPC,
+    unless shared memory is `required`."""
     removed = remove_stale_regions()
     if removed:
         log.info("removed %d shared-memory regions of processes now gone", len(removed))
     slot_bytes = signature.max_batch_size * schema.width * 4
+    sharing = 0
     for endpoint in pool.endpoints:
         slots = InputSlots(2 * max_in_flight, slot_bytes)
         try:
             await endpoint.use_shared_memory(slots, STARTUP_CALL_TIMEOUT_S)
         except RankingModelError as exc:
             slots.close()
-            raise ConfigError(
-                f"Triton at {endpoint.url} cannot use this host's shared memory ({exc}): "
-                "unset RECSYS_TRITON_SHARED_MEMORY unless Triton runs here, sharing /dev/shm"
-            ) from None
-    log.info("model inputs go through shared memory (%d slots per endpoint)", 2 * max_in_flight)
+            if required:
+                raise ConfigError(
+                    f"Triton at {endpoint.url} cannot use this host's shared memory ({exc}): "
+                    "set RECSYS_TRITON_SHARED_MEMORY=auto or off unless Triton runs here, "
+                    "sharing /dev/shm"
+                ) from None
+            log.info("Triton at %s gets model inputs by gRPC: %s", endpoint.url, exc)
+            continue
+        sharing += 1
+        log.info("Triton at %s gets model inputs through shared memory", endpoint.url)
+    return sharing
 
 
 def _breaker(
@@ -208,8 +234,9 @@ async def start_services(
     try:
         await checked_redis(store, stamp, settings.startup_timeout_s)
         signature = await pool_signature(model, schema, stamp, settings.startup_timeout_s)
-        if settings.triton_shared_memory:
-            await share_memory(model, schema, signature, settings.max_in_flight)
+        if settings.triton_shared_memory != "off":
+            required = settings.triton_shared_memory == "on"
+            await share_memory(model, schema, signature, settings.max_in_flight, required)
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
     except BaseException:
         await model.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import ConfigError
@@ -73,10 +73,11 @@ class Settings(BaseSettings):
         default=None, min_length=1, description="default: the feature schema's model name"
     )
     model_version: str = Field(default="", description="empty: Triton's latest ready version")
-    triton_shared_memory: bool = Field(
-        default=False,
-        description="send model inputs through system shared memory (Triton on this host, "
-        "sharing its /dev/shm)",
+    triton_shared_memory: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="model inputs through system shared memory: auto uses it with each "
+        "Triton that can map this host's /dev/shm and plain gRPC with the others; on "
+        "refuses to start without it; off never tries",
     )
 
     # Circuit breakers, one per dependency
@@ -146,6 +147,17 @@ class Settings(BaseSettings):
     @property
     def triton_urls(self) -> list[str]:
         return self.triton_url.split(",")
+
+    @field_validator("triton_shared_memory", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        # Once a plain switch: true and false still mean on and off.
+        text = str(value).strip().lower()
+        if text in {"true", "1", "yes"}:
+            return "on"
+        if text in {"false", "0", "no"}:
+            return "off"
+        return text
 
     @model_validator(mode="after")
     def _budget_leaves_room(self) -> Settings:

@@ -8,6 +8,8 @@ On disk a world directory holds:
 - default_user.npy: the blob used for users without stored features (cold start)
 - model.onnx: the ranking model Triton serves, also the in-process fallback ranker
 - seen.npz: every user's history (user_ids, offsets, item_ids newest first), loaded into Redis
+- holdout.npz: labelled rows (float32, n x width; int8 labels) the model did not learn from,
+  for comparing models (recsys model compare); only a world built from a log has one
 - feature_schema.json: the schema the world was built for; the service serves it by default
 - manifest.json: how the world was built, its id and the digest of each file (app.world)
 """
@@ -32,6 +34,7 @@ INDEX_FILE = "index.faiss"
 DEFAULT_USER_FILE = "default_user.npy"
 MODEL_FILE = "model.onnx"
 SEEN_FILE = "seen.npz"
+HOLDOUT_FILE = "holdout.npz"
 SCHEMA_FILE = "feature_schema.json"
 MANIFEST_FILE = "manifest.json"
 

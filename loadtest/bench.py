@@ -150,12 +150,17 @@ def triton_alone(
             *("-m", model, "-u", triton_url, "-i", "grpc", "-b", str(rows)),
             *("--concurrency-range", f"1:{max_concurrency}"),
             *("--measurement-interval", str(interval_ms), "--percentile", "99"),
+            *("--max-trials", "20"),
             *("-f", str(report)),
         ]
         env = {**os.environ, "PYTHON": sys.executable}
         done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if done.returncode != 0 or not report.exists():
+            # On a busy machine it may find no stable window; the rest of the run still
+            # stands, so this figure is reported missing rather than the run lost.
+            why = (done.stdout + done.stderr).strip().splitlines()[-2:]
+            log.warning("perf_analyzer measured nothing: %s", " / ".join(why))
+            return {"triton_alone_max_rate_at_p99": None, "rows": rows, "error": why}
         levels = list(csv.DictReader(report.open()))
     if len(levels) < max_concurrency:
         log.warning("perf_analyzer measured %d levels only:\n%s", len(levels), done.stdout[-3000:])

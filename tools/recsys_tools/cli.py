@@ -13,6 +13,7 @@ from typing import Any
 
 from app.cli import add_serve_options, serve
 from app.errors import RecsysError
+from recsys_tools.model_compare import add_model_parser
 from recsys_tools.plan import add_plan_parser
 
 log = logging.getLogger("recsys")
@@ -223,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     add_doctor_options(doctor)
     doctor.set_defaults(run=_doctor)
     add_plan_parser(commands)
+    add_model_parser(commands)
     return parser
 
 

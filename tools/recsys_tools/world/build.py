@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.catalog import MANIFEST_FILE, MODEL_FILE
+from app.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
 from app.schema import FeatureSchema
 from recsys_tools.world.files import (
     ItemTable,
@@ -45,12 +45,12 @@ def write_catalog(
     """Check and save the tables, then build the index and the cold-start default over them.
 
     This starts the world afresh: what an earlier build left (a seen list, a model, the
-    manifest) would otherwise be served beside tables it does not belong to.
+    manifest, held-out rows) would otherwise be served beside tables it does not belong to.
     """
     items.check(schema)
     users.check(schema)
     world.mkdir(parents=True, exist_ok=True)
-    for name in (*STAMPED_FILES, MANIFEST_FILE, REPORT_FILE):
+    for name in (*STAMPED_FILES, MANIFEST_FILE, REPORT_FILE, HOLDOUT_FILE):
         (world / name).unlink(missing_ok=True)
     save_table(world, items)
     save_table(world, users)

@@ -11,7 +11,14 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from app.catalog import DEFAULT_USER_FILE, ITEMS_FILE, MANIFEST_FILE, SEEN_FILE, USERS_FILE
+from app.catalog import (
+    DEFAULT_USER_FILE,
+    HOLDOUT_FILE,
+    ITEMS_FILE,
+    MANIFEST_FILE,
+    SEEN_FILE,
+    USERS_FILE,
+)
 from app.errors import ConfigError
 from app.schema import FeatureSchema
 
@@ -114,6 +121,14 @@ def save_default_user(world: Path, users: UserTable) -> None:
     embedding /= max(float(np.linalg.norm(embedding)), 1e-6)
     blob = np.concatenate([embedding, users.dense.mean(axis=0)]).astype(np.float32)
     np.save(world / DEFAULT_USER_FILE, blob)
+
+
+def save_holdout(world: Path, rows: npt.NDArray[np.float32], labels: npt.NDArray[np.int8]) -> None:
+    """Labelled rows, packed as served, that the served model did not learn from.
+
+    `recsys model compare` scores them to judge a reduced-precision copy of the model.
+    """
+    np.savez(world / HOLDOUT_FILE, rows=rows.astype(np.float32), labels=labels.astype(np.int8))
 
 
 def write_manifest(world: Path, **fields: Any) -> None:

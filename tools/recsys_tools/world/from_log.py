@@ -40,7 +40,14 @@ from recsys_tools.world.derive import (
 )
 from recsys_tools.world.evaluate import ServedModel, evaluate, split_holdout
 from recsys_tools.world.factorize import Embeddings, factorize
-from recsys_tools.world.files import ItemTable, SeenLists, UserTable, save_table, write_manifest
+from recsys_tools.world.files import (
+    ItemTable,
+    SeenLists,
+    UserTable,
+    save_holdout,
+    save_table,
+    write_manifest,
+)
 from recsys_tools.world.logs import (
     FLAGS,
     BoolArray,
@@ -108,6 +115,9 @@ class _Ranker:
     rows: int
     positives: int
     blend: Blend
+    # The blending users' examples: the MLP never learns from them.
+    holdout_rows: FloatArray
+    holdout_labels: npt.NDArray[np.int8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +184,14 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
         recall_scores(schema, listed), model.predict_proba(listed)[:, 1], lists.labels
     )
     onnx_model = blended_onnx(export_onnx(model, schema), schema, blend)
-    return _Ranker(onnx_model, int(learning.sum()), int(examples.labels[learning].sum()), blend)
+    return _Ranker(
+        onnx_model,
+        int(learning.sum()),
+        int(examples.labels[learning].sum()),
+        blend,
+        holdout_rows=rows[~learning],
+        holdout_labels=examples.labels[~learning],
+    )
 
 
 def _blending_users(part: InteractionLog, targets: BoolArray, rng: np.random.Generator) -> IntArray:
@@ -314,6 +331,7 @@ def _write(
     write_catalog(world, schema, items, users, recipe.index_factory)
     save_table(world, seen)
     (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
+    save_holdout(world, learnt.ranker.holdout_rows, learnt.ranker.holdout_labels)
     return len(users.ids), seen
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
+from app.processes import alive
+
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A live gauge's file names the process that wrote it: gauge_livesum_1234.db
 _LIVE_GAUGE_FILE = re.compile(r"^gauge_live\w+?_(\d+)\.db$")
@@ -47,22 +49,12 @@ def shared_metrics(workers: int) -> Iterator[Path | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def forget_dead_workers(folder: Path) -> list[int]:
     """Drop the live gauges of workers that are gone (a crash, then a restart); their pids."""
     gone = {
         int(found.group(1))
         for path in folder.iterdir()
-        if (found := _LIVE_GAUGE_FILE.match(path.name)) and not _alive(int(found.group(1)))
+        if (found := _LIVE_GAUGE_FILE.match(path.name)) and not alive(int(found.group(1)))
     }
     for pid in sorted(gone):
         multiprocess.mark_process_dead(pid, str(folder))  # type: ignore[no-untyped-call]

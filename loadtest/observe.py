@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import tritonclient.grpc as triton_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.histograms import Buckets, quantile, scrape_buckets, subtract
 
@@ -26,12 +27,13 @@ class StageSnapshot:
 
 def stage_snapshot(api_url: str) -> StageSnapshot:
     text = httpx.get(f"{api_url}/metrics", timeout=5.0).text
-    sums = {}
-    for line in text.splitlines():
-        if line.startswith(f"{STAGE_HISTOGRAM}_sum{{"):
-            labels, value = line.rsplit(" ", 1)
-            stage = labels.split('stage="', 1)[1].split('"', 1)[0]
-            sums[stage] = float(value)
+    sums = {
+        sample.labels["stage"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == STAGE_HISTOGRAM
+        for sample in family.samples
+        if sample.name == f"{STAGE_HISTOGRAM}_sum"
+    }
     return StageSnapshot(scrape_buckets(text, STAGE_HISTOGRAM, "stage"), sums)
 
 

@@ -21,18 +21,10 @@ import numpy as np
 import numpy.typing as npt
 import tritonclient.utils.shared_memory as triton_shm
 
+from app.processes import alive
+
 PREFIX = "recsys-shm-"
 SHM_DIR = Path("/dev/shm")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_regions(directory: Path = SHM_DIR) -> list[str]:
@@ -40,7 +32,7 @@ def remove_stale_regions(directory: Path = SHM_DIR) -> list[str]:
     removed = []
     for path in directory.glob(f"{PREFIX}*"):
         owner = path.name.removeprefix(PREFIX).split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not alive(int(owner)):
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return removed

@@ -12,8 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.workers import METRICS_DIR_ENV
-from loadtest.service import ApiProcess, start_api
+from loadtest.service import ApiProcess
 from tests.integration.conftest import Stack
+from tests.integration.test_faults import api_process
 
 pytestmark = pytest.mark.integration
 
@@ -23,19 +24,8 @@ REQUESTS = 40
 
 @contextmanager
 def workers_api(stack: Stack, workdir: Path) -> Iterator[ApiProcess]:
-    env = {
-        "RECSYS_REDIS_URL": stack.redis_url,
-        "RECSYS_TRITON_URL": stack.triton_url,
-        "RECSYS_ARTIFACTS_DIR": str(stack.world),
-        "RECSYS_WORKERS": str(WORKERS),
-        "RECSYS_INDEX_MMAP": "true",
-    }
-    api = start_api(env, workdir / "api.log")
-    try:
-        api.wait_ready()
+    with api_process(stack, workdir, workers=str(WORKERS), index_mmap="true") as api:
         yield api
-    finally:
-        api.stop()
 
 
 def _children(pid: int) -> list[int]:

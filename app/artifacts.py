@@ -42,10 +42,11 @@ def serving_artifacts(
     keys: KeySpace,
 ) -> ServingArtifacts:
     """Resolve, once, what requests would otherwise look up item by item."""
-    blocked = np.isin(catalog.item_ids, np.array(sorted(rules.block.item_ids), dtype=np.str_))
+    id_order = np.argsort(catalog.item_ids, kind="stable")
+    blocked = np.zeros(catalog.size, dtype=bool)
+    blocked[positions_of(catalog.item_ids, id_order, sorted(rules.block.item_ids))] = True
     popular = catalog.popular_order[~blocked[catalog.popular_order]]
     item_keys = keys.item_keys(catalog.item_ids)
-    id_order = np.argsort(catalog.item_ids, kind="stable")
     return ServingArtifacts(schema, catalog, rules, model, item_keys, blocked, popular, id_order)
 
 

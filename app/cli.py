@@ -43,9 +43,10 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
     from app.settings import load_settings
     from app.workers import shared_metrics
 
-    settings = load_settings()  # validated here, once, before any worker starts
+    # Validated here, once, before any worker starts; --workers gets the setting's bounds.
+    settings = load_settings(**({} if workers is None else {"workers": workers}))
     ensure_port_free(settings.host, settings.port)
-    count = workers or settings.workers
+    count = settings.workers
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -62,17 +63,10 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
         )
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
-        type=_positive,
+        type=int,
         default=None,
         help="worker processes on the one port (default: RECSYS_WORKERS, 1); one set of metrics",
     )

@@ -1,6 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
+from app.cli import serve
+from app.errors import ConfigError
 from app.settings import Settings
 
 
@@ -22,3 +24,9 @@ def test_invalid_environment_is_refused_at_start(
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError, match=name.removeprefix("RECSYS_").lower()):
         Settings()
+
+
+@pytest.mark.parametrize("workers", [0, 65])
+def test_workers_from_the_command_line_get_the_settings_bounds(workers: int) -> None:
+    with pytest.raises(ConfigError, match="RECSYS_WORKERS"):
+        serve(workers=workers)

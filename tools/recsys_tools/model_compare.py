@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError
 from app.settings import Settings
+from recsys_tools.engine import add_build_engine_parser
 
 if TYPE_CHECKING:
     import numpy as np
@@ -388,7 +389,8 @@ def _compare(args: argparse.Namespace) -> None:
 def add_model_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`model compare` and its options, run through `args.run` like every other command."""
     model = commands.add_parser("model", help="the world's ranking model")
-    compare = model.add_subparsers(dest="model_command", required=True).add_parser(
+    subcommands = model.add_subparsers(dest="model_command", required=True)
+    compare = subcommands.add_parser(
         "compare",
         help="FP32 against FP16 and INT8 copies: AUC, top-N agreement, size, latency",
         description=__doc__,
@@ -407,3 +409,4 @@ def add_model_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add("--out", type=Path, default=None, help="keep the converted models in this directory")
     add("--json", action="store_true", help="print the report as JSON")
     compare.set_defaults(run=_compare)
+    add_build_engine_parser(subcommands)

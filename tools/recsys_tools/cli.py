@@ -15,6 +15,7 @@ from app.cli import add_serve_options, serve
 from app.errors import RecsysError
 from recsys_tools.model_compare import add_model_parser
 from recsys_tools.plan import add_plan_parser
+from recsys_tools.tune import add_tune_parser
 
 log = logging.getLogger("recsys")
 
@@ -225,6 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor.set_defaults(run=_doctor)
     add_plan_parser(commands)
     add_model_parser(commands)
+    add_tune_parser(commands)
     return parser
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 from app.errors import ConfigError, RecsysError
 
@@ -21,6 +23,27 @@ log = logging.getLogger("recsys")
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)
+
+
+APP = "app.main:create_app"
+
+
+def _supervisor() -> type[Any]:
+    """uvicorn's worker supervisor, handing SIGUSR1 (a reload) on to every worker.
+
+    uvicorn's supervisor takes over the signals, and calls its `handle_<signal>` method for
+    each; it has none for SIGUSR1. The supervisor loads no part of the server, so the
+    signal is app.reload.RELOAD_SIGNAL restated rather than imported.
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def handle_usr1(self) -> None:
+            for worker in self.processes:
+                if worker.pid is not None:
+                    os.kill(worker.pid, signal.SIGUSR1)
+
+    return Supervisor
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -50,17 +73,21 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    options: dict[str, Any] = {
+        "factory": True,
+        "host": settings.host,
+        "port": settings.port,
+        "workers": count,
+        "log_level": log_level,
+        "access_log": access_log,
+        "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_s)),
+    }
     with shared_metrics(count):
-        uvicorn.run(
-            "app.main:create_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=count,
-            log_level=log_level,
-            access_log=access_log,
-            timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-        )
+        if count == 1:
+            uvicorn.run(APP, **options)
+        else:
+            config = uvicorn.Config(APP, **options)
+            _supervisor()(config, sockets=[config.bind_socket()]).run()
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.errors import FailureKind
-from app.metrics import ServiceMetrics, Stage
+from app.metrics import ServiceMetrics, Stage, Variant
 from app.throttled_log import ThrottledLog
 
 if TYPE_CHECKING:
@@ -34,7 +34,11 @@ class RequestContext:
     reserve_s: float
     artifacts: ServingArtifacts
     metrics: ServiceMetrics
+    user_id: str = ""
     degraded: list[str] = field(default_factory=list)
+    # Who scored the answer: set by the rank stage; FALLBACK until Triton has answered.
+    model_variant: Variant = Variant.FALLBACK
+    model_version: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def remaining_s(self) -> float:

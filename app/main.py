@@ -13,12 +13,14 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from app.admission import Admission, LoopLag
+from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate
 from app.api.routes import COMMON_ERRORS, router
 from app.drain import cancel_on_stop_signals, drain_on_sigterm
 from app.errors import RecsysError
 from app.metrics import ServiceMetrics
+from app.reload import reload_on_signal
 from app.services import Services, start_services
 from app.settings import Settings, load_settings
 from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
@@ -98,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.draining = True
 
         restore = drain_on_sigterm(resolved.drain_s, mark_draining)
+        stop_reloading = reload_on_signal(services.reloader)
         # What start-up made lives as long as the process: keep it out of every later
         # collection, whose full passes would otherwise pause requests for tens of ms.
         gc.collect()
@@ -110,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            stop_reloading()
             restore()
             for task in background:
                 task.cancel()
@@ -131,6 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(router)
+    if resolved.admin_token is not None:
+        app.include_router(admin_router)
     install_error_handlers(app)
     app.add_middleware(
         Gate, admission=admission, metrics=metrics, max_body_bytes=resolved.max_body_bytes

@@ -37,6 +37,25 @@ class Removal(StrEnum):
     EXCLUDED = "excluded"
 
 
+class Variant(StrEnum):
+    """Which model answered: the stable version, the canary, or (Triton did not) a fallback."""
+
+    STABLE = "stable"
+    CANARY = "canary"
+    FALLBACK = "fallback"
+
+
+class ShadowOutcome(StrEnum):
+    SCORED = "scored"
+    SKIPPED = "skipped"  # too many shadow calls in flight already: the shadow never queues
+    FAILED = "failed"
+
+
+class ReloadOutcome(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"  # the new artifacts or versions failed a check; the old ones serve
+
+
 # The stages that have something to fall back from.
 DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.FETCH, Stage.RANK)
 COUNTED_STAGES = (Stage.RECALL, Stage.FILTER, Stage.FETCH, Stage.RANK, Stage.RERANK)
@@ -68,6 +87,7 @@ LATENCY_BUCKETS = (
     0.5,
     1.0,
 )
+AGREEMENT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 CANDIDATE_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 3000, 5000)
 
 
@@ -159,6 +179,49 @@ class ServiceMetrics:
             registry=self.registry,
             multiprocess_mode="livemax",
         )
+        self.model_answers = Counter(
+            "recsys_model_answers",
+            "Answers by the model variant that scored them (fallback: Triton did not).",
+            ["variant"],
+            registry=self.registry,
+        )
+        self.model_version = Gauge(
+            "recsys_model_version_info",
+            "1 for each routed model version: stable, canary and shadow (the release).",
+            ["variant", "version"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.canary_percent = Gauge(
+            "recsys_canary_percent",
+            "The share of users, in percent, that the canary version answers.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.shadow_calls = Counter(
+            "recsys_shadow_calls",
+            "Shadow scorings of answered requests, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.shadow_agreement = Histogram(
+            "recsys_shadow_agreement",
+            "Share of the served model's top items that the shadow model ranks in its top too.",
+            buckets=AGREEMENT_BUCKETS,
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "recsys_reloads",
+            "Reloads of the release (index, catalog, rules, model versions), by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.release_generation = Gauge(
+            "recsys_release_generation",
+            "How many releases this worker has served: 1 at start, one more per reload.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
         # Children bound once, for the fixed label values only: every series exists from the
         # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
         # label value outside the set fails loudly instead of creating a series.
@@ -171,6 +234,9 @@ class ServiceMetrics:
             swapped: self.item_refreshes.labels("swapped" if swapped else "failed")
             for swapped in (True, False)
         }
+        self.answer_count = {v: self.model_answers.labels(v) for v in Variant}
+        self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
+        self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
         self.degraded_count = {
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES

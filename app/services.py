@@ -26,9 +26,12 @@ from app.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.local_ranker import LocalRanker, load_local_ranker
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
+from app.release import read_plan
+from app.reload import Reloader, model_routing
 from app.rules import load_rules
 from app.schema import FeatureSchema, ModelSignature
 from app.settings import Settings
+from app.shadow import ShadowCalls
 from app.stages.features import UserFeatureHydrator
 from app.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
 from app.stages.filter import CandidateFilter
@@ -39,12 +42,9 @@ from app.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
     checked_redis,
     opened_world,
-    pool_signature,
     report_seen_cap,
 )
-from app.world import (
-    WorldStamp,
-)
+from app.world import WorldStamp, files_identity
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ class Services:
     breakers: dict[str, CircuitBreaker]
     executor: ThreadPoolExecutor | None
     local_ranker: LocalRanker | None
+    reloader: Reloader
+    shadow: ShadowCalls
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
     draining: bool = field(default=False)
@@ -73,6 +75,7 @@ class Services:
         return budget_ms / 1000.0
 
     async def aclose(self) -> None:
+        await self.shadow.aclose()
         await self.model.close()
         await self.store.aclose()
         if self.executor is not None:
@@ -231,9 +234,11 @@ async def start_services(
             for url, name in zip(urls, triton_names, strict=True)
         ]
     )
+    plan = read_plan(settings.release_file, settings.model_version)
     try:
         await checked_redis(store, stamp, settings.startup_timeout_s)
-        signature = await pool_signature(model, schema, stamp, settings.startup_timeout_s)
+        routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
+        signature = max(routing.signatures(), key=lambda routed: routed.max_batch_size)
         if settings.triton_shared_memory != "off":
             required = settings.triton_shared_memory == "on"
             await share_memory(model, schema, signature, settings.max_in_flight, required)
@@ -242,7 +247,10 @@ async def start_services(
         await model.close()
         await store.aclose()
         raise
-    artifacts = ArtifactsRef(serving_artifacts(schema, catalog, rules, signature, store.keys))
+    identity = files_identity(settings.artifacts_dir, stamp)
+    artifacts = ArtifactsRef(
+        serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
+    )
     try:
         item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
     except BaseException:
@@ -257,6 +265,8 @@ async def start_services(
     search = (
         PooledSearch(executor, settings.recall_queue) if executor is not None else InlineSearch()
     )
+    triton_timeout_s = settings.triton_timeout_ms / 1000.0
+    shadow = ShadowCalls(model, metrics, triton_timeout_s, settings.shadow_max_in_flight)
     pipeline = RecommendPipeline(
         features=UserFeatureHydrator(store, redis_timeout_s),
         recall=CandidateRecall(
@@ -270,17 +280,18 @@ async def start_services(
             if item_memory is not None
             else ItemFeatureHydrator(store, redis_timeout_s)
         ),
-        rank=Scorer(model, local_ranker, settings.triton_timeout_ms / 1000.0),
+        rank=Scorer(model, local_ranker, triton_timeout_s, shadow),
         rerank=Reranker(),
     )
+    reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
     log.info(
-        "serving world %s: %d items, model %s v%s (%d inputs wide, max batch %d)",
+        "serving world %s: %d items, model %s (%d inputs wide, max batch %d), release %s",
         stamp.world_id if stamp else "(unstamped)",
         catalog.size,
         signature.name,
-        signature.version,
         schema.width,
         signature.max_batch_size,
+        reloader.report(),
     )
     return Services(
         settings,
@@ -292,6 +303,8 @@ async def start_services(
         breakers,
         executor,
         local_ranker,
+        reloader,
+        shadow,
         stamp,
         item_memory,
     )

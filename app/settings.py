@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import ConfigError
@@ -73,6 +73,14 @@ class Settings(BaseSettings):
         default=None, min_length=1, description="default: the feature schema's model name"
     )
     model_version: str = Field(default="", description="empty: Triton's latest ready version")
+    release_file: Path | None = Field(
+        default=None,
+        description="TOML naming the stable, canary and shadow versions, read at start and "
+        "at every reload; default: RECSYS_MODEL_VERSION alone",
+    )
+    shadow_max_in_flight: int = Field(
+        default=8, ge=1, description="shadow calls at once; past it requests go unshadowed"
+    )
     triton_shared_memory: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="model inputs through system shared memory: auto uses it with each "
@@ -97,7 +105,14 @@ class Settings(BaseSettings):
     )
 
     # Artifacts
+    # A symlink here, flipped to a new directory, is followed at the next reload.
     artifacts_dir: Path = Path("var/world")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        min_length=16,
+        description="enables /admin (reload, rollback), for callers sending this bearer "
+        "token; unset: no /admin at all",
+    )
     feature_schema: Path | None = Field(default=None, description="default: the packaged schema")
     rules_file: Path | None = Field(default=None, description="default: the packaged rules")
 

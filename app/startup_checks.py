@@ -58,11 +58,22 @@ LOAD_REDIS_FIX = "load this world into Redis (recsys load-redis --world DIR)"
 
 
 async def checked_signature(
-    model: RankingModelClient, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
+    model: RankingModelClient,
+    schema: FeatureSchema,
+    world: WorldStamp | None,
+    timeout_s: float,
+    version: str | None = None,
 ) -> ModelSignature:
-    """Wait for the model, then refuse to go on if it disagrees with the schema or the world."""
+    """Wait for the model, then refuse to go on if it disagrees with the schema or the world.
+
+    `version`: the one to check; None: the configured one (RECSYS_MODEL_VERSION).
+    """
+
+    def ready() -> Awaitable[ModelSignature]:
+        return model.ready_signature(STARTUP_CALL_TIMEOUT_S, version)
+
     try:
-        signature = await retry_dependency("the triton model", model.ready_signature, timeout_s)
+        signature = await retry_dependency("the triton model", ready, timeout_s)
     except DependencyError as exc:
         raise UnreachableError(
             f"Triton at {model.url} did not serve a ready model in {timeout_s:.0f} s ({exc}): "
@@ -84,11 +95,18 @@ async def checked_signature(
 
 
 async def pool_signature(
-    pool: TritonPool, schema: FeatureSchema, world: WorldStamp | None, timeout_s: float
+    pool: TritonPool,
+    schema: FeatureSchema,
+    world: WorldStamp | None,
+    timeout_s: float,
+    version: str | None = None,
 ) -> ModelSignature:
     """Every endpoint checked; chunks are cut to fit the smallest max_batch_size among them."""
     signatures = await asyncio.gather(
-        *(checked_signature(endpoint, schema, world, timeout_s) for endpoint in pool.endpoints)
+        *(
+            checked_signature(endpoint, schema, world, timeout_s, version)
+            for endpoint in pool.endpoints
+        )
     )
     return min(signatures, key=lambda signature: signature.max_batch_size)
 

@@ -119,3 +119,20 @@ def seen_over_cap(world: Path, cap: int) -> tuple[int, int, int]:
         lengths = np.diff(seen["offsets"])
     longest = int(lengths.max()) if len(lengths) else 0
     return int((lengths > cap).sum()), len(lengths), longest
+
+
+def files_identity(world: Path, stamp: WorldStamp | None) -> str:
+    """What tells one version of the served files from another, cheaply.
+
+    A stamped world's manifest holds their digests (already checked against the files); an
+    unstamped one is told apart by where its files are, their sizes and times.
+    """
+    if stamp is not None:
+        return stamp.world_id + "".join(stamp.digests.get(name, "") for name in SERVED_FILES)
+    parts = [str(world.resolve())]
+    for name in SERVED_FILES:
+        path = world / name
+        if path.is_file():
+            status = path.stat()
+            parts.append(f"{name}:{status.st_size}:{status.st_mtime_ns}")
+    return "|".join(parts)

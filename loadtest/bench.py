@@ -44,6 +44,7 @@ import numpy as np
 from app.artifacts import serving_artifacts
 from app.catalog import ITEMS_FILE, load_catalog
 from app.clients.feature_store import KeySpace
+from app.release import ModelRouting, Routed
 from app.rules import RerankRules
 from app.schema import ModelSignature
 from app.world import world_schema
@@ -214,7 +215,8 @@ def held_data_bytes(world: Path) -> int:
     schema = world_schema(world, None)
     catalog = load_catalog(world, schema, nprobe=1)
     signature = ModelSignature("m", "1", "x", "FP32", (-1, schema.width), "y", "FP32", 1)
-    held = serving_artifacts(schema, catalog, RerankRules(), signature, KeySpace("recsys"))
+    routing = ModelRouting(Routed("", signature))
+    held = serving_artifacts(schema, catalog, RerankRules(), routing, KeySpace("recsys"))
     arrays = [
         catalog.item_ids,
         catalog.categories,

@@ -66,7 +66,7 @@ async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return _response(422, error_body("invalid_request", summary, request_id, fields))
 
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+_HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
 
 
 async def http_error(request: Request, exc: Exception) -> JSONResponse:

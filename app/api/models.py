@@ -10,6 +10,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from app.metrics import Variant
 from app.stages.types import Moment, Query
 
 
@@ -84,7 +85,13 @@ class RecommendedItem(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
-    version: str
+    version: str | None = Field(
+        description="the version Triton says scored this answer; null when Triton did not "
+        "(`degraded` says why)"
+    )
+    variant: Variant = Field(
+        description="stable, canary (this user is in the canary's share), or fallback"
+    )
 
 
 class RecommendResponse(BaseModel):
@@ -92,6 +99,10 @@ class RecommendResponse(BaseModel):
     user_id: str
     items: list[RecommendedItem]
     model: ModelInfo
+    artifacts: str = Field(
+        description="names the index, catalog and rules that made this answer: the same in "
+        "every answer until a reload changes them"
+    )
     cold_start: bool = Field(description="the user had no stored features; defaults were used")
     degraded: list[str] = Field(description="stage:reason for every stage that fell back")
     timings_ms: dict[str, float] | None = Field(default=None, description="only with debug")
@@ -122,3 +133,15 @@ class Readiness(BaseModel):
     checks: dict[str, bool] = Field(description="each part and whether it passed")
     failing: list[str] = Field(description="the checks that make the instance not ready")
     breakers: dict[str, str] = Field(description="circuit breaker state per dependency")
+
+
+class Release(BaseModel):
+    """What this worker serves: its release generation, artifacts and routed versions."""
+
+    generation: int = Field(description="1 at start, one more per reload or rollback")
+    artifacts: str
+    world_id: str
+    stable: str = Field(description="the stable version (the latest ready, when unpinned)")
+    canary: str = Field(description="the canary version; empty for none")
+    canary_percent: float
+    shadow: str = Field(description="the shadow version; empty for none")

@@ -115,6 +115,7 @@ async def recommend(
         reserve_s=services.settings.reserve_ms / 1000.0,
         artifacts=artifacts,
         metrics=services.metrics,
+        user_id=body.user_id,
     )
     try:
         result = await services.pipeline.run(body.query(), ctx)
@@ -130,7 +131,12 @@ async def recommend(
             RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
             for rank, item in enumerate(result.items, start=1)
         ],
-        model=ModelInfo(name=artifacts.model.name, version=artifacts.model.version),
+        model=ModelInfo(
+            name=artifacts.model.name,
+            version=ctx.model_version or None,
+            variant=ctx.model_variant,
+        ),
+        artifacts=artifacts.label,
         cold_start=result.cold_start,
         degraded=ctx.degraded,
         timings_ms=ctx.timings_ms if body.debug else None,

@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from app.breaker import CircuitBreaker
 from app.clients.shared_memory import InputSlots
 from app.errors import FailureKind, RankingModelError
+from app.release import ModelAnswer, Routed
 from app.schema import ModelSignature
 from app.world import WORLD_ID_PARAMETER
 
@@ -67,17 +68,26 @@ def _dims(shape: Any) -> tuple[int, ...]:
     return tuple(int(dim) for dim in shape)
 
 
-def signature_from_triton(metadata: dict[str, Any], config: dict[str, Any]) -> ModelSignature:
-    """Reduce Triton's model metadata and config (as JSON) to a ModelSignature."""
+def _latest(versions: list[Any]) -> str:
+    numbered = [str(v) for v in versions if str(v).isdigit()]
+    return max(numbered, key=int) if numbered else ""
+
+
+def signature_from_triton(
+    metadata: dict[str, Any], config: dict[str, Any], version: str = ""
+) -> ModelSignature:
+    """Reduce Triton's model metadata and config (as JSON) to a ModelSignature.
+
+    Its version is `version`, or for "" the highest one Triton has ready (the one it picks).
+    """
     inputs, outputs = metadata.get("inputs", []), metadata.get("outputs", [])
     first_in = inputs[0] if inputs else {"name": "", "datatype": "", "shape": []}
     first_out = outputs[0] if outputs else {"name": "", "datatype": ""}
-    versions = metadata.get("versions") or [""]
     model_config = config.get("config", config)
     world = model_config.get("parameters", {}).get(WORLD_ID_PARAMETER, {})
     return ModelSignature(
         name=str(metadata.get("name", "")),
-        version=str(versions[-1]),
+        version=version or _latest(metadata.get("versions") or []),
         input_name=str(first_in["name"]),
         input_datatype=str(first_in["datatype"]),
         input_shape=_dims(first_in.get("shape", [])),
@@ -143,43 +153,51 @@ class RankingModelClient:
     def breaker(self) -> CircuitBreaker:
         return self._breaker
 
-    async def signature(self, timeout_s: float) -> ModelSignature:
+    async def signature(self, timeout_s: float, version: str | None = None) -> ModelSignature:
+        """What `version` (default: the configured one; "": the latest) accepts."""
+        version = self._model_version if version is None else version
         try:
             metadata = await self._client.get_model_metadata(
-                self._model_name, self._model_version, as_json=True, client_timeout=timeout_s
+                self._model_name, version, as_json=True, client_timeout=timeout_s
             )
             config = await self._client.get_model_config(
-                self._model_name, self._model_version, as_json=True, client_timeout=timeout_s
+                self._model_name, version, as_json=True, client_timeout=timeout_s
             )
         except InferenceServerException as exc:
             raise _mapped(exc, "read model metadata") from exc
-        return signature_from_triton(metadata, config)
+        return signature_from_triton(metadata, config, version)
 
-    async def is_ready(self, timeout_s: float) -> bool:
+    async def is_ready(self, timeout_s: float, version: str | None = None) -> bool:
+        version = self._model_version if version is None else version
         try:
             return bool(
                 await self._client.is_model_ready(
-                    self._model_name, self._model_version, client_timeout=timeout_s
+                    self._model_name, version, client_timeout=timeout_s
                 )
             )
         except InferenceServerException:
             return False
 
-    async def ready_signature(self, timeout_s: float = 1.0) -> ModelSignature:
+    async def ready_signature(
+        self, timeout_s: float = 1.0, version: str | None = None
+    ) -> ModelSignature:
         """The model's signature, or UNAVAILABLE while Triton is down or still loading it."""
-        if not await self.is_ready(timeout_s):
+        if not await self.is_ready(timeout_s, version):
+            shown = self._model_version if version is None else version
             raise RankingModelError(
-                FailureKind.UNAVAILABLE, f"model {self._model_name!r} is not ready"
+                FailureKind.UNAVAILABLE,
+                f"model {self._model_name!r} version {shown or '(latest)'} is not ready",
             )
-        return await self.signature(timeout_s)
+        return await self.signature(timeout_s, version)
 
     async def _infer_chunk(
         self,
         rows: npt.NDArray[np.float32],
-        signature: ModelSignature,
+        routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> npt.NDArray[np.float32]:
+    ) -> tuple[npt.NDArray[np.float32], str]:
+        signature = routed.signature
         request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
         slot = self._shared_input(rows, request_input)
         if slot is None:
@@ -189,7 +207,7 @@ class RankingModelClient:
             result = await self._client.infer(
                 self._model_name,
                 [request_input],
-                model_version=self._model_version,
+                model_version=routed.version,
                 outputs=[output],
                 request_id=request_id,
                 timeout=int(timeout_s * 1_000_000),
@@ -212,36 +230,47 @@ class RankingModelClient:
                 FailureKind.BAD_DATA, f"{signature.output_name} has the wrong size"
             )
         flat: npt.NDArray[np.float32] = scores.reshape(-1).astype(np.float32, copy=False)
-        return flat
+        return flat, str(result.get_response().model_version)
 
     async def score(
         self,
         rows: npt.NDArray[np.float32],
-        signature: ModelSignature,
+        routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> npt.NDArray[np.float32]:
+        guarded: bool = True,
+    ) -> ModelAnswer:
         """One score per row; chunks go out concurrently and are joined in row order.
 
-        When one chunk fails the others are cancelled: the answer needs all of them.
+        When one chunk fails the others are cancelled: the answer needs all of them. Answers
+        from two versions (Triton's latest changed between chunks) are refused: one answer
+        is scored by one model. An unguarded call (a shadow's) neither counts towards the
+        breaker nor waits for it, so a failing trial version never stops the served one.
         """
         if timeout_s <= 0:
             raise RankingModelError(FailureKind.TIMEOUT, "no time left before the deadline")
-        bounds = chunk_bounds(rows.shape[0], signature.max_batch_size)
+        bounds = chunk_bounds(rows.shape[0], routed.signature.max_batch_size)
         if not bounds:
-            return np.empty(0, np.float32)
-        with self._breaker.guard(RankingModelError):
+            return ModelAnswer(np.empty(0, np.float32), routed.version)
+        guard = self._breaker.guard(RankingModelError) if guarded else contextlib.nullcontext()
+        with guard:
             try:
                 async with asyncio.TaskGroup() as group:
                     tasks = [
                         group.create_task(
-                            self._infer_chunk(rows[a:b], signature, timeout_s, request_id)
+                            self._infer_chunk(rows[a:b], routed, timeout_s, request_id)
                         )
                         for a, b in bounds
                     ]
             except* RankingModelError as failures:
                 raise failures.exceptions[0] from None
-        return np.concatenate([task.result() for task in tasks])
+        parts = [task.result() for task in tasks]
+        versions = sorted({version for _, version in parts})
+        if len(versions) > 1:
+            raise RankingModelError(
+                FailureKind.ERROR, f"versions {' and '.join(versions)} answered one request"
+            )
+        return ModelAnswer(np.concatenate([scores for scores, _ in parts]), versions[0])
 
     async def close(self) -> None:
         if self._slots is not None:
@@ -283,10 +312,11 @@ class TritonPool:
     async def score(
         self,
         rows: npt.NDArray[np.float32],
-        signature: ModelSignature,
+        routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> npt.NDArray[np.float32]:
+        guarded: bool = True,
+    ) -> ModelAnswer:
         deadline = time.monotonic() + timeout_s
         failure: RankingModelError | None = None
         for endpoint in self._turn():
@@ -294,7 +324,7 @@ class TritonPool:
             if failure is not None and left <= 0:
                 break
             try:
-                return await endpoint.score(rows, signature, left, request_id)
+                return await endpoint.score(rows, routed, left, request_id, guarded)
             except RankingModelError as exc:
                 if exc.kind not in _FAST_FAILURES:
                     raise
@@ -302,12 +332,14 @@ class TritonPool:
         assert failure is not None
         raise failure
 
-    async def ready_signature(self, timeout_s: float = 1.0) -> ModelSignature:
+    async def ready_signature(
+        self, timeout_s: float = 1.0, version: str | None = None
+    ) -> ModelSignature:
         """The signature of the first endpoint whose model is ready; UNAVAILABLE when none is."""
         failure: RankingModelError | None = None
         for endpoint in self.endpoints:
             try:
-                return await endpoint.ready_signature(timeout_s)
+                return await endpoint.ready_signature(timeout_s, version)
             except RankingModelError as exc:
                 failure = exc
         assert failure is not None

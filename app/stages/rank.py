@@ -10,7 +10,7 @@ import numpy.typing as npt
 from app.context import RequestContext
 from app.errors import FailureKind, RankingModelError
 from app.metrics import Stage
-from app.schema import ModelSignature
+from app.release import ModelAnswer, Routed
 from app.stages.types import HydratedCandidates, Scored, Scores
 
 # Left after a fallback for the rerank and the answer itself.
@@ -21,15 +21,23 @@ class RemoteModel(Protocol):
     async def score(
         self,
         rows: npt.NDArray[np.float32],
-        signature: ModelSignature,
+        routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> Scores: ...
+    ) -> ModelAnswer: ...
 
 
 class FallbackModel(Protocol):
     async def score(self, rows: npt.NDArray[np.float32], timeout_s: float) -> Scores:
         """Scores of the first rows that fit in timeout_s (fewer than rows, possibly)."""
+        ...
+
+
+class ShadowScorer(Protocol):
+    def compare(
+        self, rows: npt.NDArray[np.float32], served: Scores, shadow: Routed, request_id: str
+    ) -> None:
+        """Score the rows with `shadow` later, off the request's path, and record agreement."""
         ...
 
 
@@ -51,22 +59,39 @@ def scores_by_candidate(hydrated: HydratedCandidates, values: Scores) -> tuple[S
 
 
 class Scorer:
-    """Scores candidates' rows, keeping their order; falls back instead of failing."""
+    """Scores candidates' rows, keeping their order; falls back instead of failing.
+
+    The routing in the request's artifacts picks the version by user: the stable one, or
+    the canary for the users in its share. The version that answered is recorded on the
+    context for the response and the metrics.
+    """
 
     def __init__(
-        self, model: RemoteModel, fallback: FallbackModel | None, timeout_s: float
+        self,
+        model: RemoteModel,
+        fallback: FallbackModel | None,
+        timeout_s: float,
+        shadow: ShadowScorer | None = None,
     ) -> None:
         self._model = model
         self._fallback = fallback
         self._timeout_s = timeout_s
+        self._shadow = shadow
 
     async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+        routing = ctx.artifacts.routing
+        variant, routed = routing.pick(ctx.user_id)
         try:
-            return await self._model.score(
-                rows, ctx.artifacts.model, ctx.time_for(self._timeout_s), ctx.request_id
+            answer = await self._model.score(
+                rows, routed, ctx.time_for(self._timeout_s), ctx.request_id
             )
         except RankingModelError as exc:
             ctx.degrade(Stage.RANK, exc.kind, exc)
+        else:
+            ctx.model_variant, ctx.model_version = variant, answer.version
+            if routing.shadow is not None and self._shadow is not None:
+                self._shadow.compare(rows, answer.scores, routing.shadow, ctx.request_id)
+            return answer.scores
         if self._fallback is None:
             return np.empty(0, dtype=np.float32)
         try:
@@ -81,6 +106,7 @@ class Scorer:
         ctx: RequestContext,
     ) -> Scored:
         values = await self._values(rows, ctx) if len(rows) else np.empty(0, np.float32)
+        ctx.metrics.answer_count[ctx.model_variant].inc()
         scored, bad = scores_by_candidate(hydrated, values)
         if bad:
             ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")

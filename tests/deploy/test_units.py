@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from app.reload import RELOAD_SIGNAL
 from app.settings import Settings
 from tests.debian_tools import debian_root
 
@@ -396,7 +397,9 @@ def test_api_is_locked_down_and_serves_the_world_read_only(units: dict[str, Unit
     run = podman_run(units, "recsys-api")
     assert run.value("--network") == "recsys"
     assert run.value("--env-file") == "/etc/recsys/api.env"
-    assert volume(run, "/var/lib/recsys/world") == ("/srv/recsys/world", {"ro", "Z"})
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "Z"})
+    # Writable: a rollback rewrites the release file.
+    assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"Z"})
     assert run.values("--publish") == ["8080:8080"]
     assert run.has("--read-only")
     assert "no-new-privileges" in run.values("--security-opt")
@@ -418,6 +421,11 @@ def test_api_starts_after_triton_and_redis_without_depending_on_them(
     assert dependencies <= set(words(api, "Unit", "Wants"))
     # Requires would stop the API with Redis or Triton, when it can still answer.
     assert not dependencies & set(words(api, "Unit", "Requires"))
+
+
+def test_systemctl_reload_signals_the_api_to_reload(units: dict[str, Unit]) -> None:
+    reload = one(units["recsys-api"], "Service", "ExecReload").split()
+    assert reload[1:] == ["kill", "--signal", RELOAD_SIGNAL.name.removeprefix("SIG"), "recsys-api"]
 
 
 def test_containers_restart_always_and_stop_after_draining(units: dict[str, Unit]) -> None:
@@ -514,7 +522,10 @@ def test_api_env_example_holds_valid_settings() -> None:
     assert settings.port == 8080
     assert settings.triton_url == "recsys-triton:8001"
     assert settings.redis_url.endswith("@recsys-redis:6379/0")
-    assert settings.artifacts_dir == Path("/var/lib/recsys/world")
+    assert settings.artifacts_dir == Path("/var/lib/recsys/worlds/current")
+    assert settings.release_file == Path("/var/lib/recsys/release/release.toml")
+    assert settings.rules_file == Path("/var/lib/recsys/release/rules.toml")
+    assert settings.admin_token is None  # /admin is off unless a token is set
     api = parse_unit((PLAIN_DIR / "recsys-api.service").read_text())
     stop_timeout = float(PodmanRun.parse(one(api, "Service", "ExecStart")).value("--stop-timeout"))
     assert settings.drain_s + settings.shutdown_grace_s < stop_timeout

@@ -69,7 +69,7 @@ async def test_answer_is_the_models_top_n(stack: Stack, plain_client: AsyncClien
     assert [item["rank"] for item in answer["items"]] == list(range(1, 16))
     assert answer["degraded"] == []
     assert answer["cold_start"] is False
-    assert answer["model"] == {"name": "ranking_model", "version": "1"}
+    assert answer["model"] == {"name": "ranking_model", "version": "1", "variant": "stable"}
     assert set(answer["timings_ms"]) == {
         "features",
         "recall",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.workers import METRICS_DIR_ENV
 from loadtest.service import ApiProcess
-from tests.integration.conftest import Stack
+from tests.integration.conftest import PLAIN_RULES, Stack
 from tests.integration.test_faults import api_process
 
 pytestmark = pytest.mark.integration
@@ -94,3 +96,38 @@ def test_sigterm_stops_every_worker_and_removes_the_metrics(stack: Stack, tmp_pa
     assert not shared.exists()
     # The tracker exits when it sees its parent's pipe close, a moment after the parent.
     _until(lambda: not [pid for pid in children if Path(f"/proc/{pid}").exists()], 5.0)
+
+
+def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(PLAIN_RULES)
+    token = "workers-test-token-0123456789"
+    with api_process(
+        stack, tmp_path, workers=str(WORKERS), rules_file=str(rules), admin_token=token
+    ) as api:
+        _until(lambda: _scrape(api.url).get("recsys_workers{}") == WORKERS)
+
+        def applied() -> float:
+            return _scrape(api.url).get("recsys_reloads_total{outcome=applied}", 0.0)
+
+        # systemctl reload: the signal goes to the supervisor, which hands it to each worker.
+        rules.write_text("[diversity]\nmax_per_category = 2\n")
+        os.kill(api.pid, signal.SIGUSR1)
+        _until(lambda: applied() == WORKERS)
+        # /admin reaches one worker: it reloads, and has the supervisor tell the others.
+        rules.write_text("[diversity]\nmax_per_category = 3\n")
+        answer = httpx.post(
+            f"{api.url}/admin/reload", headers={"authorization": f"Bearer {token}"}, timeout=10
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["generation"] == 3
+        _until(lambda: applied() == 2 * WORKERS)
+        labels = {
+            httpx.post(f"{api.url}/recommend", json={"user_id": f"u{n}"}, timeout=5).json()[
+                "artifacts"
+            ]
+            for n in range(4 * WORKERS)
+        }
+        assert labels == {answer.json()["artifacts"]}
+        assert _scrape(api.url)["recsys_release_generation{}"] == 3
+        assert api.stop() == 0, api.log_tail()

@@ -6,12 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
+import faiss
 import numpy as np
 import onnx
 import pytest
 from google.protobuf import text_format
 from recsys_tools.world.build import DemoSize, build_demo_world
 from recsys_tools.world.identity import install_model, with_world_parameter
+from recsys_tools.world.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
 from app.catalog import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
@@ -128,3 +130,39 @@ def test_histories_over_the_cap_are_counted(world: Path) -> None:
     over, histories, longest = seen_over_cap(world, 2)
     assert (over, histories, longest) == (int((lengths > 2).sum()), len(lengths), lengths.max())
     assert seen_over_cap(world, int(lengths.max()))[0] == 0
+
+
+def test_a_new_version_gets_the_model_and_the_code_version_one_runs(
+    world: Path, tmp_path: Path
+) -> None:
+    repository = tmp_path / "models"
+    (repository / "ranking_model" / "1").mkdir(parents=True)
+    shutil.copyfile(CONFIGS[0], repository / "ranking_model" / "config.pbtxt")
+    local_code = ROOT / "model_repository" / "ranking_model" / "1" / "model.py"
+    shutil.copyfile(local_code, repository / "ranking_model" / "1" / "model.py")
+    target = install_model(world, repository, "ranking_model", version=2)
+    assert target == repository / "ranking_model" / "2" / MODEL_FILE
+    assert target.read_bytes() == (world / MODEL_FILE).read_bytes()
+    assert (target.parent / "model.py").read_bytes() == local_code.read_bytes()
+    assert not (repository / "ranking_model" / "1" / MODEL_FILE).exists()
+
+
+def test_reindex_beside_keeps_the_world_and_leaves_the_original_alone(
+    world: Path, tmp_path: Path
+) -> None:
+    before = {path.name: path.read_bytes() for path in world.iterdir() if path.is_file()}
+    out = tmp_path / "reindexed"
+    world_id = reindex_beside(world, out, "IVF4,Flat")
+    stamp, copy = read_stamp(world), read_stamp(out)
+    assert stamp is not None
+    assert copy is not None
+    assert world_id == copy.world_id == stamp.world_id
+    assert copy.digests[INDEX_FILE] != stamp.digests[INDEX_FILE]
+    verify_files(out, copy)  # the manifest names the new index
+    index = faiss.read_index(str(out / INDEX_FILE))
+    assert index.ntotal == faiss.read_index(str(world / INDEX_FILE)).ntotal
+    assert faiss.extract_index_ivf(index).nlist == 4
+    after = {path.name: path.read_bytes() for path in world.iterdir() if path.is_file()}
+    assert after == before
+    with pytest.raises(ConfigError, match="exists"):
+        reindex_beside(world, out, "Flat")

@@ -28,6 +28,7 @@ from app.context import RequestContext
 from app.errors import DependencyError, FailureKind, RankingModelError
 from app.metrics import ServiceMetrics
 from app.pipeline import RecommendPipeline
+from app.release import ModelAnswer, ModelRouting, Routed
 from app.rules import RerankRules
 from app.schema import ModelSignature
 from app.stages.features import UserFeatureHydrator
@@ -57,7 +58,8 @@ def artifacts(rules: RerankRules | None = None) -> ServingArtifacts:
         index=None,
     )
     model = ModelSignature("m", "1", "features", "FP32", (-1, schema.width), "score", "FP32", 4)
-    return serving_artifacts(schema, catalog, rules or RerankRules(), model, KEYS)
+    routing = ModelRouting(Routed("", model))
+    return serving_artifacts(schema, catalog, rules or RerankRules(), routing, KEYS)
 
 
 def context(budget_s: float = 0.1, reserve_s: float = 0.01) -> RequestContext:
@@ -137,18 +139,21 @@ class FakeModel:
     error: RankingModelError | None = None
     override: Scores | None = None
     calls: int = 0
+    versions: list[str] = field(default_factory=list)  # as asked, one per call
 
     async def score(
         self,
         rows: npt.NDArray[np.float32],
-        signature: ModelSignature,
+        routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> Scores:
+    ) -> ModelAnswer:
         self.calls += 1
+        self.versions.append(routed.version)
         if self.error is not None:
             raise self.error
-        return self.override if self.override is not None else price_scores(rows)
+        scores = self.override if self.override is not None else price_scores(rows)
+        return ModelAnswer(scores, routed.version or "1")
 
 
 @dataclass

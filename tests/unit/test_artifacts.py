@@ -5,6 +5,7 @@ import numpy as np
 from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.catalog import Catalog
 from app.clients.feature_store import KeySpace
+from app.release import ModelRouting, Routed
 from app.rules import BlockRule, DiversityRule, RerankRules
 from app.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
@@ -20,7 +21,8 @@ def _artifacts(rules: RerankRules) -> ServingArtifacts:
         index=None,
     )
     model = ModelSignature("m", "1", "features", "FP32", (-1, 15), "score", "FP32", 8)
-    return serving_artifacts(tiny_schema(), catalog, rules, model, KeySpace("rs"))
+    routing = ModelRouting(Routed("", model))
+    return serving_artifacts(tiny_schema(), catalog, rules, routing, KeySpace("rs"))
 
 
 def test_blocked_items_are_resolved_once_and_left_out_of_popular() -> None:

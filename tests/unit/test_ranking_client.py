@@ -10,6 +10,7 @@ from tritonclient.utils import InferenceServerException
 from app.breaker import CircuitBreaker
 from app.clients.ranking_model import RankingModelClient, chunk_bounds, signature_from_triton
 from app.errors import FailureKind, RankingModelError
+from app.release import Routed
 from app.schema import ModelSignature
 
 
@@ -83,6 +84,7 @@ class _FakeTriton:
 
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 2)
+ROUTED = Routed("", SIGNATURE)
 
 
 def _client(fake: _FakeTriton, breaker: CircuitBreaker | None = None) -> RankingModelClient:
@@ -99,7 +101,7 @@ async def test_one_failing_chunk_cancels_its_siblings_and_maps_the_error() -> No
     rows = np.zeros((6, 3), dtype=np.float32)
     started = time.monotonic()
     with pytest.raises(RankingModelError) as raised:
-        await _client(fake).score(rows, SIGNATURE, 0.5, "req-7")
+        await _client(fake).score(rows, ROUTED, 0.5, "req-7")
     assert time.monotonic() - started < 0.5
     assert raised.value.kind is FailureKind.UNAVAILABLE
     assert fake.cancelled == 2
@@ -124,7 +126,7 @@ async def test_triton_statuses_map_to_failure_kinds(
 ) -> None:
     fake = _FakeTriton(status, message)
     with pytest.raises(RankingModelError) as raised:
-        await _client(fake).score(np.zeros((1, 3), np.float32), SIGNATURE, 0.5, "r")
+        await _client(fake).score(np.zeros((1, 3), np.float32), ROUTED, 0.5, "r")
     assert raised.value.kind is kind
 
 
@@ -134,13 +136,13 @@ async def test_an_open_breaker_skips_triton_and_no_time_left_is_not_its_fault() 
     client = _client(fake, breaker)
     rows = np.zeros((1, 3), np.float32)
     with pytest.raises(RankingModelError):
-        await client.score(rows, SIGNATURE, 0.0, "r")
+        await client.score(rows, ROUTED, 0.0, "r")
     assert not fake.calls
     assert breaker.state.name == "CLOSED"
     with pytest.raises(RankingModelError):
-        await client.score(rows, SIGNATURE, 0.5, "r")
+        await client.score(rows, ROUTED, 0.5, "r")
     assert breaker.state.name == "OPEN"
     with pytest.raises(RankingModelError) as raised:
-        await client.score(rows, SIGNATURE, 0.5, "r")
+        await client.score(rows, ROUTED, 0.5, "r")
     assert raised.value.kind is FailureKind.CIRCUIT_OPEN
     assert len(fake.calls) == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli import add_serve_options, serve
-from app.errors import RecsysError
+from app.errors import ConfigError, RecsysError
 from recsys_tools.model_compare import add_model_parser
 from recsys_tools.plan import add_plan_parser
 from recsys_tools.tune import add_tune_parser
@@ -82,7 +82,16 @@ def _install_model(args: argparse.Namespace) -> None:
     from recsys_tools.world.identity import install_model
 
     schema = world_schema(args.world, args.schema)
-    print(install_model(args.world, args.model_repository, schema.model_name))
+    if args.version < 1:
+        raise ConfigError(f"--version {args.version}: Triton's versions start at 1")
+    print(install_model(args.world, args.model_repository, schema.model_name, args.version))
+
+
+def _reindex(args: argparse.Namespace) -> None:
+    from recsys_tools.world.reindex import reindex_beside
+
+    world_id = reindex_beside(args.world, args.out, args.index_factory)
+    print(json.dumps({"world": str(args.out), "world_id": world_id}))
 
 
 def _import_catalog(args: argparse.Namespace) -> None:
@@ -187,7 +196,23 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="holds MODEL_NAME/config.pbtxt (copy model_repository/ or deploy/triton/gpu/)",
     )
+    install.add_argument(
+        "--version",
+        type=int,
+        default=1,
+        help="the Triton model version to write (default 1); a new one can be tried as a "
+        "canary beside the served one (README: changing what serves)",
+    )
     install.set_defaults(run=_install_model)
+
+    reindex = commands.add_parser(
+        "reindex",
+        parents=[world, index],
+        help="a copy of the world with its index rebuilt, beside it, for a running service to "
+        "reload",
+    )
+    reindex.add_argument("--out", type=Path, required=True, help="the new world directory")
+    reindex.set_defaults(run=_reindex)
 
     imported = commands.add_parser(
         "import-catalog", parents=[world, index], help="a real catalog from Parquet or NPZ"

@@ -86,8 +86,9 @@ def with_world_parameter(config: str, world_id: str) -> str:
     return config.rstrip("\n") + "\n" + block + "\n"
 
 
-def install_model(world: Path, model_repository: Path, model_name: str) -> Path:
-    """Copy the world's model into version 1 of its Triton model directory, under its id.
+def install_model(world: Path, model_repository: Path, model_name: str, version: int = 1) -> Path:
+    """Copy the world's model into a version (1 unless told) of its Triton model directory,
+    under its id.
 
     The model directory's config.pbtxt must exist (the local one is model_repository/ in the
     checkout, the GPU one deploy/triton/gpu/); it gets the world's id as a parameter.
@@ -104,9 +105,14 @@ def install_model(world: Path, model_repository: Path, model_name: str) -> Path:
             f"{config} is missing: copy a model config there first (model_repository/ for "
             "the local CPU Triton, deploy/triton/gpu/ for a GPU)"
         )
-    target = model_repository / model_name / "1" / MODEL_FILE
+    target = model_repository / model_name / str(version) / MODEL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
+    # A Python-backend model (the local CPU one) runs code beside the ONNX file: a new
+    # version gets the code version 1 runs.
+    for code in (model_repository / model_name / "1").glob("*.py"):
+        if not (target.parent / code.name).exists():
+            shutil.copyfile(code, target.parent / code.name)
     stamp = read_stamp(world)
     if stamp is not None:
         config.write_text(with_world_parameter(config.read_text(), stamp.world_id))

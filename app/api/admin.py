@@ -1,0 +1,97 @@
+"""/admin: reload and roll back the release, for callers holding RECSYS_ADMIN_TOKEN.
+
+Mounted only when a token is configured. With several workers a call reaches one of them:
+it applies the change there and answers, and signals the others (SIGUSR1 through the
+supervisor), which reload from the same files; their results are in the logs and in
+`recsys_reloads_total` and `recsys_release_generation`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from app.api.deps import ServicesDep
+from app.api.errors import error_body, request_id_of
+from app.api.models import ErrorBody, Release
+from app.reload import RELOAD_SIGNAL, ReleaseReport, ReloadRefusedError
+from app.services import Services
+
+log = logging.getLogger(__name__)
+
+
+async def require_token(request: Request, services: ServicesDep) -> Services:
+    expected = services.settings.admin_token
+    sent = request.headers.get("authorization", "")
+    scheme, _, token = sent.partition(" ")
+    if (
+        expected is None
+        or scheme.lower() != "bearer"
+        or not hmac.compare_digest(token.encode(), expected.get_secret_value().encode())
+    ):
+        raise HTTPException(
+            status_code=401,
+            detail="send Authorization: Bearer <RECSYS_ADMIN_TOKEN>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return services
+
+
+AdminDep = Annotated[Services, Depends(require_token)]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("No bearer token, or not RECSYS_ADMIN_TOKEN."),
+}
+router = APIRouter(prefix="/admin", tags=["admin"], responses=ADMIN_ERRORS)
+
+
+def _release(report: ReleaseReport) -> Release:
+    return Release(**asdict(report))
+
+
+def _tell_other_workers(services: Services) -> None:
+    if services.settings.workers > 1:
+        os.kill(os.getppid(), RELOAD_SIGNAL)
+
+
+@router.get("/release", response_model=Release, summary="What this worker serves")
+async def release(services: AdminDep) -> Release:
+    return _release(services.reloader.report())
+
+
+@router.post(
+    "/reload",
+    response_model=Release,
+    responses={409: _error("A check failed; the release that was serving still is.")},
+    summary="Read the release file, the world's files and the rules again, and serve them",
+)
+async def reload(request: Request, services: AdminDep) -> Release | JSONResponse:
+    try:
+        report = await services.reloader.reload()
+    except ReloadRefusedError as exc:
+        body = error_body("reload_refused", str(exc), request_id_of(request))
+        return JSONResponse(body.model_dump(), status_code=409)
+    _tell_other_workers(services)
+    return _release(report)
+
+
+@router.post(
+    "/rollback",
+    response_model=Release,
+    summary="Stop the canary and the shadow: the stable version answers everyone",
+)
+async def rollback(services: AdminDep) -> Release:
+    report = await services.reloader.roll_back()
+    _tell_other_workers(services)
+    return _release(report)

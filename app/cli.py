@@ -21,6 +21,20 @@ from app.errors import ConfigError, RecsysError
 log = logging.getLogger("recsys")
 
 
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+
+
+def configure_logging() -> None:
+    """The service's own log lines at INFO, unless logging is set up already.
+
+    Called in the supervisor and again in each worker: a worker is a new interpreter, and
+    uvicorn configures only its own loggers there, so reloads and start-up reports would
+    otherwise go unlogged with several workers.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)
 
@@ -104,7 +118,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="recsys-serve", description=__doc__)
     add_serve_options(parser)

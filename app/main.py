@@ -17,6 +17,7 @@ from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate
 from app.api.routes import COMMON_ERRORS, router
+from app.cli import configure_logging
 from app.drain import cancel_on_stop_signals, drain_on_sigterm
 from app.errors import RecsysError
 from app.metrics import ServiceMetrics
@@ -74,6 +75,7 @@ async def _start(
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing connects until the lifespan starts."""
+    configure_logging()
     resolved = settings or load_settings()
     metrics = ServiceMetrics()
     lag = LoopLag()

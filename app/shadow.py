@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from app.errors import RankingModelError
 from app.metrics import ServiceMetrics, ShadowOutcome
-from app.release import ModelAnswer, Routed
+from app.release import Routed
+from app.stages.rank import RemoteModel
 from app.stages.types import Scores
 from app.throttled_log import ThrottledLog
 
@@ -26,17 +26,6 @@ from app.throttled_log import ThrottledLog
 TOP_N = 20
 
 failures = ThrottledLog(logging.getLogger("recsys.shadow"))
-
-
-class TrialModel(Protocol):
-    async def score(
-        self,
-        rows: npt.NDArray[np.float32],
-        routed: Routed,
-        timeout_s: float,
-        request_id: str,
-        guarded: bool,
-    ) -> ModelAnswer: ...
 
 
 def top_agreement(served: Scores, shadow: Scores, top_n: int = TOP_N) -> float:
@@ -51,7 +40,7 @@ def top_agreement(served: Scores, shadow: Scores, top_n: int = TOP_N) -> float:
 
 class ShadowCalls:
     def __init__(
-        self, model: TrialModel, metrics: ServiceMetrics, timeout_s: float, max_in_flight: int
+        self, model: RemoteModel, metrics: ServiceMetrics, timeout_s: float, max_in_flight: int
     ) -> None:
         self._model = model
         self._metrics = metrics

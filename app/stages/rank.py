@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from app.context import RequestContext
 from app.errors import FailureKind, RankingModelError
-from app.metrics import Stage
+from app.metrics import Stage, Variant
 from app.release import ModelAnswer, Routed
 from app.stages.types import HydratedCandidates, Scored, Scores
 
@@ -24,7 +24,10 @@ class RemoteModel(Protocol):
         routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> ModelAnswer: ...
+        guarded: bool = True,
+    ) -> ModelAnswer:
+        """`guarded`: through the endpoint's breaker (a trial version's calls are not)."""
+        ...
 
 
 class FallbackModel(Protocol):
@@ -78,19 +81,38 @@ class Scorer:
         self._timeout_s = timeout_s
         self._shadow = shadow
 
-    async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+    async def _remote(
+        self, rows: npt.NDArray[np.float32], ctx: RequestContext
+    ) -> tuple[Variant, ModelAnswer] | None:
+        """The routed version's answer; a failing canary is replaced by the stable version,
+        and its failures are kept from the breaker that guards the stable one."""
         routing = ctx.artifacts.routing
         variant, routed = routing.pick(ctx.user_id)
+        if variant is Variant.CANARY:
+            try:
+                timeout_s = ctx.time_for(self._timeout_s)
+                answer = await self._model.score(
+                    rows, routed, timeout_s, ctx.request_id, guarded=False
+                )
+                return variant, answer
+            except RankingModelError as exc:
+                ctx.degrade(Stage.RANK, exc.kind, f"canary version {routed.version}: {exc}")
+            variant, routed = Variant.STABLE, routing.stable
         try:
-            answer = await self._model.score(
-                rows, routed, ctx.time_for(self._timeout_s), ctx.request_id
-            )
+            timeout_s = ctx.time_for(self._timeout_s)
+            return variant, await self._model.score(rows, routed, timeout_s, ctx.request_id)
         except RankingModelError as exc:
             ctx.degrade(Stage.RANK, exc.kind, exc)
-        else:
+        return None
+
+    async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+        remote = await self._remote(rows, ctx)
+        if remote is not None:
+            variant, answer = remote
             ctx.model_variant, ctx.model_version = variant, answer.version
-            if routing.shadow is not None and self._shadow is not None:
-                self._shadow.compare(rows, answer.scores, routing.shadow, ctx.request_id)
+            shadow = ctx.artifacts.routing.shadow
+            if shadow is not None and self._shadow is not None:
+                self._shadow.compare(rows, answer.scores, shadow, ctx.request_id)
             return answer.scores
         if self._fallback is None:
             return np.empty(0, dtype=np.float32)

@@ -140,6 +140,7 @@ class FakeModel:
     override: Scores | None = None
     calls: int = 0
     versions: list[str] = field(default_factory=list)  # as asked, one per call
+    failing_versions: dict[str, RankingModelError] = field(default_factory=dict)
 
     async def score(
         self,
@@ -147,9 +148,13 @@ class FakeModel:
         routed: Routed,
         timeout_s: float,
         request_id: str,
+        guarded: bool = True,
     ) -> ModelAnswer:
         self.calls += 1
         self.versions.append(routed.version)
+        failing = self.failing_versions.get(routed.version)
+        if failing is not None:
+            raise failing
         if self.error is not None:
             raise self.error
         scores = self.override if self.override is not None else price_scores(rows)

@@ -13,6 +13,7 @@ from app.context import RequestContext
 from app.errors import ConfigError, FailureKind, RankingModelError
 from app.metrics import Variant
 from app.release import (
+    ModelAnswer,
     ModelRouting,
     ReleasePlan,
     Routed,
@@ -150,3 +151,40 @@ async def test_when_triton_fails_the_fallback_answers_and_nothing_is_shadowed() 
     assert not np.isnan(scored.scores).any()  # the in-process model scored them
     assert (ctx.model_variant, ctx.model_version) == (Variant.FALLBACK, "")
     assert shadow.calls == []
+
+
+async def test_a_failing_canary_is_replaced_by_the_stable_version_and_flagged() -> None:
+    in_canary = next(u for u in USERS if in_share(u, 50.0))
+    model = FakeModel(
+        failing_versions={"2": RankingModelError(FailureKind.UNAVAILABLE, "version 2 unloaded")}
+    )
+    scorer = Scorer(model, None, 0.05, RecordingShadow())
+    ctx = _routed_context(in_canary)
+    scored = await scorer.score(*_hydrated(3), ctx)
+    assert not np.isnan(scored.scores).any()
+    assert model.versions == ["2", "1"]
+    assert (ctx.model_variant, ctx.model_version) == (Variant.STABLE, "1")
+    assert ctx.degraded == ["rank:unavailable"]
+
+
+async def test_only_the_stable_versions_calls_go_through_the_breaker() -> None:
+    calls: list[tuple[str, bool]] = []
+
+    class Recording(FakeModel):
+        async def score(
+            self,
+            rows: npt.NDArray[np.float32],
+            routed: Routed,
+            timeout_s: float,
+            request_id: str,
+            guarded: bool = True,
+        ) -> ModelAnswer:
+            calls.append((routed.version, guarded))
+            return await super().score(rows, routed, timeout_s, request_id)
+
+    in_canary = next(u for u in USERS if in_share(u, 50.0))
+    not_in = next(u for u in USERS if not in_share(u, 50.0))
+    scorer = Scorer(Recording(), None, 0.05)
+    for user in (in_canary, not_in):
+        await scorer.score(*_hydrated(3), _routed_context(user))
+    assert calls == [("2", False), ("1", True)]

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from app.cli import add_serve_options, serve
+from app.cli import add_serve_options, configure_logging, serve
 from app.errors import ConfigError, RecsysError
 from recsys_tools.model_compare import add_model_parser
 from recsys_tools.plan import add_plan_parser
@@ -300,7 +300,7 @@ def _add_build_world(
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     args = _parser().parse_args(argv)
     try:

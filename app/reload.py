@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.artifacts import ArtifactsRef, ServingArtifacts, artifacts_label, serving_artifacts
-from app.catalog import Catalog, load_catalog
+from app.catalog import Catalog
 from app.clients.feature_store import KeySpace
 from app.clients.ranking_model import TritonPool
 from app.errors import (
@@ -39,7 +39,7 @@ from app.release import ModelRouting, ReleasePlan, Routed, read_plan, write_plan
 from app.rules import load_rules
 from app.schema import FeatureSchema
 from app.settings import Settings
-from app.startup_checks import opened_world, pool_signature
+from app.startup_checks import opened_catalog, opened_world, pool_signature
 from app.world import WorldStamp, files_identity
 
 log = logging.getLogger(__name__)
@@ -213,13 +213,7 @@ class Reloader:
         identity = files_identity(settings.artifacts_dir, stamp)
         if artifacts_label(identity, rules) == served.label:
             return dataclasses.replace(served, routing=routing)
-        catalog = await asyncio.to_thread(
-            load_catalog,
-            settings.artifacts_dir,
-            schema,
-            settings.index_nprobe,
-            settings.index_mmap,
-        )
+        catalog = await asyncio.to_thread(opened_catalog, settings, schema)
         _same_items(catalog, served.catalog)
         return serving_artifacts(schema, catalog, rules, routing, self._keys, identity)
 

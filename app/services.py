@@ -14,7 +14,7 @@ import faiss
 
 from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.breaker import BreakerState, CircuitBreaker
-from app.catalog import MODEL_FILE, load_catalog
+from app.catalog import MODEL_FILE
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import TritonPool, connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
@@ -41,6 +41,7 @@ from app.stages.rerank import Reranker
 from app.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
     checked_redis,
+    opened_catalog,
     opened_world,
     report_seen_cap,
 )
@@ -201,13 +202,7 @@ async def start_services(
     rules = load_rules(settings.rules_file)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
-    catalog = await asyncio.to_thread(
-        load_catalog,
-        settings.artifacts_dir,
-        schema,
-        settings.index_nprobe,
-        settings.index_mmap,
-    )
+    catalog = await asyncio.to_thread(opened_catalog, settings, schema)
     urls = settings.triton_urls
     triton_names = ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
     breakers = {

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from app.catalog import Catalog, load_catalog
 from app.clients.feature_store import FeatureStore
 from app.clients.ranking_model import RankingModelClient, TritonPool
 from app.errors import ConfigError, DependencyError, SchemaError, UnreachableError
@@ -136,6 +137,11 @@ def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
     else:
         verify_files(world, stamp)
     return stamp, world_schema(world, settings.feature_schema)
+
+
+def opened_catalog(settings: Settings, schema: FeatureSchema) -> Catalog:
+    """The world's catalog and index, as configured (blocking: run it in a thread)."""
+    return load_catalog(settings.artifacts_dir, schema, settings.index_nprobe, settings.index_mmap)
 
 
 def report_seen_cap(settings: Settings) -> None:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from recsys_tools.localstack import (
     ManagedProcess,
     default_triton_env,
@@ -129,6 +130,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             process.stop()
     leftovers = [p.name for p in started if group_alive(p.pid)]
     assert not leftovers, f"still running after stop: {leftovers}"
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """The exposition's samples by `name{label=value,...}`, labels sorted."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
 
 
 @asynccontextmanager

@@ -21,7 +21,6 @@ import httpx
 import pytest
 import pytest_asyncio
 import tritonclient.grpc as triton_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_triton
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.reindex import reindex_beside
@@ -29,7 +28,7 @@ from recsys_tools.world.reindex import reindex_beside
 from app.catalog import INDEX_FILE
 from app.release import ReleasePlan, in_share, read_plan, write_plan
 from app.settings import Settings
-from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, serving
+from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -192,13 +191,7 @@ async def _admin(client: httpx.AsyncClient, action: str) -> dict[str, Any]:
 
 
 async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
-    text = (await client.get("/metrics")).text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
+    return metric_samples((await client.get("/metrics")).text)
 
 
 async def test_model_index_and_rules_change_under_load_and_each_answer_is_one_release(

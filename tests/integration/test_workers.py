@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.workers import METRICS_DIR_ENV
 from loadtest.service import ApiProcess
-from tests.integration.conftest import PLAIN_RULES, Stack
+from tests.integration.conftest import PLAIN_RULES, Stack, metric_samples
 from tests.integration.test_faults import api_process
 
 pytestmark = pytest.mark.integration
@@ -53,13 +52,7 @@ def _metrics_dir(workers: list[int]) -> Path:
 
 def _scrape(url: str) -> dict[str, float]:
     # A new connection per scrape, so the scrapes land on different workers.
-    text = httpx.get(f"{url}/metrics", timeout=5.0).text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
+    return metric_samples(httpx.get(f"{url}/metrics", timeout=5.0).text)
 
 
 def _until(check: object, timeout_s: float = 30.0) -> None:

@@ -27,6 +27,7 @@ from recsys_tools.engine import (
     EngineReport,
     add_build_engine_parser,
     build_engine,
+    profile_for,
     quadlet_value,
     release_of,
     run_build,
@@ -37,6 +38,7 @@ from tritonclient.grpc import model_config_pb2
 from app.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
 from app.errors import ConfigError
 from app.schema import load_schema
+from app.settings import Settings
 
 SCHEMA = load_schema()
 WIDTH = SCHEMA.width
@@ -329,6 +331,24 @@ def test_the_production_config_and_image_pass(world: Path, tmp_path: Path) -> No
     assert _trt_parameters(_written(report))["trt_profile_opt_shapes"] == (
         f"features:{report.profile.opt_rows}x{WIDTH}"
     )
+
+
+def test_the_shipped_gpu_config_has_the_profile_the_command_computes() -> None:
+    """Its profile and warmups are the shapes a build from it would write and warm up."""
+    source = model_config_pb2.ModelConfig()
+    text_format.Parse((project_root() / engine.DEFAULT_CONFIG).read_text(), source)
+    defaults = Settings.model_fields
+    request_rows = defaults["candidate_count"].default + defaults["popular_candidates"].default
+    profile = profile_for(source, request_rows)
+
+    assert profile.max_rows == source.max_batch_size
+    assert {key: value for key, value in _trt_parameters(source).items() if "profile" in key} == {
+        f"trt_profile_{bound}_shapes": shape for bound, shape in profile.shapes.items()
+    }
+    assert {warmup.name: warmup.batch_size for warmup in source.model_warmup} == {
+        "one_request": profile.opt_rows,
+        "largest_chunk": profile.max_rows,
+    }
 
 
 def test_release_of_a_mirrored_image() -> None:

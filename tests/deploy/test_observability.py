@@ -228,3 +228,6 @@ def test_dashboard_uses_only_recorded_series_that_exist() -> None:
     exprs = " ".join(expr for _, expr in dashboard_queries(load_dashboard()))
     assert "recsys_breaker_state" in exprs
     assert "recsys_in_flight_requests" in exprs
+    # And what changes under it: the answering variant, the shadow's agreement, reloads.
+    for name in ("recsys_model_answers_total", "recsys_shadow_agreement", "recsys_reloads_total"):
+        assert name in exprs, name

@@ -65,9 +65,12 @@ class ModelRouting:
     canary_percent: float = 0.0
     shadow: Routed | None = None
 
+    def routed(self) -> list[Routed]:
+        """Every version routed: the stable one, then the canary and the shadow if any."""
+        return [each for each in (self.stable, self.canary, self.shadow) if each is not None]
+
     def signatures(self) -> list[ModelSignature]:
-        routed = (self.stable, self.canary, self.shadow)
-        return [each.signature for each in routed if each is not None]
+        return [each.signature for each in self.routed()]
 
     def pick(self, user_id: str) -> tuple[Variant, Routed]:
         if self.canary is not None and in_share(user_id, self.canary_percent):

@@ -67,14 +67,41 @@ class ReleaseReport:
 
 
 async def warm(pool: TritonPool, routed: Routed, schema: FeatureSchema) -> None:
-    """Score one full chunk, as requests will: the first real request pays no first-use cost,
-    and a version that cannot answer is found before any user is sent to it."""
+    """Score one full chunk on every Triton, as requests will: the first real request pays no
+    first-use cost, and a version that cannot answer is found before any user is sent to it."""
     rows = np.zeros((routed.signature.max_batch_size, schema.width), np.float32)
-    answer = await pool.score(rows, routed, WARM_TIMEOUT_S, WARM_REQUEST_ID, guarded=False)
-    if routed.version and answer.version != routed.version:
-        raise RankingModelError(
-            FailureKind.BAD_DATA, f"asked for version {routed.version}, {answer.version} answered"
-        )
+    for endpoint in pool.endpoints:
+        answer = await endpoint.score(rows, routed, WARM_TIMEOUT_S, WARM_REQUEST_ID, guarded=False)
+        if routed.version and answer.version != routed.version:
+            raise RankingModelError(
+                FailureKind.BAD_DATA,
+                f"{endpoint.url}: asked for version {routed.version}, {answer.version} answered",
+            )
+
+
+def _key(routed: Routed) -> str:
+    return f"{routed.version}={routed.signature.version}"
+
+
+async def _warm_new(
+    pool: TritonPool,
+    routing: ModelRouting,
+    schema: FeatureSchema,
+    serving: ModelRouting | None,
+) -> None:
+    """Warm each version not routed already. At start-up (nothing serving yet) a stable
+    version that fails its warm-up is served all the same, as it passed the readiness and
+    metadata checks start-up has always made; a new version that fails refuses the change."""
+    known = {_key(each) for each in serving.routed()} if serving is not None else set()
+    for routed in routing.routed():
+        if _key(routed) in known:
+            continue
+        try:
+            await warm(pool, routed, schema)
+        except RankingModelError as exc:
+            if serving is not None or routed is not routing.stable:
+                raise
+            log.warning("version %s failed its warm-up, served anyway: %s", _key(routed), exc)
 
 
 async def _routed(
@@ -94,9 +121,10 @@ async def model_routing(
     schema: FeatureSchema,
     world: WorldStamp | None,
     wait_s: float,
+    serving: ModelRouting | None = None,
 ) -> ModelRouting:
     """Every version the plan names: ready on every Triton, fitting the schema and the world,
-    and warmed."""
+    and warmed unless `serving` (the routing requests use now) routes it already."""
     stable = await _routed(pool, schema, world, plan.stable, wait_s)
     canary = await _routed(pool, schema, world, plan.canary, wait_s) if plan.canary else None
     shadow = await _routed(pool, schema, world, plan.shadow, wait_s) if plan.shadow else None
@@ -110,10 +138,9 @@ async def model_routing(
                 "version on trial: pin the stable one (model.stable in the release file)"
             )
         stable = Routed(latest, stable.signature)
-    for routed in (stable, canary, shadow):
-        if routed is not None:
-            await warm(pool, routed, schema)
-    return ModelRouting(stable, canary, plan.canary_percent if canary else 0.0, shadow)
+    routing = ModelRouting(stable, canary, plan.canary_percent if canary else 0.0, shadow)
+    await _warm_new(pool, routing, schema, serving)
+    return routing
 
 
 def _same_items(new: Catalog, served: Catalog) -> None:
@@ -127,7 +154,7 @@ def _same_items(new: Catalog, served: Catalog) -> None:
 
 def _versions(routing: ModelRouting) -> tuple[str, ...]:
     routed = (routing.stable, routing.canary, routing.shadow)
-    return tuple(each.version + "=" + each.signature.version if each else "" for each in routed)
+    return tuple(_key(each) if each else "" for each in routed)
 
 
 def _same_release(new: ServingArtifacts, served: ServingArtifacts) -> bool:
@@ -239,8 +266,10 @@ class Reloader:
         async with self._lock:
             try:
                 plan = read_plan(self._settings.release_file, self._settings.model_version)
-                schema = self._ref.current.schema
-                routing = await model_routing(plan, self._pool, schema, self._world, RELOAD_WAIT_S)
+                current = self._ref.current
+                routing = await model_routing(
+                    plan, self._pool, current.schema, self._world, RELOAD_WAIT_S, current.routing
+                )
                 build = await self._artifacts(routing)
             except (RecsysError, DependencyError) as exc:
                 raise self._refused(exc) from None

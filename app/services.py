@@ -200,6 +200,7 @@ async def start_services(
     stamp, schema = await asyncio.to_thread(opened_world, settings)
     report_seen_cap(settings)
     rules = load_rules(settings.rules_file)
+    plan = read_plan(settings.release_file, settings.model_version)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
     catalog = await asyncio.to_thread(opened_catalog, settings, schema)
@@ -229,11 +230,10 @@ async def start_services(
             for url, name in zip(urls, triton_names, strict=True)
         ]
     )
-    plan = read_plan(settings.release_file, settings.model_version)
     try:
         await checked_redis(store, stamp, settings.startup_timeout_s)
         routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
-        signature = max(routing.signatures(), key=lambda routed: routed.max_batch_size)
+        signature = max(routing.signatures(), key=lambda each: each.max_batch_size)
         if settings.triton_shared_memory != "off":
             required = settings.triton_shared_memory == "on"
             await share_memory(model, schema, signature, settings.max_in_flight, required)

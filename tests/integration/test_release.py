@@ -28,6 +28,7 @@ from recsys_tools.world.reindex import reindex_beside
 from app.catalog import INDEX_FILE
 from app.release import ReleasePlan, in_share, read_plan, write_plan
 from app.settings import Settings
+from app.world import read_stamp
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -197,8 +198,9 @@ async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
 async def test_model_index_and_rules_change_under_load_and_each_answer_is_one_release(
     stack: Stack, versioned: Versioned, release: Release, api: httpx.AsyncClient
 ) -> None:
-    new_world = reindex_beside(stack.world, release.root / "world-b", "IVF16,Flat")
-    assert new_world  # the copy keeps the served world's id
+    served = read_stamp(stack.world)
+    assert served is not None
+    assert reindex_beside(stack.world, release.root / "world-b", "IVF16,Flat") == served.world_id
     load = SteadyLoad(api)
     marks: dict[str, float] = {}
     reports: dict[str, dict[str, Any]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +23,7 @@ from app.release import (
     user_bucket,
     write_plan,
 )
+from app.reload import _warm_new
 from app.shadow import top_agreement
 from app.stages.rank import Scorer
 from app.stages.types import HydratedCandidates, Scores
@@ -188,3 +190,64 @@ async def test_only_the_stable_versions_calls_go_through_the_breaker() -> None:
     for user in (in_canary, not_in):
         await scorer.score(*_hydrated(3), _routed_context(user))
     assert calls == [("2", False), ("1", True)]
+
+
+class WarmingEndpoint:
+    """Answers as the version asked for, except the versions told to fail."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.url = "fake:8001"
+        self.failing = failing
+        self.warmed: list[str] = []
+
+    async def score(
+        self,
+        rows: npt.NDArray[np.float32],
+        routed: Routed,
+        timeout_s: float,
+        request_id: str,
+        guarded: bool = True,
+    ) -> ModelAnswer:
+        self.warmed.append(routed.version)
+        assert rows.shape[0] == routed.signature.max_batch_size  # a full chunk
+        assert not guarded
+        if routed.version in self.failing:
+            raise RankingModelError(FailureKind.ERROR, "cannot run")
+        return ModelAnswer(np.zeros(rows.shape[0], np.float32), routed.version)
+
+
+def _routing(canary: bool) -> ModelRouting:
+    signature = context().artifacts.model
+    return ModelRouting(
+        Routed("1", signature),
+        canary=Routed("2", signature) if canary else None,
+        canary_percent=10.0 if canary else 0.0,
+    )
+
+
+@pytest.mark.parametrize("endpoints", [1, 2])
+async def test_new_versions_are_warmed_on_every_triton_and_served_ones_are_not(
+    endpoints: int,
+) -> None:
+    pool = SimpleNamespace(endpoints=[WarmingEndpoint(set()) for _ in range(endpoints)])
+    schema = context().artifacts.schema
+    await _warm_new(pool, _routing(canary=True), schema, serving=None)  # type: ignore[arg-type]
+    assert [e.warmed for e in pool.endpoints] == [["1", "2"]] * endpoints
+    for endpoint in pool.endpoints:
+        endpoint.warmed.clear()
+    await _warm_new(pool, _routing(canary=True), schema, serving=_routing(canary=False))  # type: ignore[arg-type]
+    assert [e.warmed for e in pool.endpoints] == [["2"]] * endpoints
+
+
+async def test_a_failed_warm_up_refuses_a_new_version_but_not_the_stable_one_at_start() -> None:
+    schema = context().artifacts.schema
+    stable_fails = SimpleNamespace(endpoints=[WarmingEndpoint({"1"})])
+    await _warm_new(stable_fails, _routing(canary=False), schema, serving=None)  # type: ignore[arg-type]
+    canary_fails = SimpleNamespace(endpoints=[WarmingEndpoint({"2"})])
+    with pytest.raises(RankingModelError, match="cannot run"):
+        await _warm_new(canary_fails, _routing(canary=True), schema, serving=None)  # type: ignore[arg-type]
+    # A reload that makes a version that cannot run the stable one is refused.
+    promoted = ModelRouting(Routed("3", context().artifacts.model))
+    fails_as_stable = SimpleNamespace(endpoints=[WarmingEndpoint({"3"})])
+    with pytest.raises(RankingModelError, match="cannot run"):
+        await _warm_new(fails_as_stable, promoted, schema, serving=_routing(canary=False))  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from app.errors import ConfigError
+from app.schema import load_schema
 from app.settings import Settings
 from recsys_tools.tune.files import write_outputs
 from recsys_tools.tune.report import render_text, report_json
@@ -94,7 +95,8 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     )
     add = batching.add_argument
     add("--url", default="127.0.0.1:8001", help="Triton's gRPC address (default 127.0.0.1:8001)")
-    add("--model", default="ranking_model", help="default: ranking_model")
+    model = load_schema().model_name
+    add("--model", default=model, help=f"default: the feature schema's, {model}")
     add("--rate", type=float, required=True, help="the target: requests/s, sent open-loop")
     add("--rows", type=int, default=ROWS, help=f"rows per request (default {ROWS})")
     add(

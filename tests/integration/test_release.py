@@ -20,12 +20,13 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import tritonclient.grpc as triton_grpc
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_triton
+from recsys_tools.model_load import load_versions
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.reindex import reindex_beside
 
 from app.catalog import INDEX_FILE
+from app.errors import ConfigError
 from app.release import ReleasePlan, in_share, read_plan, write_plan
 from app.settings import Settings
 from app.world import read_stamp
@@ -47,25 +48,15 @@ class Versioned:
     process: ManagedProcess
 
     def load_version(self, stack: Stack, version: int) -> None:
-        """What an operator does: install the version, then ask Triton to load it."""
+        """What an operator does: install the version, then have Triton load it."""
         install_model(stack.world, self.repository, stack.schema.model_name, version)
-        client = triton_grpc.InferenceServerClient(self.url)
-        try:
-            client.load_model(stack.schema.model_name)
-            give_up = time.monotonic() + 60
-            while not client.is_model_ready(stack.schema.model_name, str(version)):
-                assert time.monotonic() < give_up, "the new version never became ready"
-                time.sleep(0.2)
-        finally:
-            client.close()
+        loaded = load_versions(self.url, stack.schema.model_name, str(version), timeout_s=60)
+        assert loaded.ready == ("1", str(version))  # the two newest, the old one still there
 
     def unload_version(self, stack: Stack, version: int) -> None:
         shutil.rmtree(self.repository / stack.schema.model_name / str(version))
-        client = triton_grpc.InferenceServerClient(self.url)
-        try:
-            client.load_model(stack.schema.model_name)
-        finally:
-            client.close()
+        loaded = load_versions(self.url, stack.schema.model_name, "1", timeout_s=60)
+        assert loaded.ready == ("1",)
 
 
 @pytest.fixture(scope="module")
@@ -376,3 +367,8 @@ async def test_admin_needs_its_token_and_is_absent_without_one(
         assert response.headers["www-authenticate"] == "Bearer"
     # The session's service has no token configured: no /admin at all.
     assert (await client.post("/admin/reload", headers=AUTH)).status_code == 404
+
+
+async def test_loading_needs_a_triton_with_model_control(stack: Stack) -> None:
+    with pytest.raises(ConfigError, match="runs without model control: restart it"):
+        await asyncio.to_thread(load_versions, stack.triton_url, stack.schema.model_name)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from app.errors import ConfigError
 from app.settings import Settings
 from recsys_tools.engine import add_build_engine_parser
+from recsys_tools.model_load import add_load_parser
 
 if TYPE_CHECKING:
     import numpy as np
@@ -410,3 +411,4 @@ def add_model_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add("--json", action="store_true", help="print the report as JSON")
     compare.set_defaults(run=_compare)
     add_build_engine_parser(subcommands)
+    add_load_parser(subcommands)

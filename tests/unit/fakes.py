@@ -140,7 +140,10 @@ class FakeModel:
     override: Scores | None = None
     calls: int = 0
     versions: list[str] = field(default_factory=list)  # as asked, one per call
+    guarded: list[bool] = field(default_factory=list)  # whether each call went by the breaker
+    rows: list[int] = field(default_factory=list)  # rows in each call
     failing_versions: dict[str, RankingModelError] = field(default_factory=dict)
+    url: str = "fake:8001"
 
     async def score(
         self,
@@ -152,6 +155,8 @@ class FakeModel:
     ) -> ModelAnswer:
         self.calls += 1
         self.versions.append(routed.version)
+        self.guarded.append(guarded)
+        self.rows.append(len(rows))
         failing = self.failing_versions.get(routed.version)
         if failing is not None:
             raise failing

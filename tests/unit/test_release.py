@@ -14,7 +14,6 @@ from app.context import RequestContext
 from app.errors import ConfigError, FailureKind, RankingModelError
 from app.metrics import Variant
 from app.release import (
-    ModelAnswer,
     ModelRouting,
     ReleasePlan,
     Routed,
@@ -170,50 +169,19 @@ async def test_a_failing_canary_is_replaced_by_the_stable_version_and_flagged() 
 
 
 async def test_only_the_stable_versions_calls_go_through_the_breaker() -> None:
-    calls: list[tuple[str, bool]] = []
-
-    class Recording(FakeModel):
-        async def score(
-            self,
-            rows: npt.NDArray[np.float32],
-            routed: Routed,
-            timeout_s: float,
-            request_id: str,
-            guarded: bool = True,
-        ) -> ModelAnswer:
-            calls.append((routed.version, guarded))
-            return await super().score(rows, routed, timeout_s, request_id)
-
     in_canary = next(u for u in USERS if in_share(u, 50.0))
     not_in = next(u for u in USERS if not in_share(u, 50.0))
-    scorer = Scorer(Recording(), None, 0.05)
+    model = FakeModel()
+    scorer = Scorer(model, None, 0.05)
     for user in (in_canary, not_in):
         await scorer.score(*_hydrated(3), _routed_context(user))
-    assert calls == [("2", False), ("1", True)]
+    assert list(zip(model.versions, model.guarded, strict=True)) == [("2", False), ("1", True)]
 
 
-class WarmingEndpoint:
-    """Answers as the version asked for, except the versions told to fail."""
-
-    def __init__(self, failing: set[str]) -> None:
-        self.url = "fake:8001"
-        self.failing = failing
-        self.warmed: list[str] = []
-
-    async def score(
-        self,
-        rows: npt.NDArray[np.float32],
-        routed: Routed,
-        timeout_s: float,
-        request_id: str,
-        guarded: bool = True,
-    ) -> ModelAnswer:
-        self.warmed.append(routed.version)
-        assert rows.shape[0] == routed.signature.max_batch_size  # a full chunk
-        assert not guarded
-        if routed.version in self.failing:
-            raise RankingModelError(FailureKind.ERROR, "cannot run")
-        return ModelAnswer(np.zeros(rows.shape[0], np.float32), routed.version)
+def _failing(*versions: str) -> FakeModel:
+    """An endpoint answering as the version asked for, except `versions`."""
+    error = RankingModelError(FailureKind.ERROR, "cannot run")
+    return FakeModel(failing_versions=dict.fromkeys(versions, error))
 
 
 def _routing(canary: bool) -> ModelRouting:
@@ -229,25 +197,28 @@ def _routing(canary: bool) -> ModelRouting:
 async def test_new_versions_are_warmed_on_every_triton_and_served_ones_are_not(
     endpoints: int,
 ) -> None:
-    pool = SimpleNamespace(endpoints=[WarmingEndpoint(set()) for _ in range(endpoints)])
+    pool = SimpleNamespace(endpoints=[_failing() for _ in range(endpoints)])
     schema = context().artifacts.schema
     await _warm_new(pool, _routing(canary=True), schema, serving=None)  # type: ignore[arg-type]
-    assert [e.warmed for e in pool.endpoints] == [["1", "2"]] * endpoints
+    full_chunk = context().artifacts.model.max_batch_size
     for endpoint in pool.endpoints:
-        endpoint.warmed.clear()
+        assert endpoint.versions == ["1", "2"]
+        assert endpoint.rows == [full_chunk, full_chunk]
+        assert endpoint.guarded == [False, False]  # a warm-up never trips the breaker
+        endpoint.versions.clear()
     await _warm_new(pool, _routing(canary=True), schema, serving=_routing(canary=False))  # type: ignore[arg-type]
-    assert [e.warmed for e in pool.endpoints] == [["2"]] * endpoints
+    assert [e.versions for e in pool.endpoints] == [["2"]] * endpoints
 
 
 async def test_a_failed_warm_up_refuses_a_new_version_but_not_the_stable_one_at_start() -> None:
     schema = context().artifacts.schema
-    stable_fails = SimpleNamespace(endpoints=[WarmingEndpoint({"1"})])
+    stable_fails = SimpleNamespace(endpoints=[_failing("1")])
     await _warm_new(stable_fails, _routing(canary=False), schema, serving=None)  # type: ignore[arg-type]
-    canary_fails = SimpleNamespace(endpoints=[WarmingEndpoint({"2"})])
+    canary_fails = SimpleNamespace(endpoints=[_failing("2")])
     with pytest.raises(RankingModelError, match="cannot run"):
         await _warm_new(canary_fails, _routing(canary=True), schema, serving=None)  # type: ignore[arg-type]
     # A reload that makes a version that cannot run the stable one is refused.
     promoted = ModelRouting(Routed("3", context().artifacts.model))
-    fails_as_stable = SimpleNamespace(endpoints=[WarmingEndpoint({"3"})])
+    fails_as_stable = SimpleNamespace(endpoints=[_failing("3")])
     with pytest.raises(RankingModelError, match="cannot run"):
         await _warm_new(fails_as_stable, promoted, schema, serving=_routing(canary=False))  # type: ignore[arg-type]

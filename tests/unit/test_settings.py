@@ -3,7 +3,7 @@ from pydantic import ValidationError
 
 from app.cli import serve
 from app.errors import ConfigError
-from app.settings import Settings
+from app.settings import Settings, load_settings
 
 
 def test_environment_configures_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,3 +30,11 @@ def test_invalid_environment_is_refused_at_start(
 def test_workers_from_the_command_line_get_the_settings_bounds(workers: int) -> None:
     with pytest.raises(ConfigError, match="RECSYS_WORKERS"):
         serve(workers=workers)
+
+
+def test_a_short_admin_token_is_refused_without_showing_it() -> None:
+    secret = "short-secret"
+    with pytest.raises(ConfigError, match="RECSYS_ADMIN_TOKEN: Value error, must be 16") as raised:
+        load_settings(admin_token=secret)
+    assert secret not in str(raised.value)
+    assert load_settings(admin_token="x" * 16).admin_token is not None

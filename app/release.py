@@ -65,9 +65,13 @@ class ModelRouting:
     canary_percent: float = 0.0
     shadow: Routed | None = None
 
+    def named(self) -> list[tuple[str, Routed]]:
+        """Every version routed, by role: the stable one, then the canary and the shadow."""
+        roles = (("stable", self.stable), ("canary", self.canary), ("shadow", self.shadow))
+        return [(role, each) for role, each in roles if each is not None]
+
     def routed(self) -> list[Routed]:
-        """Every version routed: the stable one, then the canary and the shadow if any."""
-        return [each for each in (self.stable, self.canary, self.shadow) if each is not None]
+        return [each for _, each in self.named()]
 
     def signatures(self) -> list[ModelSignature]:
         return [each.signature for each in self.routed()]

@@ -152,9 +152,8 @@ def _same_items(new: Catalog, served: Catalog) -> None:
         )
 
 
-def _versions(routing: ModelRouting) -> tuple[str, ...]:
-    routed = (routing.stable, routing.canary, routing.shadow)
-    return tuple(_key(each) if each else "" for each in routed)
+def _versions(routing: ModelRouting) -> list[tuple[str, str]]:
+    return [(role, _key(each)) for role, each in routing.named()]
 
 
 def _same_release(new: ServingArtifacts, served: ServingArtifacts) -> bool:
@@ -173,13 +172,8 @@ def export_routing(
     for routed_by, value in ((previous, 0), (routing, 1)):
         if routed_by is None:
             continue
-        for variant, routed in (
-            ("stable", routed_by.stable),
-            ("canary", routed_by.canary),
-            ("shadow", routed_by.shadow),
-        ):
-            if routed is not None:
-                metrics.model_version.labels(variant, routed.signature.version).set(value)
+        for role, routed in routed_by.named():
+            metrics.model_version.labels(role, routed.signature.version).set(value)
     metrics.canary_percent.set(routing.canary_percent)
 
 

@@ -265,12 +265,11 @@ class RankingModelClient:
             except* RankingModelError as failures:
                 raise failures.exceptions[0] from None
         parts = [task.result() for task in tasks]
-        versions = sorted({version for _, version in parts})
-        if len(versions) > 1:
-            raise RankingModelError(
-                FailureKind.ERROR, f"versions {' and '.join(versions)} answered one request"
-            )
-        return ModelAnswer(np.concatenate([scores for scores, _ in parts]), versions[0])
+        version = parts[0][1]
+        if any(other != version for _, other in parts):
+            versions = " and ".join(sorted({other for _, other in parts}))
+            raise RankingModelError(FailureKind.ERROR, f"versions {versions} answered one request")
+        return ModelAnswer(np.concatenate([scores for scores, _ in parts]), version)
 
     async def close(self) -> None:
         if self._slots is not None:

@@ -23,6 +23,14 @@ from app.errors import ConfigError, UnreachableError
 from app.schema import load_schema
 
 ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+# How Triton refuses a load or unload when it runs without explicit model control.
+NO_MODEL_CONTROL = "explicit model load / unload is not allowed"
+
+
+def without_model_control(exc: InferenceServerException) -> bool:
+    return NO_MODEL_CONTROL in str(exc.message()).lower()
+
+
 POLL_S = 0.2
 
 
@@ -60,13 +68,14 @@ def load_versions(
         try:
             client.load_model(model, headers=headers, client_timeout=timeout_s)
         except InferenceServerException as exc:
-            message = str(exc.message())
-            if "explicit model load / unload is not allowed" in message.lower():
+            if without_model_control(exc):
                 raise ConfigError(
                     f"Triton at {url} runs without model control: restart it to load new "
                     "versions, or run it with --model-control-mode=explicit (deploy/triton)"
                 ) from None
-            raise UnreachableError(f"Triton at {url} did not load {model}: {message}") from None
+            raise UnreachableError(
+                f"Triton at {url} did not load {model}: {exc.message()}"
+            ) from None
         give_up = time.monotonic() + timeout_s
         while not client.is_model_ready(model, version, headers=headers):
             if time.monotonic() > give_up:

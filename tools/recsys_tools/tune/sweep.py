@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import CHANNEL_ARGS
 from app.errors import ConfigError
+from recsys_tools.model_load import without_model_control
 from recsys_tools.tune.config import (
     Setting,
     TuneError,
@@ -39,7 +40,6 @@ READY_TIMEOUT_S = 30.0
 # Triton counts a request once its response is released, which can trail the answer.
 SETTLE_S = 2.0
 SETTLE_POLL_S = 0.05
-EXPLICIT_ONLY = "explicit model load / unload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ async def _load(client: Any, options: TuneOptions, config: Mapping[str, Any], wh
         )
     except InferenceServerException as exc:
         message = str(exc.message())
-        if EXPLICIT_ONLY in message:
+        if without_model_control(exc):
             raise ConfigError(
                 f"Triton at {options.url} refuses to load models ({message}): start it with "
                 "--model-control-mode=explicit to tune batching"

@@ -92,7 +92,10 @@ def requested_budget_ms(raw: str | None) -> int | None:
 @router.post(
     "/recommend",
     response_model=RecommendResponse,
-    response_model_exclude_none=True,
+    # Unset, not None, is what is left out: `timings_ms` without debug. A null that means
+    # something (`model.version` when Triton did not answer, an unscored item's `score`)
+    # is always sent, as the schema requires.
+    response_model_exclude_unset=True,
     responses=RECOMMEND_ERRORS,
     summary="The top N items for a user",
     openapi_extra={"parameters": HEADERS},
@@ -124,6 +127,7 @@ async def recommend(
         error = error_body("internal_error", "the request failed", ctx.request_id)
         return JSONResponse(error.model_dump(), status_code=500)
     state.outcome = Outcome.DEGRADED if ctx.degraded else Outcome.OK
+    debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
     return RecommendResponse(
         request_id=ctx.request_id,
         user_id=body.user_id,
@@ -139,7 +143,7 @@ async def recommend(
         artifacts=artifacts.label,
         cold_start=result.cold_start,
         degraded=ctx.degraded,
-        timings_ms=ctx.timings_ms if body.debug else None,
+        **debug,
     )
 
 

@@ -137,12 +137,19 @@ PERF_ANALYZER = Path(__file__).parent / "tools" / "perf-analyzer"
 
 
 def triton_alone(
-    triton_url: str, model: str, rows: int, max_concurrency: int = 4, interval_ms: int = 2000
+    triton_url: str,
+    model: str,
+    rows: int,
+    max_concurrency: int = 4,
+    interval_ms: int = 2000,
+    stability_percent: int = 10,
 ) -> dict[str, Any]:
     """Triton's own rate for requests of `rows` rows, by perf_analyzer, inside the p99 bound.
 
     perf_analyzer keeps `concurrency` requests in flight (a closed loop) at 1, 2, ...; the
-    best rate among the levels whose p99 is within the bound is Triton alone's rate.
+    best rate among the levels whose p99 is within the bound is Triton alone's rate. The
+    report has the same keys whatever happened: `points` is empty, and `error` says why,
+    when perf_analyzer measured nothing (on a busy machine it may find no stable window).
     """
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "perf.csv"
@@ -151,7 +158,7 @@ def triton_alone(
             *("-m", model, "-u", triton_url, "-i", "grpc", "-b", str(rows)),
             *("--concurrency-range", f"1:{max_concurrency}"),
             *("--measurement-interval", str(interval_ms), "--percentile", "99"),
-            *("--max-trials", "20"),
+            *("--max-trials", "20", "--stability-percentage", str(stability_percent)),
             *("-f", str(report)),
         ]
         env = {**os.environ, "PYTHON": sys.executable}
@@ -161,7 +168,7 @@ def triton_alone(
             # stands, so this figure is reported missing rather than the run lost.
             why = (done.stdout + done.stderr).strip().splitlines()[-2:]
             log.warning("perf_analyzer measured nothing: %s", " / ".join(why))
-            return {"triton_alone_max_rate_at_p99": None, "rows": rows, "error": why}
+            return {"triton_alone_max_rate_at_p99": None, "rows": rows, "points": [], "error": why}
         levels = list(csv.DictReader(report.open()))
     if len(levels) < max_concurrency:
         log.warning("perf_analyzer measured %d levels only:\n%s", len(levels), done.stdout[-3000:])
@@ -178,6 +185,7 @@ def triton_alone(
         "triton_alone_max_rate_at_p99": max(inside, default=None),
         "rows": rows,
         "points": points,
+        "error": None,
     }
 
 

@@ -14,6 +14,7 @@ import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.breaker import CircuitBreaker
+from app.clients.registration import Registration, region_unknown
 from app.clients.shared_memory import InputSlots
 from app.errors import FailureKind, RankingModelError
 from app.release import ModelAnswer, Routed
@@ -41,6 +42,10 @@ CHANNEL_ARGS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
+
+
+class _RegionLostError(Exception):
+    """An input named a shared-memory region the Triton no longer holds."""
 
 
 def _mapped(exc: InferenceServerException, operation: str) -> RankingModelError:
@@ -120,29 +125,26 @@ class RankingModelClient:
         self._model_version = model_version
         self._breaker = breaker
         self.url = url
-        self._slots: InputSlots | None = None
-        self._registered = False
+        self._registration: Registration | None = None
 
     async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None:
         """Send rows through `slots` from now on; registers the region with Triton."""
-        self._slots = slots
-        await self._register(timeout_s)
-
-    async def _register(self, timeout_s: float) -> None:
-        assert self._slots is not None
+        registration = Registration(self._client, slots)
         try:
-            await self._client.register_system_shared_memory(
-                self._slots.name, self._slots.key, self._slots.byte_size, client_timeout=timeout_s
-            )
+            await registration.register(timeout_s)
         except InferenceServerException as exc:
             raise _mapped(exc, "register shared memory") from exc
-        self._registered = True
+        self._registration = registration
 
     def _shared_input(self, rows: npt.NDArray[np.float32], request_input: Any) -> int | None:
         """Put the rows in a free slot and point the input at it; None: send them inline."""
-        slots = self._slots
-        if slots is None or not self._registered or rows.nbytes > slots.slot_bytes:
+        registration = self._registration
+        if registration is None or rows.nbytes > registration.slots.slot_bytes:
             return None
+        if not registration.registered:
+            registration.renew()
+            return None
+        slots = registration.slots
         slot = slots.acquire()
         if slot is not None:
             offset = slots.write(slot, np.ascontiguousarray(rows))
@@ -190,6 +192,38 @@ class RankingModelClient:
             )
         return await self.signature(timeout_s, version)
 
+    async def _send(
+        self,
+        rows: npt.NDArray[np.float32],
+        routed: Routed,
+        timeout_s: float,
+        request_id: str,
+        shared: bool,
+    ) -> Any:
+        """One inference of `rows`, through the region when `shared` and a slot is free."""
+        signature = routed.signature
+        request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
+        slot = self._shared_input(rows, request_input) if shared else None
+        if slot is None:
+            request_input.set_data_from_numpy(rows)
+        try:
+            return await self._client.infer(
+                self._model_name,
+                [request_input],
+                model_version=routed.version,
+                outputs=[triton_grpc.InferRequestedOutput(signature.output_name)],
+                request_id=request_id,
+                timeout=int(timeout_s * 1_000_000),
+                client_timeout=timeout_s,
+            )
+        except InferenceServerException as exc:
+            if slot is not None and region_unknown(exc):
+                raise _RegionLostError from exc
+            raise
+        finally:
+            if slot is not None and self._registration is not None:
+                self._registration.slots.release(slot)
+
     async def _infer_chunk(
         self,
         rows: npt.NDArray[np.float32],
@@ -197,33 +231,22 @@ class RankingModelClient:
         timeout_s: float,
         request_id: str,
     ) -> tuple[npt.NDArray[np.float32], str]:
-        signature = routed.signature
-        request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
-        slot = self._shared_input(rows, request_input)
-        if slot is None:
-            request_input.set_data_from_numpy(rows)
-        output = triton_grpc.InferRequestedOutput(signature.output_name)
+        deadline = time.monotonic() + timeout_s
         try:
-            result = await self._client.infer(
-                self._model_name,
-                [request_input],
-                model_version=routed.version,
-                outputs=[output],
-                request_id=request_id,
-                timeout=int(timeout_s * 1_000_000),
-                client_timeout=timeout_s,
-            )
+            try:
+                result = await self._send(rows, routed, timeout_s, request_id, shared=True)
+            except _RegionLostError:
+                # Triton restarted and forgot the region: this chunk goes inline at once,
+                # and the region is registered again beside the requests.
+                self._region_lost()
+                left = deadline - time.monotonic()
+                result = await self._send(rows, routed, left, request_id, shared=False)
         except InferenceServerException as exc:
-            if slot is not None and "shared memory" in str(exc.message()).lower():
-                # A restarted Triton has forgotten the region: register it again for the
-                # requests that follow; this one falls back like any failed call.
-                self._registered = False
-                with contextlib.suppress(RankingModelError):
-                    await self._register(timeout_s)
-            raise _mapped(exc, "infer") from exc
-        finally:
-            if slot is not None and self._slots is not None:
-                self._slots.release(slot)
+            failure = _mapped(exc, "infer")
+            if failure.kind is FailureKind.UNAVAILABLE:
+                self._region_lost()  # Triton may be restarting: its regions go with it
+            raise failure from exc
+        signature = routed.signature
         scores = result.as_numpy(signature.output_name)
         if scores is None or scores.size != rows.shape[0]:
             raise RankingModelError(
@@ -231,6 +254,10 @@ class RankingModelClient:
             )
         flat: npt.NDArray[np.float32] = scores.reshape(-1).astype(np.float32, copy=False)
         return flat, str(result.get_response().model_version)
+
+    def _region_lost(self) -> None:
+        if self._registration is not None:
+            self._registration.lost()
 
     async def score(
         self,
@@ -272,13 +299,8 @@ class RankingModelClient:
         return ModelAnswer(np.concatenate([scores for scores, _ in parts]), version)
 
     async def close(self) -> None:
-        if self._slots is not None:
-            if self._registered:
-                with contextlib.suppress(InferenceServerException):
-                    await self._client.unregister_system_shared_memory(
-                        self._slots.name, client_timeout=1.0
-                    )
-            self._slots.close()
+        if self._registration is not None:
+            await self._registration.close()
         await self._client.close()
 
 

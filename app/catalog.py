@@ -8,6 +8,7 @@ On disk a world directory holds:
 - default_user.npy: the blob used for users without stored features (cold start)
 - model.onnx: the ranking model Triton serves, also the in-process fallback ranker
 - seen.npz: every user's history (user_ids, offsets, item_ids newest first), loaded into Redis
+  as catalog positions (app.clients.feature_store)
 - holdout.npz: labelled rows (float32, n x width; int8 labels) the model did not learn from,
   for comparing models (recsys model compare); only a world built from a log has one
 - feature_schema.json: the schema the world was built for; the service serves it by default

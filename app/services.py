@@ -43,7 +43,6 @@ from app.startup_checks import (
     checked_redis,
     opened_catalog,
     opened_world,
-    report_seen_cap,
 )
 from app.world import WorldStamp, files_identity
 
@@ -198,7 +197,6 @@ async def start_services(
 ) -> Services:
     """Build and check everything; `running_late` says when timeouts are the loop's fault."""
     stamp, schema = await asyncio.to_thread(opened_world, settings)
-    report_seen_cap(settings)
     rules = load_rules(settings.rules_file)
     plan = read_plan(settings.release_file, settings.model_version)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
@@ -220,7 +218,6 @@ async def start_services(
         redis,
         schema,
         KeySpace(settings.redis_key_prefix),
-        settings.max_seen_items,
         breakers["redis"],
     )
     model_name = settings.model_name or schema.model_name

@@ -135,12 +135,6 @@ class Settings(BaseSettings):
     item_refresh_s: float = Field(
         default=5.0, gt=0, description="how often held item features check for a new load"
     )
-    max_seen_items: int = Field(
-        default=200,
-        ge=0,
-        le=100_000,
-        description="the newest seen items filtered per user; start-up reports longer histories",
-    )
     recall_threads: int = Field(
         default=0,
         ge=0,

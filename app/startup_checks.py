@@ -22,7 +22,6 @@ from app.world import (
     WorldStamp,
     part_mismatch,
     read_stamp,
-    seen_over_cap,
     verify_files,
     world_schema,
 )
@@ -142,17 +141,3 @@ def opened_world(settings: Settings) -> tuple[WorldStamp | None, FeatureSchema]:
 def opened_catalog(settings: Settings, schema: FeatureSchema) -> Catalog:
     """The world's catalog and index, as configured (blocking: run it in a thread)."""
     return load_catalog(settings.artifacts_dir, schema, settings.index_nprobe, settings.index_mmap)
-
-
-def report_seen_cap(settings: Settings) -> None:
-    """Say how many histories the seen cap cuts: their oldest items can be recommended."""
-    over, histories, longest = seen_over_cap(settings.artifacts_dir, settings.max_seen_items)
-    if over:
-        log.warning(
-            "%d of %d users' histories are longer than RECSYS_MAX_SEEN_ITEMS=%d (the longest "
-            "%d): their older items are not filtered out; raise the cap to filter them all",
-            over,
-            histories,
-            settings.max_seen_items,
-            longest,
-        )

@@ -15,15 +15,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from app.catalog import (
     DEFAULT_USER_FILE,
     INDEX_FILE,
     ITEMS_FILE,
     MANIFEST_FILE,
     SCHEMA_FILE,
-    SEEN_FILE,
 )
 from app.errors import ConfigError
 from app.schema import FeatureSchema, load_schema
@@ -108,17 +105,6 @@ def world_schema(world: Path, explicit: Path | None) -> FeatureSchema:
             "unset it to serve the world as built"
         )
     return schema
-
-
-def seen_over_cap(world: Path, cap: int) -> tuple[int, int, int]:
-    """(histories longer than `cap`, histories, the longest) from the world's seen lists."""
-    path = world / SEEN_FILE
-    if not path.is_file():
-        return 0, 0, 0
-    with np.load(path) as seen:
-        lengths = np.diff(seen["offsets"])
-    longest = int(lengths.max()) if len(lengths) else 0
-    return int((lengths > cap).sum()), len(lengths), longest
 
 
 def files_identity(world: Path, stamp: WorldStamp | None) -> str:

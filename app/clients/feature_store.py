@@ -1,8 +1,13 @@
 """Redis as the feature store: one packed FP32 blob per user and per item.
 
 Keys: `{prefix}:u:{user_id}` and `{prefix}:i:{item_id}` hold blobs in the schema's layouts,
-`{prefix}:seen:{user_id}` a list of recently seen item ids (newest first), and `{prefix}:meta`
-the layout the data was written with, checked once at start-up.
+`{prefix}:seen:{user_id}` every item the user has seen, and `{prefix}:meta` the layout the
+data was written with, checked once at start-up.
+
+A seen list is a string of little-endian uint32 catalog positions, oldest first: a history
+of any length is read in one GET and decoded without a per-item step, and a new item is one
+APPEND. Positions are those of the world the data was loaded from, which the layout record
+names; within a world, reloads keep the items and their order.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ from redis.backoff import NoBackoff
 from app.breaker import CircuitBreaker
 from app.errors import FailureKind, FeatureStoreError, SchemaError
 from app.schema import FeatureSchema
+from app.vocabulary import Positions
 
 FLOAT32 = np.dtype("<f4")
+SEEN_POSITION = np.dtype("<u4")
+# The layout record's value for seen lists as they are written now.
+SEEN_FORMAT = "positions-u32le"
 RedisClient = aioredis.Redis | RedisCluster
 MGET_CHUNK = 500
 
@@ -66,7 +75,22 @@ def layout_meta(schema: FeatureSchema) -> dict[str, str]:
         "embedding_dim": str(schema.embedding_dim),
         "user_dense": ",".join(schema.user_dense),
         "item_dense": ",".join(schema.item_dense),
+        "seen_format": SEEN_FORMAT,
     }
+
+
+def encode_seen(positions: npt.ArrayLike) -> bytes:
+    """Catalog positions as a seen list stores them (appendable: concatenation is a list)."""
+    return np.asarray(positions, dtype=SEEN_POSITION).tobytes()
+
+
+def decode_seen(raw: bytes | None) -> tuple[Positions, bool]:
+    """The positions in a stored seen list, and whether it was whole (a multiple of 4 bytes)."""
+    if not raw:
+        return np.empty(0, dtype=np.int64), True
+    whole = len(raw) - len(raw) % SEEN_POSITION.itemsize
+    positions = np.frombuffer(raw[:whole], dtype=SEEN_POSITION).astype(np.int64)
+    return positions, whole == len(raw)
 
 
 class BlobState(Enum):
@@ -77,12 +101,13 @@ class BlobState(Enum):
 
 @dataclass(frozen=True, slots=True)
 class UserRecord:
-    """The user's blob (None unless PRESENT), seen item ids, and seen entries not UTF-8."""
+    """The user's blob (None unless PRESENT), the catalog positions of the items they have
+    seen, and whether their seen list was whole (False: a torn write, its tail dropped)."""
 
     blob: npt.NDArray[np.float32] | None
     state: BlobState
-    seen: list[str]
-    undecodable_seen: int = 0
+    seen: Positions
+    seen_whole: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,20 +132,14 @@ def decode_item_blobs(values: Sequence[bytes | None], width: int) -> ItemBlobs:
     return ItemBlobs(np.asarray(valid, dtype=np.intp), matrix, np.asarray(malformed, dtype=np.intp))
 
 
-def decode_user(blob: bytes | None, seen: Sequence[bytes], width: int) -> UserRecord:
+def decode_user(blob: bytes | None, seen: bytes | None, width: int) -> UserRecord:
     """The user's record; a blob of the wrong size is MALFORMED, not a missing user."""
-    ids: list[str] = []
-    for entry in seen:
-        try:
-            ids.append(entry.decode())
-        except UnicodeDecodeError:
-            continue  # no catalog id is undecodable, so it could never match one
-    undecodable = len(seen) - len(ids)
+    positions, whole = decode_seen(seen)
     if blob is None:
-        return UserRecord(None, BlobState.ABSENT, ids, undecodable)
+        return UserRecord(None, BlobState.ABSENT, positions, whole)
     if len(blob) != width * FLOAT32.itemsize:
-        return UserRecord(None, BlobState.MALFORMED, ids, undecodable)
-    return UserRecord(np.frombuffer(blob, dtype=FLOAT32), BlobState.PRESENT, ids, undecodable)
+        return UserRecord(None, BlobState.MALFORMED, positions, whole)
+    return UserRecord(np.frombuffer(blob, dtype=FLOAT32), BlobState.PRESENT, positions, whole)
 
 
 def _text(value: bytes | str) -> str:
@@ -164,13 +183,11 @@ class FeatureStore:
         client: RedisClient,
         schema: FeatureSchema,
         keys: KeySpace,
-        max_seen: int,
         breaker: CircuitBreaker,
     ) -> None:
         self._client = client
         self._schema = schema
         self._keys = keys
-        self._max_seen = max_seen
         self._breaker = breaker
 
     @property
@@ -178,13 +195,14 @@ class FeatureStore:
         return self._keys
 
     async def user(self, user_id: str, timeout_s: float) -> UserRecord:
-        """The user's blob and recently seen items, in one round trip."""
+        """The user's blob and every item they have seen, in one round trip."""
         _require_time(timeout_s)
         with self._breaker.guard(FeatureStoreError):
             async with _call("read user", timeout_s):
+                # Two GETs, not an MGET: on a Redis Cluster the keys sit in different slots.
                 pipe = self._client.pipeline(transaction=False)
                 pipe.get(self._keys.user(user_id))
-                pipe.lrange(self._keys.seen(user_id), 0, self._max_seen - 1)
+                pipe.get(self._keys.seen(user_id))
                 blob, seen = await pipe.execute()
         return decode_user(blob, seen, self._schema.user_blob_width)
 
@@ -224,7 +242,10 @@ class FeatureStore:
             k: (stored_text.get(k), v) for k, v in expected.items() if stored_text.get(k) != v
         }
         if differing:
-            raise SchemaError(f"Redis blobs were written with another layout: {differing}")
+            raise SchemaError(
+                f"Redis data was written with another layout: {differing} (stored, expected); "
+                "load the world again (recsys load-redis --world DIR)"
+            )
         return stored_text.get(WORLD_ID_FIELD, "")
 
     async def items_version(self, timeout_s: float) -> str | None:

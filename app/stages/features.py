@@ -15,7 +15,9 @@ from app.errors import FailureKind, FeatureStoreError
 from app.metrics import Stage
 from app.packing import encode_context
 from app.schema import FeatureSchema
-from app.stages.types import Moment, Query, UserFeatures
+from app.stages.types import Moment, Positions, Query, UserFeatures
+
+NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
 
 
 class UserStore(Protocol):
@@ -54,13 +56,15 @@ class UserFeatureHydrator:
             record = await self._store.user(query.user_id, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
-            return UserFeatures(default_blob, encoded, frozenset(), cold_start=False)
-        seen = frozenset(record.seen)
-        if record.undecodable_seen:
+            return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
+        seen = record.seen
+        known = seen < ctx.artifacts.catalog.size
+        if not record.seen_whole or not known.all():
+            seen = seen[known]
             ctx.degrade(
                 Stage.FEATURES,
                 FailureKind.BAD_DATA,
-                f"{record.undecodable_seen} seen entries are not UTF-8",
+                "seen list torn or naming positions past the catalog",
             )
         if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()

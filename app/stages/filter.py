@@ -31,13 +31,12 @@ class CandidateFilter:
     def filter(
         self,
         positions: Positions,
-        seen: Collection[str],
+        seen_at: Positions,
         excluded: Collection[str],
         at_least: int,
         artifacts: ServingArtifacts,
     ) -> Filtered:
         # Ids the catalog lacks cannot be candidates, so they drop out here.
-        seen_at = artifacts.positions_of(seen)
         excluded_at = artifacts.positions_of(excluded)
         blocked = artifacts.blocked[positions]
         was_seen = member_mask(positions, seen_at)

@@ -9,9 +9,10 @@ import numpy.typing as npt
 
 from app.metrics import Removal
 
-Positions = npt.NDArray[np.int64]  # catalog positions of items, in the order of the stage
-Indices = npt.NDArray[np.intp]  # indices into a stage's own arrays
-Scores = npt.NDArray[np.float32]
+# Re-exported: the stages name them from here.
+from app.vocabulary import Indices as Indices
+from app.vocabulary import Positions as Positions
+from app.vocabulary import Scores as Scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ class Query:
 class UserFeatures:
     blob: npt.NDArray[np.float32]
     context: npt.NDArray[np.float32]
-    seen: frozenset[str]
+    seen: Positions  # every item the user has seen, by catalog position
     cold_start: bool
 
 

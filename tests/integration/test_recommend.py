@@ -12,7 +12,7 @@ from httpx import AsyncClient
 from recsys_tools.world.files import load_items, load_seen, load_users
 
 from app.catalog import MODEL_FILE
-from app.clients.feature_store import KeySpace
+from app.clients.feature_store import KeySpace, encode_seen
 from app.packing import encode_context, pack_rows
 from tests.integration.conftest import CONTEXT, Stack
 
@@ -89,21 +89,47 @@ async def test_default_request_has_twenty_items_and_no_timings(client: AsyncClie
     assert len(set(_item_ids(answer))) == 20
 
 
+def _positions(stack: Stack, item_ids: list[str]) -> list[int]:
+    catalog = load_items(stack.world).ids.tolist()
+    return [catalog.index(item) for item in item_ids]
+
+
 async def test_seen_items_are_dropped(stack: Stack, plain_client: AsyncClient) -> None:
     first = await _recommend(plain_client, user_id="u11", num_items=10)
     newly_seen = _item_ids(first)[:3]
     store = redis.Redis.from_url(stack.redis_url)
     key = KeySpace("recsys").seen("u11")
+    stored = store.get(key)
     try:
-        store.lpush(key, *newly_seen)
+        store.append(key, encode_seen(_positions(stack, newly_seen)))  # as events add them
         second = await _recommend(plain_client, user_id="u11", num_items=10)
     finally:
-        for item in newly_seen:
-            store.lrem(key, 0, item)
+        store.set(key, stored or b"")
         store.close()
     assert not set(newly_seen) & set(_item_ids(second))
     assert len(second["items"]) == 10
     assert _item_ids(second)[:7] == _item_ids(first)[3:10]
+
+
+async def test_a_history_of_any_length_is_filtered_whole(
+    stack: Stack, plain_client: AsyncClient
+) -> None:
+    catalog = load_items(stack.world).ids.tolist()
+    unseen = set(catalog[-30:])
+    history = list(range(len(catalog) - 30))  # every other item, oldest first
+    store = redis.Redis.from_url(stack.redis_url)
+    key = KeySpace("recsys").seen("u13")
+    stored = store.get(key)
+    try:
+        store.set(key, encode_seen(history))
+        answer = await _recommend(plain_client, user_id="u13", num_items=10)
+    finally:
+        store.set(key, stored or b"")
+        store.close()
+    assert len(history) > 2000
+    assert answer["degraded"] == []
+    assert len(answer["items"]) == 10
+    assert set(_item_ids(answer)) <= unseen
 
 
 async def test_excluded_items_are_dropped_and_backfilled(client: AsyncClient) -> None:

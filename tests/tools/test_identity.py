@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import faiss
-import numpy as np
 import onnx
 import pytest
 from google.protobuf import text_format
@@ -23,7 +22,6 @@ from app.world import (
     file_digest,
     part_mismatch,
     read_stamp,
-    seen_over_cap,
     verify_files,
     world_schema,
 )
@@ -122,14 +120,6 @@ def test_a_configured_schema_must_agree_with_the_worlds(world: Path, tmp_path: P
     path.write_text(json.dumps(other))
     with pytest.raises(ConfigError, match="RECSYS_FEATURE_SCHEMA"):
         world_schema(world, path)
-
-
-def test_histories_over_the_cap_are_counted(world: Path) -> None:
-    with np.load(world / SEEN_FILE) as seen:
-        lengths = np.diff(seen["offsets"])
-    over, histories, longest = seen_over_cap(world, 2)
-    assert (over, histories, longest) == (int((lengths > 2).sum()), len(lengths), lengths.max())
-    assert seen_over_cap(world, int(lengths.max()))[0] == 0
 
 
 def test_a_new_version_gets_the_model_and_the_code_version_one_runs(

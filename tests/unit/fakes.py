@@ -76,9 +76,10 @@ def item_blob(n: int) -> bytes:
     return np.array([1.0, float(n), float(n)], dtype=FLOAT32).tobytes()
 
 
-def user_record(seen: Sequence[str] = ()) -> UserRecord:
+def user_record(seen: Sequence[int] = ()) -> UserRecord:
+    """A stored user; `seen` holds catalog positions, which are the item numbers here."""
     blob = np.array([1.0, 0.5, 2.0], dtype=np.float32)
-    return UserRecord(blob, BlobState.PRESENT, list(seen))
+    return UserRecord(blob, BlobState.PRESENT, np.array(seen, dtype=np.int64))
 
 
 @dataclass

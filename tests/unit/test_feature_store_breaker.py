@@ -16,7 +16,7 @@ class _Untouchable:
 
 
 def _store(breaker: CircuitBreaker) -> FeatureStore:
-    return FeatureStore(_Untouchable(), tiny_schema(), KeySpace("t"), 10, breaker)  # type: ignore[arg-type]
+    return FeatureStore(_Untouchable(), tiny_schema(), KeySpace("t"), breaker)  # type: ignore[arg-type]
 
 
 async def test_an_open_breaker_fails_the_call_without_calling_redis() -> None:

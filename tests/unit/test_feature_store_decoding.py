@@ -4,7 +4,9 @@ from app.clients.feature_store import (
     BlobState,
     KeySpace,
     decode_item_blobs,
+    decode_seen,
     decode_user,
+    encode_seen,
     layout_meta,
 )
 from tests.unit.tiny_schema import tiny_schema
@@ -30,21 +32,31 @@ def test_no_blobs() -> None:
 
 
 def test_user_blob_must_have_the_schema_width() -> None:
-    present = decode_user(_blob(1, 2, 3), [b"i1", b"i2"], 3)
+    present = decode_user(_blob(1, 2, 3), encode_seen([1, 2]), 3)
     assert present.state is BlobState.PRESENT
     assert present.blob is not None
     np.testing.assert_array_equal(present.blob, [1, 2, 3])
-    assert present.seen == ["i1", "i2"]
-    malformed = decode_user(_blob(1, 2), [], 3)
+    assert present.seen.tolist() == [1, 2]
+    assert present.seen_whole
+    malformed = decode_user(_blob(1, 2), None, 3)
     assert (malformed.state, malformed.blob) == (BlobState.MALFORMED, None)
-    absent = decode_user(None, [], 3)
-    assert (absent.state, absent.blob) == (BlobState.ABSENT, None)
+    absent = decode_user(None, None, 3)
+    assert (absent.state, absent.blob, absent.seen.tolist()) == (BlobState.ABSENT, None, [])
 
 
-def test_seen_entries_that_are_not_utf8_are_skipped_and_counted() -> None:
-    record = decode_user(None, [b"i1", b"\xff\xfe", b"i3"], 3)
-    assert record.seen == ["i1", "i3"]
-    assert record.undecodable_seen == 1
+def test_a_seen_list_is_appendable_and_has_no_length_limit() -> None:
+    history = np.arange(100_000, dtype=np.int64)[::-1]
+    stored = encode_seen(history[:60_000]) + encode_seen(history[60_000:])  # two APPENDs
+    positions, whole = decode_seen(stored)
+    assert whole
+    np.testing.assert_array_equal(positions, history)
+    assert positions.dtype == np.int64
+
+
+def test_a_torn_seen_list_keeps_its_whole_entries_and_says_so() -> None:
+    positions, whole = decode_seen(encode_seen([7, 9]) + b"\x01\x02")
+    assert positions.tolist() == [7, 9]
+    assert not whole
 
 
 def test_key_space() -> None:
@@ -69,4 +81,5 @@ def test_layout_meta_names_the_blob_layout() -> None:
         "embedding_dim": "2",
         "user_dense": "activity",
         "item_dense": "price",
+        "seen_format": "positions-u32le",
     }

@@ -10,8 +10,9 @@ def _filter(
     positions: list[int], seen: set[str], excluded: set[str], at_least: int, blocked: set[str]
 ) -> tuple[list[int], dict[Removal, int]]:
     rules = RerankRules(block=BlockRule(item_ids=frozenset(blocked)))
+    seen_at = np.array(sorted(int(item[1:]) for item in seen), dtype=np.int64)  # iN is at N
     result = CandidateFilter().filter(
-        np.array(positions, dtype=np.int64), seen, excluded, at_least, artifacts(rules)
+        np.array(positions, dtype=np.int64), seen_at, excluded, at_least, artifacts(rules)
     )
     return result.kept.tolist(), result.removed
 

@@ -7,8 +7,17 @@ import pytest
 
 from app.clients.feature_store import BlobState, UserRecord
 from app.errors import FailureKind, FeatureStoreError, RankingModelError, RecallError
+from app.stages.features import NOTHING_SEEN
 from app.stages.types import Query, Recommendation
-from tests.unit.fakes import KEYS, FakeFallback, FakeModel, World, context, item_blob
+from tests.unit.fakes import (
+    KEYS,
+    FakeFallback,
+    FakeModel,
+    World,
+    context,
+    item_blob,
+    user_record,
+)
 
 
 async def _run(
@@ -39,7 +48,7 @@ async def test_all_well_the_model_orders_ann_hits_and_popular_items() -> None:
 
 async def test_seen_and_excluded_items_are_filtered_before_any_feature_read() -> None:
     world = World()
-    world.users.record = UserRecord(np.array([1, 0.5, 2], np.float32), BlobState.PRESENT, ["i5"])
+    world.users.record = user_record(seen=[5])
     answer, _ = await _run(world, n=3, exclude=frozenset({"i4"}))
     assert _ids(answer) == ["i3", "i2", "i1"]
     assert KEYS.item("i5").encode() not in world.items.requested
@@ -129,7 +138,7 @@ async def test_many_items_without_features_are_flagged_and_still_fill_the_answer
 
 async def test_a_flushed_redis_still_gives_a_full_flagged_answer() -> None:
     world = World()
-    world.users.record = UserRecord(None, BlobState.ABSENT, [])
+    world.users.record = UserRecord(None, BlobState.ABSENT, NOTHING_SEEN)
     world.items.blobs.clear()
     answer, degraded = await _run(world, n=4)
     assert answer.cold_start is True
@@ -157,8 +166,8 @@ async def test_scores_that_are_nan_drop_their_items_and_flag_the_answer() -> Non
 @pytest.mark.parametrize(
     "record",
     [
-        UserRecord(None, BlobState.MALFORMED, []),
-        UserRecord(np.array([np.nan, 0, 1], np.float32), BlobState.PRESENT, []),
+        UserRecord(None, BlobState.MALFORMED, NOTHING_SEEN),
+        UserRecord(np.array([np.nan, 0, 1], np.float32), BlobState.PRESENT, NOTHING_SEEN),
     ],
 )
 async def test_a_bad_user_blob_is_flagged_not_taken_for_a_cold_start(record: UserRecord) -> None:
@@ -181,3 +190,11 @@ async def test_a_spent_budget_gives_no_time_to_any_call() -> None:
     ctx = context(budget_s=0.005, reserve_s=0.01)
     assert ctx.time_for(0.02) == 0.0
     assert ctx.time_for() == 0.0
+
+
+async def test_seen_positions_past_the_catalog_are_dropped_and_flagged() -> None:
+    world = World()
+    world.users.record = user_record(seen=[5, 4, 99])  # 99: another world's, or garbage
+    answer, degraded = await _run(world, n=3)
+    assert degraded == ["features:bad_data"]
+    assert not {"i4", "i5"} & set(_ids(answer))  # the ones the catalog has still filter

@@ -57,7 +57,6 @@ def _build_world(args: argparse.Namespace) -> None:
         keep_holdout=args.keep_holdout,
         seed=args.seed,
         index_factory=args.index_factory,
-        max_seen=args.max_seen,
     )
     report = build_world_from_log(recipe, args.world, schema)
     print(_evaluation_table(report))
@@ -259,7 +258,6 @@ def _add_build_world(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     index: argparse.ArgumentParser,
 ) -> None:
-    from app.settings import Settings
 
     built = commands.add_parser(
         "build-world",
@@ -288,12 +286,6 @@ def _add_build_world(
         "--keep-holdout",
         action="store_true",
         help="serve the world trained without each user's latest 20%% (as evaluated)",
-    )
-    built.add_argument(
-        "--max-seen",
-        type=int,
-        default=Settings.model_fields["max_seen_items"].default,
-        help="the serving cap (RECSYS_MAX_SEEN_ITEMS) to report longer histories against",
     )
     built.add_argument("--seed", type=int, default=7)
     built.set_defaults(run=_build_world)

@@ -99,7 +99,6 @@ def service_checks(args: argparse.Namespace) -> list[Check]:
             model_name=args.model_name or settings.model_name or schema.model_name,
             model_version=settings.model_version,
             schema=schema,
-            max_seen=settings.max_seen_items,
         )
     except Exception as exc:
         reason = fail(

@@ -30,7 +30,6 @@ class ServiceConfig:
     model_name: str
     model_version: str
     schema: FeatureSchema
-    max_seen: int = 200
     timeout_s: float = SERVICE_TIMEOUT_S
 
 
@@ -145,7 +144,7 @@ async def _redis(config: ServiceConfig) -> Outcome:
     client = connect_redis(config.redis_url, max_connections=2, timeout_s=config.timeout_s)
     breaker = CircuitBreaker("redis", failures=5, open_s=1.0)
     keys = KeySpace(config.key_prefix)
-    store = FeatureStore(client, config.schema, keys, config.max_seen, breaker)
+    store = FeatureStore(client, config.schema, keys, breaker)
     try:
         await store.check_layout(config.timeout_s)
     except FeatureStoreError as exc:

@@ -21,7 +21,6 @@ import numpy.typing as npt
 from app.catalog import MODEL_FILE
 from app.errors import ConfigError
 from app.schema import FeatureSchema
-from app.settings import Settings
 from recsys_tools.world.blend import (
     Blend,
     blended_onnx,
@@ -68,7 +67,6 @@ from recsys_tools.world.train import (
 
 log = logging.getLogger("recsys.build")
 FloatArray = npt.NDArray[np.float32]
-MAX_SEEN: int = Settings.model_fields["max_seen_items"].default
 # The MLP's time grows with its rows; past this many positives (times 1 + negatives rows)
 # more examples change the ranker little, so a large log is sampled.
 MAX_RANKER_POSITIVES = 200_000
@@ -90,7 +88,6 @@ class WorldRecipe:
     negatives: int = 4
     seed: int = 7
     index_factory: str = "auto"
-    max_seen: int = MAX_SEEN
 
 
 @dataclass(slots=True)
@@ -284,23 +281,10 @@ def _counts(whole: InteractionLog, served: InteractionLog, users: int) -> dict[s
     }
 
 
-def _histories(seen: SeenLists, cap: int) -> dict[str, int]:
-    """How many histories the serving cap cuts: said now, not found out from the answers."""
+def _histories(seen: SeenLists) -> dict[str, int]:
+    """How many histories there are and the longest: the service filters each one whole."""
     lengths = np.diff(seen.offsets)
-    over = int((lengths > cap).sum())
-    longest = int(lengths.max()) if len(lengths) else 0
-    if over:
-        log.warning(
-            "%d of %d users' histories are longer than the serving cap RECSYS_MAX_SEEN_ITEMS=%d "
-            "(the longest %d): their older items can be recommended again; serve with "
-            "RECSYS_MAX_SEEN_ITEMS=%d to filter them all",
-            over,
-            len(lengths),
-            cap,
-            longest,
-            longest,
-        )
-    return {"cap": cap, "users": over, "longest": longest}
+    return {"users": len(lengths), "longest": int(lengths.max()) if len(lengths) else 0}
 
 
 def _read(recipe: WorldRecipe, clock: _Clock) -> InteractionLog:
@@ -381,7 +365,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         "served": "train part" if recipe.keep_holdout else "all interactions",
         "counts": _counts(whole, served, users),
         "evaluation": evaluation,
-        "histories_over_cap": _histories(seen, recipe.max_seen),
+        "histories": _histories(seen),
         "ranker": {
             "rows": learnt.ranker.rows,
             "positives": learnt.ranker.positives,

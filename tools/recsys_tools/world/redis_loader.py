@@ -21,12 +21,13 @@ from app.clients.feature_store import (
     ITEMS_VERSION_FIELD,
     WORLD_ID_FIELD,
     KeySpace,
+    encode_seen,
     layout_meta,
 )
 from app.errors import RecsysError
 from app.schema import FeatureSchema
 from app.world import read_stamp, verify_files
-from recsys_tools.world.files import load_items, load_seen, load_users
+from recsys_tools.world.files import SeenLists, load_items, load_seen, load_users
 
 BATCH = 5_000
 # A progress line at most this often, so a large load shows it is moving.
@@ -57,6 +58,26 @@ def _blobs(
     rows = np.ascontiguousarray(np.concatenate([embeddings, dense], axis=1), dtype=FLOAT32)
     for key, row in zip(keys, rows, strict=True):
         yield key, row.tobytes()
+
+
+def _seen_lists(
+    seen: SeenLists, item_ids: npt.NDArray[np.str_], keys: KeySpace
+) -> Iterator[tuple[str, bytes]]:
+    """Each user's history as the service reads it: catalog positions, oldest first.
+
+    An empty history is written too, so that a reload clears what an older load left.
+    """
+    id_order = np.argsort(item_ids, kind="stable")
+    at = np.searchsorted(item_ids, seen.item_ids, sorter=id_order)
+    np.minimum(at, len(item_ids) - 1, out=at)
+    positions = id_order[at]
+    known = item_ids[positions] == seen.item_ids
+    if not known.all():
+        log.warning("%d seen entries name items the catalog lacks: left out", (~known).sum())
+    for index, user_id in enumerate(seen.user_ids.tolist()):
+        start, end = seen.offsets[index], seen.offsets[index + 1]
+        history = positions[start:end][known[start:end]]
+        yield keys.seen(user_id), encode_seen(history[::-1])  # stored newest first
 
 
 Client = redis.Redis | RedisCluster
@@ -113,20 +134,11 @@ def _load(world: Path, client: Client, schema: FeatureSchema, keys: KeySpace) ->
         "user features",
         len(users.ids),
     )
-    seen_lists = 0
     seen = load_seen(world)
+    seen_lists = 0
     if seen is not None:
-        pipe = client.pipeline(transaction=False)
-        for position, user_id in enumerate(seen.user_ids.tolist()):
-            start, end = seen.offsets[position], seen.offsets[position + 1]
-            key = keys.seen(user_id)
-            pipe.delete(key)
-            if end > start:
-                pipe.rpush(key, *seen.item_ids[start:end].tolist())
-                seen_lists += 1
-            if len(pipe) >= BATCH:
-                pipe.execute()
-        pipe.execute()
+        pairs = _seen_lists(seen, items.ids, keys)
+        seen_lists = _write(client, pairs, "seen lists", len(seen.user_ids))
     meta = layout_meta(schema)
     # A new version on every load tells services holding the items in memory to re-read.
     meta[ITEMS_VERSION_FIELD] = f"{time.time_ns():x}-{secrets.token_hex(4)}"

@@ -12,14 +12,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from app.admission import Admission, LoopLag
+from app.admission import Admission
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate
 from app.api.routes import COMMON_ERRORS, router
 from app.cli import configure_logging
+from app.concurrency_limit import AdaptiveLimit
 from app.drain import cancel_on_stop_signals, drain_on_sigterm
 from app.errors import RecsysError
+from app.loop_lag import LoopLag
 from app.metrics import ServiceMetrics
 from app.reload import reload_on_signal
 from app.services import Services, start_services
@@ -27,6 +29,7 @@ from app.settings import Settings, load_settings
 from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
 
 log = logging.getLogger("recsys")
+INITIAL_IN_FLIGHT = 8
 
 DESCRIPTION = """Recommendations ranked by a DNN on Triton, with FAISS recall and Redis features.
 
@@ -73,6 +76,20 @@ async def _start(
         restore()
 
 
+def admission_limit(settings: Settings, metrics: ServiceMetrics) -> AdaptiveLimit:
+    """The in-flight limit, starting where the old fixed default was; admitted answers are
+    kept to a quarter of the budget at most, well clear of their deadlines."""
+    limit = AdaptiveLimit(
+        initial=INITIAL_IN_FLIGHT,
+        floor=settings.min_in_flight,
+        ceiling=settings.max_in_flight,
+        max_latency_s=settings.request_budget_ms / 4000.0,
+        on_change=metrics.admission_limit.set,
+    )
+    metrics.admission_limit.set(limit.current)
+    return limit
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing connects until the lifespan starts."""
     configure_logging()
@@ -80,9 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = ServiceMetrics()
     lag = LoopLag()
     admission = Admission(
-        resolved.max_in_flight,
-        resolved.max_queue_ms / 1000.0,
+        admission_limit(resolved, metrics),
         lag,
+        resolved.max_queue_ms / 1000.0,
         on_change=metrics.in_flight.set,
     )
 
@@ -141,6 +158,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(admin_router)
     install_error_handlers(app)
     app.add_middleware(
-        Gate, admission=admission, metrics=metrics, max_body_bytes=resolved.max_body_bytes
+        Gate,
+        admission=admission,
+        metrics=metrics,
+        max_body_bytes=resolved.max_body_bytes,
+        body_timeout_s=resolved.body_timeout_ms / 1000.0,
     )
     return app

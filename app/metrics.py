@@ -45,6 +45,14 @@ class Variant(StrEnum):
     FALLBACK = "fallback"
 
 
+class Refusal(StrEnum):
+    """Why admission refused a request (a metric label: a fixed set)."""
+
+    LOOP_BEHIND = "loop_behind"  # the event loop stays behind: requests wait unread
+    FULL = "full"  # every slot taken, and the line full or the worker full for a while
+    NO_SLOT = "no_slot"  # waited in line, no slot came free in time
+
+
 class ShadowOutcome(StrEnum):
     SCORED = "scored"
     SKIPPED = "skipped"  # too many shadow calls in flight already: the shadow never queues
@@ -154,6 +162,20 @@ class ServiceMetrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+        self.admission_limit = Gauge(
+            "recsys_admission_limit",
+            "Requests to /recommend one worker takes on at once, adapted to latency (by all "
+            "the workers).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.refusals = Counter(
+            "recsys_admission_refusals",
+            "Requests to /recommend refused by admission (503), by why: loop_behind, full, "
+            "no_slot.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.ready = Gauge(
             "recsys_ready",
             "1 when the last readiness check passed (with workers: in every worker).",
@@ -237,6 +259,7 @@ class ServiceMetrics:
         self.answer_count = {v: self.model_answers.labels(v) for v in Variant}
         self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
         self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
+        self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
         self.degraded_count = {
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES

@@ -29,17 +29,33 @@ class Settings(BaseSettings):
         "their metrics are combined",
     )
     max_body_bytes: int = Field(
-        default=1 << 20, ge=1024, description="larger request bodies get a 413"
+        default=128 * 1024,
+        ge=1024,
+        description="larger request bodies get a 413 (the largest valid /recommend body, "
+        "500 excluded ids of 128 ASCII characters, is about 66 KB)",
+    )
+    body_timeout_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="a request body not whole within this gets a 408 (a slow sender holds "
+        "nothing meanwhile: admission comes after the body)",
     )
 
     # Admission: what one worker process takes on at once.
+    min_in_flight: int = Field(
+        default=2, ge=1, le=10_000, description="the adaptive in-flight limit's floor"
+    )
     max_in_flight: int = Field(
-        default=8, ge=1, le=10_000, description="requests handled at once; more get a 503"
+        default=64,
+        ge=1,
+        le=10_000,
+        description="the adaptive in-flight limit's ceiling; the limit itself follows latency",
     )
     max_queue_ms: float = Field(
         default=10.0,
         gt=0,
-        description="shed while the event loop runs this late: new requests wait unread",
+        description="the longest a request waits before work starts: for a slot, or unread "
+        "while the event loop stays this far behind; then a 503",
     )
 
     # Deadlines
@@ -183,6 +199,8 @@ class Settings(BaseSettings):
             raise ValueError("min_budget_ms must not exceed request_budget_ms")
         if self.reserve_ms >= self.min_budget_ms:
             raise ValueError("reserve_ms must be below min_budget_ms, or no stage has time")
+        if self.min_in_flight > self.max_in_flight:
+            raise ValueError("min_in_flight must not exceed max_in_flight")
         return self
 
 

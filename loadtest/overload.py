@@ -1,13 +1,19 @@
-"""Overload: measure the service's capacity, then offer several times it, open loop.
+"""Overload: where admission starts refusing, against what the service can serve, and 3x that.
 
-Capacity is the rate of clean answers (200, not degraded) with the worker kept exactly full:
-a closed loop of `concurrency` connections, each sending its next request as soon as the
-last is answered, never more in flight than admission control takes. Then the open-loop
-generator offers `factor` times that, and the report says what admission control did with
-the excess: how many were refused, how fast, and how the admitted requests fared.
+Two API processes on one local stack, one after the other: the first with admission out of
+the way (a limit no load reaches, no shedding), the second as configured. The same open-loop
+rate sweep (Poisson arrivals, latency from each request's due time) runs against both:
+
+- capacity: the highest rate the service answers with every answer a 200, p99 within
+  P99_BOUND_MS and at most 1% degraded, measured without admission;
+- the first rate at which the service with admission answered anything but a 200: it should
+  not refuse work it could have done (the issue's bound: at least 0.8 of capacity);
+- then `factor` times capacity offered to the service with admission: goodput (clean 200s
+  per second) against capacity, how the admitted answers fared, and how fast refusals came,
+  as clients saw them and inside the service.
 
     python -m loadtest.overload                 # the local stack on var/world, started here
-    python -m loadtest.overload --url http://127.0.0.1:8080/recommend --concurrency 8
+    python -m loadtest.overload --url http://127.0.0.1:8080/recommend --capacity 120
 """
 
 from __future__ import annotations
@@ -16,61 +22,82 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from recsys_tools.demo import local_stack, stack_options
 
 from loadtest.histograms import Buckets, quantile, scrape_buckets, subtract
-from loadtest.openloop import (
-    Load,
-    RequestBytes,
-    ResponseParser,
-    demo_bodies,
-    is_degraded,
-    parse_url,
-    run,
-    summarize,
-)
-from loadtest.service import local_service
+from loadtest.openloop import Load, demo_bodies, parse_url, passes, run, summarize
+from loadtest.service import api_on
+
+P99_BOUND_MS = 50.0
+# The start of an overload run left out: the limit adapting to it.
+WARMUP_S = 1.0
+# Admission out of the way: a limit no test load reaches, and no shedding on lag.
+UNLIMITED = {"min_in_flight": "10000", "max_in_flight": "10000", "max_queue_ms": "1000000"}
 
 
-async def _closed_worker(load: Load, first: int, step: int, until: float) -> int:
-    target = parse_url(load.url)
-    requests = RequestBytes(load, target)
-    reader, writer = await asyncio.open_connection(target.host, target.port)
-    parser = ResponseParser()
-    clean, index = 0, first
-    try:
-        while time.monotonic() < until:
-            parser.reset()
-            writer.write(requests.get(index))
-            while not parser.feed(data := await reader.read(65536)):
-                if not data:
-                    raise ConnectionError("the server closed the connection")
-            clean += parser.status == 200 and not is_degraded(parser.body)
-            index += step
-    finally:
-        writer.close()
-    return clean
+@dataclass(frozen=True)
+class Step:
+    rate: float
+    passed: bool  # every answer a 200, p99 within the bound, at most 1% degraded
+    p50_ms: float | None
+    p99_ms: float | None
+    statuses: dict[str, int]
+    degraded_share: float | None
 
 
-async def capacity(load: Load, concurrency: int, duration_s: float) -> float:
-    """Clean answers per second with `concurrency` requests always outstanding."""
-    until = time.monotonic() + duration_s
-    workers = [_closed_worker(load, n, concurrency, until) for n in range(concurrency)]
-    started = time.monotonic()
-    clean = sum(await asyncio.gather(*workers))
-    return clean / (time.monotonic() - started)
+async def sweep_step(load: Load, rate: float, duration_s: float, warmup_s: float) -> Step:
+    result = await run(load, rate, warmup_s + duration_s, poisson=True)
+    summary = summarize(result, skip_s=warmup_s)
+    return Step(
+        rate=round(rate, 1),
+        passed=passes(summary, P99_BOUND_MS, 0.01),
+        p50_ms=summary.latency.p50_ms,
+        p99_ms=summary.latency.p99_ms,
+        statuses=summary.statuses,
+        degraded_share=summary.degraded_share,
+    )
+
+
+async def rising_sweep(
+    load: Load,
+    rates: list[float],
+    until_non_200: bool,
+    duration_s: float = 4.0,
+    warmup_s: float = 1.0,
+) -> list[Step]:
+    """Each rate in turn: until one answers a non-200 (`until_non_200`), or else until two
+    in a row fail (one failing step alone may be a hiccup: its p99 is a handful of requests).
+    """
+    steps: list[Step] = []
+    for rate in rates:
+        step = await sweep_step(load, rate, duration_s, warmup_s)
+        steps.append(step)
+        if until_non_200 and set(step.statuses) - {"200"}:
+            break
+        if not until_non_200 and not any(s.passed for s in steps[-2:]):
+            break
+        await asyncio.sleep(0.5)  # let the service drain what this rate queued
+    return steps
+
+
+def rates_from(start: float, factor: float, count: int) -> list[float]:
+    return [start * factor**k for k in range(count)]
+
+
+def _scrape_now(url: str) -> Buckets:
+    parts = parse_url(url)
+    text = httpx.get(f"http://{parts.authority}/metrics", timeout=5.0).text
+    return scrape_buckets(text, "recsys_request_duration_seconds", "outcome")
 
 
 async def _scrape(url: str) -> Buckets:
-    """The service's request-duration histogram by outcome, from its /metrics."""
-    parts = parse_url(url)
-    async with httpx.AsyncClient(base_url=f"http://{parts.authority}", timeout=5.0) as client:
-        text = (await client.get("/metrics")).text
-    return scrape_buckets(text, "recsys_request_duration_seconds", "outcome")
+    """The service's request-duration histogram by outcome, from its /metrics; in a thread,
+    so that a scrape in the middle of a run does not hold up the generator's loop."""
+    return await asyncio.to_thread(_scrape_now, url)
 
 
 @dataclass(frozen=True)
@@ -81,7 +108,7 @@ class OverloadReport:
     goodput_share: float  # of capacity
     statuses: dict[str, int]
     errors: dict[str, int]
-    degraded_share: float | None
+    degraded_share: float | None  # of the admitted answers
     admitted_p50_ms: float | None
     admitted_p99_ms: float | None
     shed_p50_ms: float | None
@@ -91,23 +118,27 @@ class OverloadReport:
 
 
 async def overload(
-    load: Load, concurrency: int, factor: float = 3.0, duration_s: float = 5.0
+    load: Load, capacity_rps: float, factor: float = 3.0, duration_s: float = 5.0
 ) -> OverloadReport:
-    measured = await capacity(load, concurrency, duration_s=3.0)
-    await asyncio.sleep(0.5)
+    """Offer `factor` times `capacity_rps` for `duration_s` after a second left out (the
+    service's histogram too is read from the end of that second)."""
+    traffic = asyncio.create_task(
+        run(load, factor * capacity_rps, duration_s + WARMUP_S, poisson=True)
+    )
+    await asyncio.sleep(WARMUP_S)
     before = await _scrape(load.url)
-    result = await run(load, factor * measured, duration_s + 1.0, poisson=True)
+    result = await traffic
     shed_inside = subtract(await _scrape(load.url), before).get("shed", [])
-    summary = summarize(result, skip_s=1.0)
+    summary = summarize(result, skip_s=WARMUP_S)
     admitted = summary.latency_by_status.get("200")
     shed = summary.latency_by_status.get("503")
     clean = summary.ok - summary.degraded
     goodput = clean / duration_s
     return OverloadReport(
-        capacity_rps=round(measured, 1),
-        offered_rps=round(factor * measured, 1),
+        capacity_rps=round(capacity_rps, 1),
+        offered_rps=round(factor * capacity_rps, 1),
         goodput_rps=round(goodput, 1),
-        goodput_share=round(goodput / measured, 3),
+        goodput_share=round(goodput / capacity_rps, 3),
         statuses=summary.statuses,
         errors=summary.errors,
         degraded_share=summary.degraded_share,
@@ -120,32 +151,68 @@ async def overload(
     )
 
 
+def _first_refusal(steps: list[Step]) -> float | None:
+    return next((s.rate for s in steps if set(s.statuses) - {"200"}), None)
+
+
+async def _warm(load: Load) -> None:
+    await run(load, 20, 2.0)  # the pools, the model, the limit's baseline
+
+
 async def _on_local_stack(
-    world: Path, concurrency: int, factor: float, duration_s: float
-) -> OverloadReport:
-    with local_service(world, max_in_flight=str(concurrency)) as (api, _):
-        load = Load(f"{api.url}/recommend", demo_bodies(20_000, 20), timeout_s=2.0)
-        await run(load, 50, 2.0)  # warm the pools and the model
-        return await overload(load, concurrency, factor, duration_s)
+    world: Path, rates: list[float], factor: float, duration_s: float
+) -> dict[str, object]:
+    options = stack_options(world)
+    with local_stack(options) as stack:
+        with api_on(stack, options.run_dir / "api-unlimited.log", **UNLIMITED) as free_api:
+            load = Load(f"{free_api.url}/recommend", demo_bodies(20_000, 20), timeout_s=2.0)
+            await _warm(load)
+            unlimited = await rising_sweep(load, rates, until_non_200=False)
+        capacity = max((s.rate for s in unlimited if s.passed), default=None)
+        if capacity is None:
+            raise SystemExit(f"no rate passed without admission: {unlimited}")
+        with api_on(stack, options.run_dir / "api.log") as api:
+            load = dataclasses.replace(load, url=f"{api.url}/recommend")
+            await _warm(load)
+            upto = [r for r in rates if r <= capacity] + [r for r in rates if r > capacity][:3]
+            admitted = await rising_sweep(load, upto, until_non_200=True)
+            await asyncio.sleep(1.0)
+            report = await overload(load, capacity, factor, duration_s)
+    first = _first_refusal(admitted)
+    return {
+        "capacity_rps": capacity,
+        "first_refusal_rps": first,
+        "first_refusal_share": round(first / capacity, 3) if first else None,
+        "overload": dataclasses.asdict(report),
+        "sweep_without_admission": [dataclasses.asdict(s) for s in unlimited],
+        "sweep_with_admission": [dataclasses.asdict(s) for s in admitted],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="a running service; default: start one on --world")
+    parser.add_argument("--capacity", type=float, help="with --url: its capacity, requests/s")
     parser.add_argument("--world", type=Path, default=Path("var/world"))
-    parser.add_argument("--concurrency", type=int, default=8, help="RECSYS_MAX_IN_FLIGHT")
+    parser.add_argument("--start", type=float, default=30.0, help="the sweep's first rate")
+    parser.add_argument("--step", type=float, default=1.15, help="the sweep's factor per step")
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--users", type=int, default=20_000)
     args = parser.parse_args()
+    out: object
     if args.url:
+        if args.capacity is None:
+            parser.error("--url needs --capacity (measure it with admission out of the way)")
         load = Load(args.url, demo_bodies(args.users, 20), timeout_s=2.0)
-        report = asyncio.run(overload(load, args.concurrency, args.factor, args.duration))
-    else:
-        report = asyncio.run(
-            _on_local_stack(args.world, args.concurrency, args.factor, args.duration)
+        out = dataclasses.asdict(
+            asyncio.run(overload(load, args.capacity, args.factor, args.duration))
         )
-    print(json.dumps(dataclasses.asdict(report), indent=2))
+    else:
+        rates = rates_from(args.start, args.step, args.steps)
+        out = asyncio.run(_on_local_stack(args.world, rates, args.factor, args.duration))
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

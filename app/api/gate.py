@@ -2,12 +2,16 @@
 
 For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
 response header and kept in the scope for error bodies. For POST /recommend, in order:
-the content type (415), admission (503 with Retry-After when the worker is full or behind),
-the body size (413), then the route; and one count and duration per request by outcome.
+the content type (415); the body, read whole under a deadline (408) and a size limit (413)
+before the request holds anything a slow sender could keep from others; admission (503
+with Retry-After when the worker is full or behind); then the route. One count and
+duration per request by outcome, and each answer's service time back to admission.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Iterable
@@ -15,14 +19,20 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.admission import Admission
+from app.admission import Admission, OverloadedError
 from app.api.errors import error_body
 from app.api.models import REQUEST_ID_HEADER
 from app.metrics import Outcome, ServiceMetrics
+from app.throttled_log import ThrottledLog
 
 RETRY_AFTER_S = "1"
+refusals = ThrottledLog(logging.getLogger("recsys.admission"))
 _REQUEST_ID = REQUEST_ID_HEADER.encode()
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+# After a body left unread, the connection cannot carry another request.
+_CLOSE = [(b"connection", b"close")]
+# Answers whose service time says how loaded the worker is.
+_ANSWERED = frozenset({Outcome.OK, Outcome.DEGRADED})
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -64,12 +74,14 @@ class Gate:
         admission: Admission,
         metrics: ServiceMetrics,
         max_body_bytes: int,
+        body_timeout_s: float,
         path: str = "/recommend",
     ) -> None:
         self.app = app
         self._admission = admission
         self._metrics = metrics
         self._max_body_bytes = max_body_bytes
+        self._body_timeout_s = body_timeout_s
         self._path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,21 +111,31 @@ class Gate:
         if not is_json(_header(scope["headers"], b"content-type")):
             message = "send the body as application/json"
             return await _refuse(send, 415, "unsupported_media_type", message, rid)
-        refusal = self._admission.refusal()
-        if refusal is not None:
-            headers = [(b"retry-after", RETRY_AFTER_S.encode())]
-            return await _refuse(send, 503, "overloaded", f"try again: {refusal}", rid, headers)
         # Deadlines count from when the request probably arrived, its unread wait included.
-        state["arrived"] = time.monotonic() - self._admission.queued_s
-        self._admission.enter()
+        arrived = time.monotonic() - self._admission.queued_s
         try:
-            body = await _read_body(receive, self._max_body_bytes)
-            if body is None:
-                message = f"the body is over {self._max_body_bytes} bytes"
-                return await _refuse(send, 413, "body_too_large", message, rid)
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await _read_body(receive, self._max_body_bytes)
+        except TimeoutError:
+            message = f"the body did not arrive within {self._body_timeout_s * 1000:.0f} ms"
+            return await _refuse(send, 408, "request_timeout", message, rid, _CLOSE)
+        if body is None:
+            message = f"the body is over {self._max_body_bytes} bytes"
+            return await _refuse(send, 413, "body_too_large", message, rid, _CLOSE)
+        try:
+            await self._admission.enter()
+        except OverloadedError as exc:
+            self._metrics.refusal_count[exc.reason].inc()
+            refusals.warning(exc.reason, "refused a request (%s): %s", exc.reason, exc)
+            headers = [(b"retry-after", RETRY_AFTER_S.encode())]
+            return await _refuse(send, 503, "overloaded", f"try again: {exc}", rid, headers)
+        state["arrived"] = arrived
+        admitted = time.perf_counter()
+        try:
             return await _run(self.app, scope, _replaying(body, receive), send)
         finally:
-            self._admission.leave()
+            answered = state.get("outcome") in _ANSWERED
+            self._admission.leave(time.perf_counter() - admitted if answered else None)
 
 
 def _tagging(send: Send, rid: str) -> Send:

@@ -49,11 +49,6 @@ def api_process(stack: Stack, workdir: Path, **settings: str) -> Iterator[ApiPro
         "RECSYS_TRITON_URL": stack.triton_url,
         "RECSYS_ARTIFACTS_DIR": str(stack.world),
         "RECSYS_REQUEST_BUDGET_MS": str(BUDGET_MS),
-        # These tests offer a fifth of capacity; what they measure is fault handling, and
-        # admission has tests of its own (test_overload). On a 2-core test machine a Triton
-        # restarting beside the API takes its CPU for a moment, which the default loop-lag
-        # limit would rightly read as overload and shed.
-        "RECSYS_MAX_QUEUE_MS": "50",
         **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
     }
     api = start_api(env, workdir / "api.log")

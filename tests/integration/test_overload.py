@@ -1,50 +1,86 @@
-"""Past capacity and at shutdown, against the API as its own process under open-loop load."""
+"""Past capacity, through a stall and at shutdown, against the API as its own process."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from loadtest.closedloop import closed_loop
 from loadtest.openloop import run
 from loadtest.overload import overload
 from tests.integration.conftest import Stack
-from tests.integration.test_faults import BUDGET_MS, api_process, steady_load
+from tests.integration.test_faults import (
+    BUDGET_MS,
+    MARGIN_MS,
+    api_process,
+    item_count_and_flags,
+    steady_load,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-
-MAX_IN_FLIGHT = 8
 
 
 async def test_three_times_capacity_is_shed_fast_and_the_rest_served_in_budget(
     stack: Stack, tmp_path: Path
 ) -> None:
-    with api_process(stack, tmp_path, max_in_flight=str(MAX_IN_FLIGHT)) as api:
+    with api_process(stack, tmp_path) as api:
         load = steady_load(api)
-        await run(load, 50, 1.0)  # warm the pools and the model
+        await run(load, 50, 1.0)  # warm the pools, the model and the limit's baseline
+        # What two connections get answered, one after the other: never refused (the
+        # limit's floor is two), and close to what the worker can do on this machine now.
+        reference = await closed_loop(load, 2, 2.0)
+        capacity = reference.requests_per_s
         rss_before = api.rss_bytes()
-        outcome = await overload(load, MAX_IN_FLIGHT, factor=3.0, duration_s=4.0)
+        outcome = await overload(load, capacity, factor=3.0, duration_s=4.0)
         rss_growth = api.rss_bytes() - rss_before
     print(dataclasses.asdict(outcome), rss_growth)
+    assert reference.statuses == {200: reference.ok}
     assert set(outcome.statuses) == {"200", "503"}, outcome
     assert not outcome.errors, outcome
     assert outcome.shed_with_retry_after == outcome.statuses["503"]
+    # Admitted answers stay whole and in budget: admission let in only what the worker
+    # could finish in time (a late one would have degraded). As clients see them, the
+    # generator's lateness on a busy machine is in the figure, hence the margin. (The
+    # figures, against the targets, are the benchmark's: make bench-overload.)
+    assert (outcome.degraded_share or 0.0) <= 0.05, outcome
     assert outcome.admitted_p99_ms is not None
-    assert outcome.admitted_p99_ms <= BUDGET_MS
-    # Refusals come fast, not after a wait. (The benchmark reports the figure; on a busy
-    # 2-core machine the generator's own lateness is in it, hence the slack here.)
+    assert outcome.admitted_p99_ms <= BUDGET_MS + MARGIN_MS, outcome
+    # Refusals come at once, not after a wait: inside the service, a few milliseconds (a
+    # request may wait in line for up to 10); as clients see them, much faster than an
+    # answer, though the generator's own lateness on a busy machine is in the figure.
+    assert outcome.shed_server_p99_ms <= 25.0, outcome
+    assert outcome.shed_p50_ms is not None
+    assert outcome.admitted_p50_ms is not None
+    assert outcome.shed_p50_ms <= outcome.admitted_p50_ms / 2, outcome
     assert outcome.shed_p99_ms is not None
-    assert outcome.shed_p99_ms <= 25.0, outcome
+    assert outcome.shed_p99_ms <= BUDGET_MS, outcome
     # An unprotected service serves a fraction of its capacity at 3x (every request slow,
-    # most timing out); this guards against that collapse. The benchmark (make
-    # bench-overload) reports the share against its 90% target: capacity measured over 3 s
-    # on a shared 2-core machine varies by +-15% from run to run.
-    assert outcome.goodput_share >= 0.7, outcome
+    # most timing out); this guards against that collapse.
+    assert outcome.goodput_share >= 0.5, outcome
     assert rss_growth < 30 * 2**20, f"memory grew by {rss_growth} bytes under overload"
+
+
+async def test_a_stall_far_below_capacity_sheds_nothing(stack: Stack, tmp_path: Path) -> None:
+    with api_process(stack, tmp_path) as api:
+        # The first request after readiness is answered: start-up's last steps are a stall
+        # of their own, which must not read as overload.
+        assert item_count_and_flags(api)[1] == []
+        load = steady_load(api)
+        traffic = asyncio.create_task(run(load, 20, 3.0))
+        await asyncio.sleep(1.0)
+        os.kill(api.pid, signal.SIGSTOP)  # the whole worker stands still: a long GC pause
+        await asyncio.sleep(0.3)
+        os.kill(api.pid, signal.SIGCONT)
+        result = await traffic
+    statuses = {r.status for r in result.records}
+    assert statuses == {200}, [r for r in result.records if r.status != 200][:5]
 
 
 async def _until_not_ready(client: httpx.AsyncClient) -> None:

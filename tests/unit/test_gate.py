@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from httpx import ASGITransport, AsyncClient
 from starlette.types import Receive, Scope, Send
 
-from app.admission import Admission, LoopLag
+from app.admission import Admission
 from app.api.gate import Gate, is_json, request_id
+from app.concurrency_limit import AdaptiveLimit
+from app.loop_lag import LoopLag
 from app.metrics import Outcome, ServiceMetrics
 
 
@@ -20,13 +24,22 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _client(admission: Admission, metrics: ServiceMetrics) -> AsyncClient:
-    gate = Gate(echo, admission=admission, metrics=metrics, max_body_bytes=1024)
+def _client(
+    admission: Admission, metrics: ServiceMetrics, body_timeout_s: float = 1.0
+) -> AsyncClient:
+    gate = Gate(
+        echo,
+        admission=admission,
+        metrics=metrics,
+        max_body_bytes=1024,
+        body_timeout_s=body_timeout_s,
+    )
     return AsyncClient(transport=ASGITransport(app=gate), base_url="http://test")
 
 
 def _admission(max_in_flight: int = 4) -> Admission:
-    return Admission(max_in_flight, max_queue_s=0.02, lag=LoopLag())
+    limit = AdaptiveLimit(max_in_flight, 1, max_in_flight, max_latency_s=1.0)
+    return Admission(limit, LoopLag(), max_queue_s=0.02)
 
 
 def _sample(metrics: ServiceMetrics, name: str, outcome: Outcome) -> float:
@@ -54,7 +67,8 @@ async def test_an_admitted_request_reaches_the_route_with_its_body() -> None:
 async def test_a_full_worker_refuses_with_503_retry_after_and_the_error_body() -> None:
     metrics = ServiceMetrics()
     admission = _admission(max_in_flight=1)
-    admission.enter()  # one request already in flight
+    await admission.enter()  # one request already in flight
+    admission.limit.saturated = True  # and it has been full: no waiting in line
     async with _client(admission, metrics) as client:
         response = await client.post(
             "/recommend", json={"user_id": "u1"}, headers={"x-request-id": "abc"}
@@ -132,3 +146,41 @@ def test_a_supplied_request_id_is_kept_only_when_sane(supplied: bytes, kept: boo
 )
 def test_json_media_types(content_type: bytes | None, ok: bool) -> None:
     assert is_json(content_type) is ok
+
+
+async def test_a_body_that_trickles_in_holds_no_slot_and_gets_a_408() -> None:
+    admission = _admission(max_in_flight=1)
+    metrics = ServiceMetrics()
+    held: list[int] = []
+
+    async def trickle() -> object:
+        for byte in b'{"user_id": "u1"}':
+            held.append(admission.in_flight)
+            yield bytes([byte])
+            await asyncio.sleep(0.02)
+
+    async with _client(admission, metrics, body_timeout_s=0.1) as client:
+        slow = await client.post(
+            "/recommend",
+            content=trickle(),  # type: ignore[arg-type]
+            headers={"content-type": "application/json"},
+        )
+        fast = await client.post("/recommend", json={"user_id": "u2"})
+    assert slow.status_code == 408
+    assert slow.json()["error"] == "request_timeout"
+    assert slow.headers["connection"] == "close"
+    assert set(held) == {0}  # the slot was free all along for others
+    assert fast.status_code == 200
+    assert _count(metrics, Outcome.INVALID) == 1
+
+
+async def test_only_answers_teach_the_limit_their_service_time() -> None:
+    admission = _admission()
+    observed: list[float] = []
+    admission.limit.observe = observed.append  # type: ignore[method-assign,assignment]
+    async with _client(admission, ServiceMetrics()) as client:
+        await client.post("/recommend", json={"user_id": "u1"})  # the echo answers: ok
+        await client.post("/recommend", content=b"{}", headers={"content-type": "text/plain"})
+    assert len(observed) == 1
+    assert 0 <= observed[0] < 1.0
+    assert admission.in_flight == 0

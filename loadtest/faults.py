@@ -32,6 +32,10 @@ from loadtest.service import local_service
 log = logging.getLogger("loadtest.faults")
 
 
+# The longest a restore may take (a restart waits for the server to be ready).
+MAX_RESTORE_S = 60.0
+
+
 @dataclass(frozen=True)
 class Fault:
     name: str
@@ -61,6 +65,7 @@ class FaultReport:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    before_p50_ms: float | None  # clean answers due before the fault: the machine's pace now
     degraded_p50_ms: float | None  # degraded answers after the first 0.5 s of the fault
     recovery_s: float | None  # None: not clean again before the run ended
 
@@ -74,15 +79,23 @@ async def run_with_fault(
     during_s: float = 3.0,
     after_s: float = 3.0,
 ) -> Timeline:
-    """Offer `rate` requests/s for the whole run and inject `fault` in the middle of it."""
+    """Offer `rate` requests/s for the whole run and inject `fault` in the middle of it.
+
+    The traffic goes on for `after_s` once the dependency is back, however long its return
+    took (a restart on a busy machine can take seconds).
+    """
     started = time.monotonic()
-    traffic = asyncio.create_task(run(load, rate, before_s + during_s + after_s, start_at=started))
+    stop = asyncio.Event()
+    longest_s = before_s + during_s + after_s + MAX_RESTORE_S
+    traffic = asyncio.create_task(run(load, rate, longest_s, start_at=started, stop=stop))
     await asyncio.sleep(before_s)
     fault_s = time.monotonic() - started
     await asyncio.to_thread(fault.inject)
     await asyncio.sleep(max(0.0, started + before_s + during_s - time.monotonic()))
     await asyncio.to_thread(fault.restore)
     back_s = time.monotonic() - started
+    await asyncio.sleep(after_s)
+    stop.set()
     return Timeline(await traffic, fault_s, back_s)
 
 
@@ -97,6 +110,7 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
     degraded = [r for r in ok if r.degraded]
     settled = timeline.fault_s + 0.5
     during = [r.latency for r in degraded if settled <= r.scheduled < timeline.back_s]
+    before = [r.latency for r in ok if not r.degraded and r.scheduled < timeline.fault_s]
     return FaultReport(
         fault=name,
         requests=len(records),
@@ -115,6 +129,7 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
         p50_ms=_ms([r.latency for r in answered], 50),
         p99_ms=_ms([r.latency for r in answered], 99),
         max_ms=_ms([r.latency for r in answered], 100),
+        before_p50_ms=_ms(before, 50) if before else None,
         degraded_p50_ms=_ms(during, 50) if during else None,
         recovery_s=recovery_time(records, timeline.back_s),
     )

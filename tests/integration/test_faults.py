@@ -18,6 +18,7 @@ import pytest
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
 
 from app.catalog import MODEL_FILE
+from app.settings import Settings
 from loadtest.faults import (
     Fault,
     FaultReport,
@@ -40,6 +41,9 @@ NUM_ITEMS = 10
 BUDGET_MS = 100.0
 MARGIN_MS = 20.0
 RECOVERY_S = 2.0
+# The dependencies' own timeouts (the settings' defaults), which an open breaker spares.
+REDIS_TIMEOUT_MS = Settings.model_fields["redis_timeout_ms"].default
+TRITON_TIMEOUT_MS = Settings.model_fields["triton_timeout_ms"].default
 
 
 @contextmanager
@@ -114,6 +118,14 @@ def _assert_kept_answering(outcome: FaultReport, api: ApiProcess) -> None:
     assert outcome.recovery_s <= RECOVERY_S, context
 
 
+def _assert_breaker_spares_the_timeout(outcome: FaultReport, timeout_ms: float) -> None:
+    """Once the breaker is open, a degraded answer costs about what a clean one did before
+    the fault, not the dependency's timeout on top (measured against this machine's pace)."""
+    assert outcome.degraded_p50_ms is not None, outcome
+    assert outcome.before_p50_ms is not None, outcome
+    assert outcome.degraded_p50_ms <= outcome.before_p50_ms + timeout_ms / 2, outcome
+
+
 async def test_redis_frozen_then_resumed(
     stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
@@ -121,9 +133,7 @@ async def test_redis_frozen_then_resumed(
     with api_process(stack, tmp_path, redis_url=url) as api:
         outcome = await _survive(api, frozen(process))
     _assert_kept_answering(outcome, api)
-    # Once the breaker is open, the degraded answer costs milliseconds, not the timeout.
-    assert outcome.degraded_p50_ms is not None
-    assert outcome.degraded_p50_ms <= 15.0
+    _assert_breaker_spares_the_timeout(outcome, REDIS_TIMEOUT_MS)
 
 
 async def test_redis_killed_then_restarted(
@@ -164,8 +174,7 @@ async def test_triton_frozen_then_resumed(
     with api_process(stack, tmp_path, triton_url=url) as api:
         outcome = await _survive(api, frozen(process))
     _assert_kept_answering(outcome, api)
-    assert outcome.degraded_p50_ms is not None
-    assert outcome.degraded_p50_ms <= 15.0
+    _assert_breaker_spares_the_timeout(outcome, TRITON_TIMEOUT_MS)
 
 
 # With inputs through shared memory, the restarted Triton has forgotten the region: the

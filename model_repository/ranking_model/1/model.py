@@ -11,6 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+WARMUP_ROWS = 1100
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -26,6 +28,12 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.onnx_input = self.session.get_inputs()[0].name
         self.onnx_output = self.session.get_outputs()[0].name
+        # The first run allocates; done here, before Triton reports the model ready, so the
+        # first request after a (re)start is not the slow one (the GPU config's model_warmup
+        # does the same). As many rows as a typical request's chunk, at most a batch.
+        width = int(config["input"][0]["dims"][-1])
+        rows = min(WARMUP_ROWS, int(config.get("max_batch_size", 1)) or 1)
+        self.session.run([self.onnx_output], {self.onnx_input: np.zeros((rows, width), np.float32)})
 
     def execute(self, requests):
         batches = [

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.api.models import ErrorBody, ErrorField
+from app.api.precheck import shown
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,13 @@ def _field_name(location: Sequence[Any]) -> str:
     parts = [str(part) for part in location]
     if parts and parts[0] == "body":
         parts = parts[1:]
-    return ".".join(parts) or "body"
+    return shown(".".join(parts)) or "body"
+
+
+def summary(fields: Sequence[ErrorField], total: int) -> str:
+    """The first few fields and their problems, and how many more there are."""
+    text = "; ".join(f"{f.field}: {f.message}" for f in fields[:3])
+    return text + (f" (and {total - 3} more)" if total > 3 else "")
 
 
 def _response(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -58,12 +65,10 @@ async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
         return _response(400, error_body("invalid_json", message, request_id, fields))
     fields = [
         ErrorField(field=_field_name(error.get("loc", ())), message=str(error["msg"]))
-        for error in errors
+        for error in errors[:MAX_FIELDS]
     ]
-    summary = "; ".join(f"{f.field}: {f.message}" for f in fields[:3])
-    if len(fields) > 3:
-        summary += f" (and {len(fields) - 3} more)"
-    return _response(422, error_body("invalid_request", summary, request_id, fields))
+    message = summary(fields, len(errors))
+    return _response(422, error_body("invalid_request", message, request_id, fields))
 
 
 _HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}

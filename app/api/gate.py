@@ -3,7 +3,8 @@
 For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
 response header and kept in the scope for error bodies. For POST /recommend, in order:
 the content type (415); the body, read whole under a deadline (408) and a size limit (413)
-before the request holds anything a slow sender could keep from others; admission (503
+before the request holds anything a slow sender could keep from others; a large body that
+would make many validation errors (422, app.api.precheck); admission (503
 with Retry-After when the worker is full or behind); then the route. One count and
 duration per request by outcome, and each answer's service time back to admission.
 """
@@ -14,14 +15,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admission import Admission, OverloadedError
-from app.api.errors import error_body
-from app.api.models import REQUEST_ID_HEADER
+from app.api.errors import error_body, summary
+from app.api.models import REQUEST_ID_HEADER, ErrorField
+from app.api.precheck import many_errors
 from app.metrics import Outcome, ServiceMetrics
 from app.throttled_log import ThrottledLog
 
@@ -122,6 +124,10 @@ class Gate:
         if body is None:
             message = f"the body is over {self._max_body_bytes} bytes"
             return await _refuse(send, 413, "body_too_large", message, rid, _CLOSE)
+        fields, total = many_errors(body)
+        if fields:
+            message = summary(fields, total)
+            return await _refuse(send, 422, "invalid_request", message, rid, fields=fields)
         try:
             await self._admission.enter()
         except OverloadedError as exc:
@@ -156,8 +162,9 @@ async def _refuse(
     message: str,
     rid: str,
     headers: list[tuple[bytes, bytes]] | None = None,
+    fields: Sequence[ErrorField] = (),
 ) -> int:
-    body = error_body(code, message, rid).model_dump_json().encode()
+    body = error_body(code, message, rid, fields).model_dump_json().encode()
     length = [(b"content-length", str(len(body)).encode())]
     start_headers = _JSON_HEADERS + length + (headers or [])
     await send({"type": "http.response.start", "status": status, "headers": start_headers})

@@ -39,12 +39,14 @@ def _error(description: str, **extra: Any) -> dict[str, Any]:
 
 RECOMMEND_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("The body is not valid JSON."),
+    408: _error("The body did not arrive whole within RECSYS_BODY_TIMEOUT_MS."),
     413: _error("The body is larger than RECSYS_MAX_BODY_BYTES."),
     415: _error("The body is not sent as application/json."),
     422: _error("A field is invalid; `fields` names each one (at most 20)."),
     503: _error(
-        "Overloaded: the worker already handles its maximum of requests, or is running "
-        "behind. Nothing was done; retry after the delay, on another instance if possible.",
+        "Overloaded: the worker is past its capacity (its adaptive limit is reached and its "
+        "short line full, or its event loop stays behind). Nothing was done; retry after "
+        "the delay, on another instance if possible.",
         headers={"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
     ),
     500: _error("An unexpected error; the request id is in the body and the log."),

@@ -161,7 +161,7 @@ async def test_the_openapi_document_lists_every_status(client: AsyncClient) -> N
     document = (await client.get("/openapi.json")).json()
     recommend = document["paths"]["/recommend"]["post"]
     assert set(recommend["responses"]) == {
-        "200", "400", "404", "405", "413", "415", "422", "500", "503"
+        "200", "400", "404", "405", "408", "413", "415", "422", "500", "503"
     }  # fmt: skip
     assert "Retry-After" in recommend["responses"]["503"]["headers"]
     parameters = {p["name"].lower() for p in recommend["parameters"]}

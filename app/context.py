@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,12 @@ if TYPE_CHECKING:
     from app.artifacts import ServingArtifacts
 
 degradations = ThrottledLog(logging.getLogger("recsys.degraded"))
+
+# Set while a request runs on a budget its caller shortened (X-Request-Timeout-Ms). Its
+# timeouts say how short the caller asked it to be, not how the dependency is: the circuit
+# breakers, shared by every request, excuse them. A context variable, so the tasks a request
+# starts (chunks sent concurrently) carry it too.
+caller_shortened: ContextVar[bool] = ContextVar("caller_shortened", default=False)
 
 
 @dataclass(slots=True)

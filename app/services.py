@@ -18,6 +18,7 @@ from app.catalog import MODEL_FILE
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import TritonPool, connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
+from app.context import caller_shortened
 from app.errors import (
     ConfigError,
     RankingModelError,
@@ -73,6 +74,10 @@ class Services:
         if requested_ms is not None:
             budget_ms = min(budget_ms, max(settings.min_budget_ms, float(requested_ms)))
         return budget_ms / 1000.0
+
+    def shortened(self, budget_s: float) -> bool:
+        """Whether a budget is below the configured one (its caller asked for less)."""
+        return budget_s < self.settings.request_budget_ms / 1000.0
 
     async def aclose(self) -> None:
         await self.shadow.aclose()
@@ -173,12 +178,15 @@ def _breaker(
     def export(state: BreakerState) -> None:
         gauge.set(state)
 
+    def timeouts_excused() -> bool:
+        return excused() or caller_shortened.get()
+
     return CircuitBreaker(
         name,
         settings.breaker_failures,
         settings.breaker_open_ms / 1000.0,
         on_change=export,
-        excused=excused,
+        excused=timeouts_excused,
     )
 
 

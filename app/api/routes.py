@@ -24,7 +24,7 @@ from app.api.models import (
     RecommendRequest,
     RecommendResponse,
 )
-from app.context import RequestContext
+from app.context import RequestContext, caller_shortened
 from app.health import failing, readiness
 from app.metrics import Outcome
 from app.workers import exposition
@@ -114,9 +114,11 @@ async def recommend(
         return JSONResponse(error.model_dump(), status_code=422)
     arrived: float = getattr(state, "arrived", time.monotonic())
     artifacts = services.artifacts.current
+    budget_s = services.budget_s(budget_ms)
+    caller_shortened.set(services.shortened(budget_s))  # this request's task only
     ctx = RequestContext(
         request_id=state.request_id,
-        deadline=arrived + services.budget_s(budget_ms),
+        deadline=arrived + budget_s,
         reserve_s=services.settings.reserve_ms / 1000.0,
         artifacts=artifacts,
         metrics=services.metrics,

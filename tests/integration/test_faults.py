@@ -31,7 +31,7 @@ from loadtest.faults import (
 )
 from loadtest.openloop import Load, demo_bodies
 from loadtest.service import ApiProcess, start_api
-from tests.integration.conftest import SMALL_WORLD, TEST_MAX_BATCH, Stack
+from tests.integration.conftest import SMALL_WORLD, TEST_MAX_BATCH, Stack, metric_samples
 from tests.integration.models import slow_model_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -41,6 +41,7 @@ NUM_ITEMS = 10
 BUDGET_MS = 100.0
 MARGIN_MS = 20.0
 RECOVERY_S = 2.0
+BREAKER_FAILURES = Settings.model_fields["breaker_failures"].default
 # The dependencies' own timeouts (the settings' defaults), which an open breaker spares.
 REDIS_TIMEOUT_MS = Settings.model_fields["redis_timeout_ms"].default
 TRITON_TIMEOUT_MS = Settings.model_fields["triton_timeout_ms"].default
@@ -177,8 +178,8 @@ async def test_triton_frozen_then_resumed(
     _assert_breaker_spares_the_timeout(outcome, TRITON_TIMEOUT_MS)
 
 
-# With inputs through shared memory, the restarted Triton has forgotten the region: the
-# first call after the restart fails, registers it again, and the next ones use it.
+# With inputs through shared memory, the restarted Triton has forgotten the region: rows go
+# inline until it is registered again, so recovery takes no longer than plain gRPC's.
 @pytest.mark.parametrize("shared_memory", ["false", "true"])
 async def test_triton_killed_then_restarted(
     stack: Stack, own_triton: tuple[ManagedProcess, str], tmp_path: Path, shared_memory: str
@@ -221,3 +222,26 @@ async def test_triton_slow_then_fast_again(
     with api_process(stack, tmp_path, triton_url=url) as api:
         outcome = await _survive(api, slow)
     _assert_kept_answering(outcome, api)
+
+
+async def test_a_callers_short_deadline_never_opens_the_breaker_for_others(
+    stack: Stack, slow_triton: tuple[Path, str], tmp_path: Path
+) -> None:
+    delay_file, url = slow_triton
+    delay_file.write_text("5")  # each batch 5 ms: inside the 90 ms cap, past a 20 ms budget
+    settings = {"triton_url": url, "triton_timeout_ms": "90"}
+    body = {"user_id": "u3", "num_items": NUM_ITEMS}
+    hurried_header = {"x-request-timeout-ms": "20"}
+    with api_process(stack, tmp_path, **settings) as api:
+        async with httpx.AsyncClient(base_url=api.url, timeout=5.0) as client:
+            hurried = [
+                (await client.post("/recommend", json=body, headers=hurried_header)).json()
+                for _ in range(3 * BREAKER_FAILURES)
+            ]
+            patient = (await client.post("/recommend", json=body)).json()
+            metrics = metric_samples((await client.get("/metrics")).text)
+    timed_out = [answer for answer in hurried if "rank:timeout" in answer["degraded"]]
+    assert len(timed_out) >= BREAKER_FAILURES, hurried  # enough to open it, were they counted
+    assert metrics["recsys_breaker_state{dependency=triton}"] == 0  # closed
+    assert "rank:circuit_open" not in patient["degraded"]
+    assert patient["model"]["variant"] == "stable"

@@ -48,15 +48,25 @@ async def _redis_checks(services: Services) -> dict[str, bool]:
     return {"redis": world_id is not None, "redis_world": _same_world(services, world_id)}
 
 
-async def readiness(services: Services) -> dict[str, bool]:
-    """One entry per part: the deciding ones, and redis and its world (reported only)."""
-    catalog = services.artifacts.current.catalog
+async def _dependency_checks(services: Services) -> dict[str, bool]:
     redis, model = await asyncio.gather(_redis_checks(services), _model_checks(services))
+    return {**model, **redis}
+
+
+async def readiness(services: Services) -> dict[str, bool]:
+    """One entry per part: the deciding ones, and redis and its world (reported only).
+
+    The dependencies are asked at most once a second (app.services.READINESS_TTL_S), however
+    often and by however many a load balancer asks: a flood of /readyz cannot become a flood
+    of calls to Redis and Triton. What is local (the index, draining) is read every time,
+    so a SIGTERM takes the instance out of rotation at once.
+    """
+    catalog = services.artifacts.current.catalog
+    dependencies = await services.readiness_checks.get(lambda: _dependency_checks(services))
     return {
         "index": catalog.index.ntotal == catalog.size > 0,
-        **model,
+        **dependencies,
         "serving": not services.draining,
-        **redis,
     }
 
 

@@ -14,6 +14,7 @@ import faiss
 
 from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.breaker import BreakerState, CircuitBreaker
+from app.cached import CachedCall
 from app.catalog import MODEL_FILE
 from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
 from app.clients.ranking_model import TritonPool, connect_triton
@@ -48,6 +49,7 @@ from app.startup_checks import (
 from app.world import WorldStamp, files_identity
 
 log = logging.getLogger(__name__)
+READINESS_TTL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -66,6 +68,10 @@ class Services:
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
     draining: bool = field(default=False)
+    # What readiness last learnt from Redis and Triton (app.health), reused for a second.
+    readiness_checks: CachedCall[dict[str, bool]] = field(
+        default_factory=lambda: CachedCall(READINESS_TTL_S)
+    )
 
     def budget_s(self, requested_ms: int | None) -> float:
         """The request's budget: the configured one, or less when the caller asks for less."""

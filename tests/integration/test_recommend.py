@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -193,3 +194,22 @@ async def test_every_stage_is_measured(client: AsyncClient) -> None:
         if s.name == "recsys_requests_total"
     }
     assert requests["ok"] >= 1
+
+
+async def test_a_flood_of_readiness_checks_asks_redis_about_once(
+    stack: Stack, client: AsyncClient
+) -> None:
+    store = redis.Redis.from_url(stack.redis_url)
+
+    def hget_calls() -> int:
+        stats = store.info("commandstats").get("cmdstat_hget", {})
+        return int(stats.get("calls", 0))
+
+    try:
+        before = hget_calls()
+        answers = await asyncio.gather(*(client.get("/readyz") for _ in range(50)))
+        after = hget_calls()
+    finally:
+        store.close()
+    assert {answer.status_code for answer in answers} == {200}
+    assert after - before <= 2  # one check a second at most, whoever asks

@@ -84,6 +84,9 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
     settings = load_settings(**({} if workers is None else {"workers": workers}))
     ensure_port_free(settings.host, settings.port)
     count = settings.workers
+    # Each worker reads its settings afresh: the count must reach them too (an /admin call
+    # on one worker signals the others only when it knows there are others).
+    os.environ["RECSYS_WORKERS"] = str(count)
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)

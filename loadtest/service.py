@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,13 +106,16 @@ def api_on(stack: LocalStack, log_path: Path, **settings: str) -> Iterator[ApiPr
         api.stop()
 
 
-def start_api(env: dict[str, str], log_path: Path, port: int | None = None) -> ApiProcess:
-    """`python -m app serve` with RECSYS_* settings from `env`; returns once it is spawned."""
+def start_api(
+    env: dict[str, str], log_path: Path, port: int | None = None, args: Sequence[str] = ()
+) -> ApiProcess:
+    """`python -m app` with RECSYS_* settings from `env` and command-line `args`; returns
+    once it is spawned."""
     chosen = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app", "--log-level", "warning"],
+            [sys.executable, "-m", "app", "--log-level", "warning", *args],
             env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
             stdout=log_file,
             stderr=subprocess.STDOUT,

@@ -9,7 +9,7 @@ margin, and clean answers again within RECOVERY_S of the dependency's return.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,7 +48,9 @@ TRITON_TIMEOUT_MS = Settings.model_fields["triton_timeout_ms"].default
 
 
 @contextmanager
-def api_process(stack: Stack, workdir: Path, **settings: str) -> Iterator[ApiProcess]:
+def api_process(
+    stack: Stack, workdir: Path, args: Sequence[str] = (), **settings: str
+) -> Iterator[ApiProcess]:
     env = {
         "RECSYS_REDIS_URL": stack.redis_url,
         "RECSYS_TRITON_URL": stack.triton_url,
@@ -56,7 +58,7 @@ def api_process(stack: Stack, workdir: Path, **settings: str) -> Iterator[ApiPro
         "RECSYS_REQUEST_BUDGET_MS": str(BUDGET_MS),
         **{f"RECSYS_{name.upper()}": value for name, value in settings.items()},
     }
-    api = start_api(env, workdir / "api.log")
+    api = start_api(env, workdir / "api.log", args=args)
     try:
         api.wait_ready()
         yield api

@@ -91,12 +91,16 @@ def test_sigterm_stops_every_worker_and_removes_the_metrics(stack: Stack, tmp_pa
     _until(lambda: not [pid for pid in children if Path(f"/proc/{pid}").exists()], 5.0)
 
 
-def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path) -> None:
+# The worker count set either way: every worker must know it to tell the others of a reload.
+@pytest.mark.parametrize("how", ["setting", "flag"])
+def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path, how: str) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text(PLAIN_RULES)
     token = "workers-test-token-0123456789"
+    count = {"workers": str(WORKERS)} if how == "setting" else {}
+    flag = ["--workers", str(WORKERS)] if how == "flag" else []
     with api_process(
-        stack, tmp_path, workers=str(WORKERS), rules_file=str(rules), admin_token=token
+        stack, tmp_path, args=flag, rules_file=str(rules), admin_token=token, **count
     ) as api:
         _until(lambda: _scrape(api.url).get("recsys_workers{}") == WORKERS)
 

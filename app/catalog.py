@@ -18,6 +18,8 @@ On disk a world directory holds:
 from __future__ import annotations
 
 import contextlib
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,20 +82,35 @@ def read_index(path: Path, mmap: bool) -> Any:
         raise ConfigError(f"{path} is not a FAISS index faiss can read: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """numpy's many ways of failing on a damaged file, as one ConfigError naming it."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
 def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = False) -> Catalog:
-    with np.load(_require(world, ITEMS_FILE)) as items:
+    items_path = _require(world, ITEMS_FILE)
+    with _reading(items_path), np.load(items_path) as items:
         item_ids = items["ids"].astype(np.str_)
         categories = items["categories"].astype(np.int64)
         published_at = items["published_at"].astype(np.int64)
         popularity = items["popularity"].astype(np.float64)
     index = read_index(_require(world, INDEX_FILE), mmap)
-    default_user = np.load(_require(world, DEFAULT_USER_FILE)).astype(np.float32)
+    default_path = _require(world, DEFAULT_USER_FILE)
+    with _reading(default_path):
+        default_user = np.load(default_path).astype(np.float32)
     if index.ntotal != len(item_ids):
         raise ConfigError(f"index holds {index.ntotal} vectors but the catalog {len(item_ids)}")
     if index.d != schema.embedding_dim:
         raise ConfigError(f"index dimension {index.d} != schema embedding_dim")
     if default_user.shape != (schema.user_blob_width,):
         raise ConfigError(f"default user blob has shape {default_user.shape}")
+    if not np.isfinite(default_user).all():
+        # Every cold start and every fallback would pack it: NaN scores, dropped answers.
+        raise ConfigError(f"{default_path} holds NaN or Inf: rebuild the world")
     set_search_breadth(index, nprobe)
     # Stable sort: equally popular items keep catalog order, so cold answers are deterministic.
     popular_order = np.argsort(-popularity, kind="stable").astype(np.int64)

@@ -215,9 +215,14 @@ class Reloader:
         )
 
     async def _artifacts(self, routing: ModelRouting) -> ServingArtifacts:
-        """The replacement; the files are read again only when they or the rules changed."""
-        settings, served = self._settings, self._ref.current
-        stamp, schema = await asyncio.to_thread(opened_world, settings)
+        """The replacement, built in a thread: reading the files, parsing the rules and
+        sorting the catalog's ids take the event loop's time from requests otherwise."""
+        return await asyncio.to_thread(self._build, routing, self._ref.current)
+
+    def _build(self, routing: ModelRouting, served: ServingArtifacts) -> ServingArtifacts:
+        """The files are read again only when they or the rules changed."""
+        settings = self._settings
+        stamp, schema = opened_world(settings)
         if schema != served.schema:
             raise ReloadRefusedError(
                 f"{settings.artifacts_dir} is laid out by another feature schema than the "
@@ -234,7 +239,7 @@ class Reloader:
         identity = files_identity(settings.artifacts_dir, stamp)
         if artifacts_label(identity, rules) == served.label:
             return dataclasses.replace(served, routing=routing)
-        catalog = await asyncio.to_thread(opened_catalog, settings, schema)
+        catalog = opened_catalog(settings, schema)
         _same_items(catalog, served.catalog)
         return serving_artifacts(schema, catalog, rules, routing, self._keys, identity)
 
@@ -248,24 +253,32 @@ class Reloader:
         log.info("release %d serving: %s", report.generation, report)
         return report
 
-    def _refused(self, exc: RecsysError) -> ReloadRefusedError:
+    def _refused(self, exc: Exception) -> ReloadRefusedError:
         self._metrics.reload_count[ReloadOutcome.REFUSED].inc()
-        log.error("reload refused, the serving release stays: %s", exc)
         if isinstance(exc, ReloadRefusedError):
-            return exc
-        return ReloadRefusedError(str(exc))
+            refusal = exc
+        elif isinstance(exc, RecsysError | DependencyError):
+            refusal = ReloadRefusedError(str(exc))
+        else:
+            # A file the checks did not foresee (a truncated index, a corrupt array): the
+            # replacement is refused like any other, and the error's kind named.
+            refusal = ReloadRefusedError(f"{type(exc).__name__}: {exc}")
+        log.error("reload refused, the serving release stays: %s", refusal)
+        return refusal
 
     async def reload(self) -> ReleaseReport:
         """Read the release file, the world's files and the rules again, and serve them."""
         async with self._lock:
             try:
-                plan = read_plan(self._settings.release_file, self._settings.model_version)
+                plan = await asyncio.to_thread(
+                    read_plan, self._settings.release_file, self._settings.model_version
+                )
                 current = self._ref.current
                 routing = await model_routing(
                     plan, self._pool, current.schema, self._world, RELOAD_WAIT_S, current.routing
                 )
                 build = await self._artifacts(routing)
-            except (RecsysError, DependencyError) as exc:
+            except Exception as exc:  # anything wrong with the replacement refuses it
                 raise self._refused(exc) from None
             if _same_release(build, self._ref.current):
                 self.plan = plan

@@ -6,10 +6,11 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from recsys_tools.localstack import free_port, start_redis
 
-from app.catalog import SCHEMA_FILE
+from app.catalog import DEFAULT_USER_FILE, SCHEMA_FILE, load_catalog
 from app.errors import ConfigError, SchemaError, UnreachableError
 from app.metrics import ServiceMetrics
 from app.services import start_services
@@ -93,3 +94,13 @@ async def test_a_lost_redis_degrades_the_answer(
     fetch_fell_back = 'recsys_degraded_total{reason="unavailable",stage="fetch"} 1.0' in metrics
     assert fetch_fell_back == (item_features == "off")
     assert 'recsys_requests_total{outcome="degraded"} 1.0' in metrics
+
+
+def test_a_default_user_blob_with_nan_is_refused(stack: Stack, tmp_path: Path) -> None:
+    world = tmp_path / "world"
+    shutil.copytree(stack.world, world)
+    blob = np.load(world / DEFAULT_USER_FILE)
+    blob[3] = np.nan
+    np.save(world / DEFAULT_USER_FILE, blob)
+    with pytest.raises(ConfigError, match="holds NaN or Inf"):
+        load_catalog(world, stack.schema, nprobe=8)

@@ -7,6 +7,7 @@ version into it, as an operator would; Redis and the world are the session's.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -25,11 +26,11 @@ from recsys_tools.model_load import load_versions
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.reindex import reindex_beside
 
-from app.catalog import INDEX_FILE
+from app.catalog import INDEX_FILE, ITEMS_FILE, MANIFEST_FILE
 from app.errors import ConfigError
 from app.release import ReleasePlan, in_share, read_plan, write_plan
 from app.settings import Settings
-from app.world import read_stamp
+from app.world import file_digest, read_stamp
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -287,15 +288,29 @@ async def test_a_bad_replacement_is_refused_and_the_release_serving_stays(
     broken = release.root / "broken"
     reindex_beside(stack.world, broken, "Flat")
     (broken / INDEX_FILE).write_bytes(b"not an index")
+    # A damaged catalog, listed so in its manifest (a builder's bug, say).
+    corrupt = release.root / "corrupt"
+    reindex_beside(stack.world, corrupt, "Flat")
+    (corrupt / ITEMS_FILE).unlink()  # a hard link to the served world's: never write through it
+    (corrupt / ITEMS_FILE).write_bytes(b"PK\x03\x04 not a whole archive")
+    manifest = json.loads((corrupt / MANIFEST_FILE).read_text())
+    manifest["files"][ITEMS_FILE] = file_digest(corrupt / ITEMS_FILE)
+    (corrupt / MANIFEST_FILE).write_text(json.dumps(manifest))
     cases: dict[str, Callable[[], None]] = {
         "index": lambda: release.point_at(broken),
+        "corrupt": lambda: release.point_at(corrupt),
         "rules": lambda: release.write_rules("[diversity]\nmax_per_category = -1\n"),
         "version": lambda: write_plan(
             release.plan_file,
             ReleasePlan(stable="1", canary="7", canary_percent=10.0),
         ),
     }
-    expected = {"index": "does not belong to world", "rules": "rules file", "version": "7"}
+    expected = {
+        "index": "does not belong to world",
+        "corrupt": "items.npz cannot be read",
+        "rules": "rules file",
+        "version": "7",
+    }
     for case, damage in cases.items():
         release.point_at(stack.world)
         release.write_rules(PLAIN_RULES)
@@ -311,7 +326,7 @@ async def test_a_bad_replacement_is_refused_and_the_release_serving_stays(
         assert answer.json()["artifacts"] == before
         assert answer.json()["degraded"] == []
     metrics = await _metrics(api)
-    assert metrics["recsys_reloads_total{outcome=refused}"] == 3
+    assert metrics["recsys_reloads_total{outcome=refused}"] == len(cases)
 
 
 async def test_a_shadow_version_scores_beside_and_never_answers(

@@ -143,7 +143,9 @@ def decode_user(blob: bytes | None, seen: bytes | None, width: int) -> UserRecor
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    # The layout record is written by our loader, but Redis holds whatever was put there:
+    # bytes that are not UTF-8 must read as a mismatch, never as a crash.
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _failure_kind(exc: BaseException) -> FailureKind:

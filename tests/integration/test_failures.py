@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 from recsys_tools.localstack import free_port, start_redis
 
 from app.catalog import DEFAULT_USER_FILE, SCHEMA_FILE, load_catalog
+from app.clients.feature_store import WORLD_ID_FIELD, KeySpace
 from app.errors import ConfigError, SchemaError, UnreachableError
 from app.metrics import ServiceMetrics
-from app.services import start_services
+from app.services import READINESS_TTL_S, start_services
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -104,3 +107,21 @@ def test_a_default_user_blob_with_nan_is_refused(stack: Stack, tmp_path: Path) -
     np.save(world / DEFAULT_USER_FILE, blob)
     with pytest.raises(ConfigError, match="holds NaN or Inf"):
         load_catalog(world, stack.schema, nprobe=8)
+
+
+async def test_a_layout_record_that_is_not_utf8_is_a_mismatch_not_a_crash(
+    stack: Stack, tmp_path: Path
+) -> None:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        async with serving(stack.settings(redis_url=url)) as api:
+            client = redis.Redis.from_url(url)
+            client.hset(KeySpace("recsys").meta, WORLD_ID_FIELD, b"\xff\xfe")
+            client.close()
+            await asyncio.sleep(READINESS_TTL_S)  # past what readiness learnt before
+            ready = await api.get("/readyz")
+    finally:
+        process.stop()
+    assert ready.status_code == 200  # Redis is reported, not deciding
+    assert ready.json()["checks"]["redis_world"] is False

@@ -40,22 +40,42 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 
 APP = "app.main:create_app"
+# How long the supervisor waits for a worker's answer to "have you started?".
+STARTED_CHECK_S = 1.0
 
 
 def _supervisor() -> type[Any]:
     """uvicorn's worker supervisor, handing SIGUSR1 (a reload) on to every worker.
 
     uvicorn's supervisor takes over the signals, and calls its `handle_<signal>` method for
-    each; it has none for SIGUSR1. The supervisor loads no part of the server, so the
-    signal is app.reload.RELOAD_SIGNAL restated rather than imported.
+    each; it has none for SIGUSR1. A worker still starting gets the signal once it has
+    started (uvicorn's health check says so): before its handler is in place the signal
+    would kill it, and it may have read the files before they changed. The supervisor loads
+    no part of the server, so the signal is app.reload.RELOAD_SIGNAL restated.
     """
     from uvicorn.supervisors import Multiprocess
+    from uvicorn.supervisors.multiprocess import Process
 
     class Supervisor(Multiprocess):
+        def __init__(self, config: Any, sockets: list[socket.socket]) -> None:
+            super().__init__(config, sockets)
+            self.owed: set[Process] = set()  # started workers still to be told to reload
+
         def handle_usr1(self) -> None:
-            for worker in self.processes:
-                if worker.pid is not None:
+            self.owed = set(self.processes)
+            self._pay_reloads()
+
+        def keep_subprocess_alive(self) -> None:
+            super().keep_subprocess_alive()
+            self._pay_reloads()
+
+        def _pay_reloads(self) -> None:
+            for worker in tuple(self.owed):
+                if worker not in self.processes:
+                    self.owed.discard(worker)  # replaced: the new one read the files afresh
+                elif worker.pid is not None and worker.is_ready(timeout=STARTED_CHECK_S):
                     os.kill(worker.pid, signal.SIGUSR1)
+                    self.owed.discard(worker)
 
     return Supervisor
 
@@ -77,6 +97,7 @@ def ensure_port_free(host: str, port: int) -> None:
 def serve(workers: int | None = None, log_level: str = "info", access_log: bool = False) -> None:
     import uvicorn
 
+    from app.reload import hold_reload_signals
     from app.settings import load_settings
     from app.workers import shared_metrics
 
@@ -90,6 +111,7 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
     # uvicorn raises the signal that stopped it again once it has shut down; a SIGTERM that
     # drained and finished every request is a normal stop, so the process exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    hold_reload_signals()  # a `systemctl reload` during start-up must not kill the process
     options: dict[str, Any] = {
         "factory": True,
         "host": settings.host,

@@ -23,7 +23,7 @@ from app.drain import cancel_on_stop_signals, drain_on_sigterm
 from app.errors import RecsysError
 from app.loop_lag import LoopLag
 from app.metrics import ServiceMetrics
-from app.reload import reload_on_signal
+from app.reload import hold_reload_signals, reload_on_signal
 from app.services import Services, start_services
 from app.settings import Settings, load_settings
 from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
@@ -92,6 +92,7 @@ def admission_limit(settings: Settings, metrics: ServiceMetrics) -> AdaptiveLimi
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing connects until the lifespan starts."""
+    hold_reload_signals()
     configure_logging()
     resolved = settings or load_settings()
     metrics = ServiceMetrics()

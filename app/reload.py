@@ -20,6 +20,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 
 import numpy as np
 
@@ -300,11 +301,30 @@ class Reloader:
             return await self._install(dataclasses.replace(current, routing=routing), plan)
 
 
+class _EarlySignal:
+    """Whether a reload signal came before the service could act on one."""
+
+    came = False
+
+    @classmethod
+    def remember(cls, signum: int, frame: FrameType | None) -> None:
+        cls.came = True
+
+
+def hold_reload_signals() -> None:
+    """From now until reload_on_signal takes over, a reload signal is remembered instead of
+    killing the process (SIGUSR1's default); reload_on_signal then acts on it. Called as a
+    process starts (`recsys-serve`, and each worker as it builds the app)."""
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours here
+        signal.signal(RELOAD_SIGNAL, _EarlySignal.remember)
+
+
 def reload_on_signal(reloader: Reloader) -> Callable[[], None]:
     """SIGUSR1 reloads (`systemctl reload`, or another worker's /admin call); returns the undo.
 
     The reload runs as a task of the loop: a refused one is logged and counted, and the
-    release that was serving keeps serving.
+    release that was serving keeps serving. A signal that came during start-up reloads now:
+    start-up may have read the files before they changed.
     """
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task[None]] = set()
@@ -320,6 +340,9 @@ def reload_on_signal(reloader: Reloader) -> Callable[[], None]:
         task.add_done_callback(running.discard)
 
     loop.add_signal_handler(RELOAD_SIGNAL, handle)
+    if _EarlySignal.came:
+        _EarlySignal.came = False
+        handle()
 
     def undo() -> None:
         loop.remove_signal_handler(RELOAD_SIGNAL)

@@ -155,6 +155,17 @@ async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@pytest.fixture
+def own_triton(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
+    process, url = start_triton(
+        default_triton_env(), stack.model_repository, tmp_path / "triton", [stack.schema.model_name]
+    )
+    try:
+        yield process, url
+    finally:
+        process.stop()
+
+
 @pytest_asyncio.fixture(loop_scope="session", scope="session")
 async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     async with serving(stack.settings()) as api:

@@ -76,17 +76,6 @@ def own_redis(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, st
         process.stop()
 
 
-@pytest.fixture
-def own_triton(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    process, url = start_triton(
-        default_triton_env(), stack.model_repository, tmp_path / "triton", [stack.schema.model_name]
-    )
-    try:
-        yield process, url
-    finally:
-        process.stop()
-
-
 def item_count_and_flags(api: ApiProcess) -> tuple[int, list[str]]:
     body = {"user_id": "u3", "num_items": NUM_ITEMS}
     answer = httpx.post(f"{api.url}/recommend", json=body, timeout=5.0).json()

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from recsys_tools.localstack import ManagedProcess
 
 from app.workers import METRICS_DIR_ENV
-from loadtest.service import ApiProcess
+from loadtest.service import ApiProcess, start_api
 from tests.integration.conftest import PLAIN_RULES, Stack, metric_samples
 from tests.integration.test_faults import api_process
 
@@ -129,4 +130,46 @@ def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path, how: str) -
         assert _scrape(api.url)["recsys_release_generation{}"] == 3
         # Each worker logs what it serves after a reload, as one process would.
         assert api.log_tail(400).count("release 3 serving") == WORKERS
+        assert api.stop() == 0, api.log_tail()
+
+
+def _until_logged(api: ApiProcess, text: str, timeout_s: float = 30.0) -> None:
+    _until(lambda: text in api.log_tail(400), timeout_s)
+
+
+# A reload signal while the service starts (systemctl reload, or another worker's /admin
+# call) once killed the process it reached: SIGUSR1's default action, before the handler.
+@pytest.mark.parametrize("workers", [1, WORKERS])
+def test_a_reload_signal_during_start_up_is_kept_for_after_it(
+    stack: Stack, own_triton: tuple[ManagedProcess, str], tmp_path: Path, workers: int
+) -> None:
+    triton, url = own_triton
+    triton.kill()  # start-up waits for it: time to signal the service mid-start
+    rules = tmp_path / "rules.toml"
+    rules.write_text(PLAIN_RULES)
+    env = {
+        "RECSYS_REDIS_URL": stack.redis_url,
+        "RECSYS_TRITON_URL": url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.world),
+        "RECSYS_RULES_FILE": str(rules),
+        "RECSYS_WORKERS": str(workers),
+    }
+    api = start_api(env, tmp_path / "api.log")
+    try:
+        _until_logged(api, "waiting for the triton model")
+        # Start-up read the rules already: the change must come by the reload it missed.
+        rules.write_text("[diversity]\nmax_per_category = 2\n")
+        os.kill(api.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        assert api.process.poll() is None, api.log_tail()
+        triton.restart()
+        api.wait_ready()
+
+        def applied() -> float:
+            return _scrape(api.url).get("recsys_reloads_total{outcome=applied}", 0.0)
+
+        # Every worker reloads once it has started; none died of the signal.
+        _until(lambda: applied() == workers)
+        assert "Child process" not in api.log_tail(400)  # uvicorn logs a worker that died
+    finally:
         assert api.stop() == 0, api.log_tail()

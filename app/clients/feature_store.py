@@ -37,6 +37,8 @@ SEEN_POSITION = np.dtype("<u4")
 SEEN_FORMAT = "positions-u32le"
 RedisClient = aioredis.Redis | RedisCluster
 MGET_CHUNK = 500
+# A Redis Cluster client's socket timeout: a backstop far beyond any call's own deadline.
+CLUSTER_SOCKET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +279,15 @@ def connect_redis(
     With `cluster`, `url` names any node of a Redis Cluster; the client learns the others.
     """
     if cluster:
+        # Every call is bounded by its own deadline (`_call`), so the client's socket
+        # timeout is only a backstop: a socket timeout makes the cluster client mark the
+        # node's connections for reconnection and map the whole cluster again, so at the
+        # call's own timeout one slow node would reset the connections to every node and
+        # fail reads of healthy ones meanwhile.
         return RedisCluster.from_url(
             url,
             max_connections=max_connections,
-            socket_timeout=timeout_s,
+            socket_timeout=CLUSTER_SOCKET_TIMEOUT_S,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
         )

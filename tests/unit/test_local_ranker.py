@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -10,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from app.errors import ConfigError, FailureKind, RankingModelError, SchemaError
-from app.local_ranker import load_local_ranker
+from app.local_ranker import LocalRanker, load_local_ranker
 from tests.unit.tiny_schema import tiny_schema
 
 
@@ -67,3 +71,55 @@ def test_refuses_a_model_of_another_width(tmp_path: Path) -> None:
 def test_refuses_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="missing"):
         load_local_ranker(tmp_path / "none.onnx", tiny_schema())
+
+
+class _SlowSession:
+    """An onnxruntime session stand-in whose runs take `per_row_s` a row (or `stall_s`)."""
+
+    def __init__(self, per_row_s: float) -> None:
+        self.per_row_s = per_row_s
+        self.stall_s = 0.0
+
+    def get_inputs(self) -> list[Any]:
+        return [SimpleNamespace(name="features", shape=[None, tiny_schema().width])]
+
+    def get_outputs(self) -> list[Any]:
+        return [SimpleNamespace(name="score")]
+
+    def run(self, outputs: list[str], feeds: dict[str, Any]) -> list[Any]:
+        rows = feeds["features"]
+        time.sleep(self.stall_s or self.per_row_s * len(rows))
+        return [np.zeros((len(rows), 1), np.float32)]
+
+
+async def test_concurrent_fallbacks_share_the_thread_within_their_deadlines() -> None:
+    session = _SlowSession(per_row_s=0.00002)  # 1000 rows: 20 ms
+    ranker = LocalRanker(session, tiny_schema())
+    rows = np.ones((1000, tiny_schema().width), np.float32)
+    timeout_s = 0.1
+    try:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(ranker.score(rows, timeout_s) for _ in range(4)), return_exceptions=True
+        )
+        took = time.monotonic() - started
+    finally:
+        ranker.close()
+    scored = [len(o) for o in outcomes if not isinstance(o, BaseException)]
+    assert scored[0] == 1000  # the first has the thread to itself
+    assert len(scored) < 4 or sum(scored) < 4000  # the later ones fit what is left, or none
+    assert took < timeout_s * 1.5  # nobody waited past the deadline for the thread
+
+
+async def test_a_run_that_overstays_is_abandoned_at_the_deadline() -> None:
+    session = _SlowSession(per_row_s=0.00001)
+    ranker = LocalRanker(session, tiny_schema())
+    session.stall_s = 1.0  # hangs, after start-up measured it as quick
+    try:
+        started = time.monotonic()
+        with pytest.raises(RankingModelError) as raised:
+            await ranker.score(np.ones((10, tiny_schema().width), np.float32), timeout_s=0.05)
+        assert raised.value.kind is FailureKind.TIMEOUT
+        assert time.monotonic() - started < 0.5
+    finally:
+        ranker.close()

@@ -16,12 +16,12 @@ model throughout a canary, and raising the percentage only adds users to it.
 from __future__ import annotations
 
 import hashlib
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.atomic_files import write_atomically
 from app.errors import ConfigError
 from app.metrics import Variant
 from app.schema import ModelSignature
@@ -134,7 +134,7 @@ def read_plan(path: Path | None, default_stable: str) -> ReleasePlan:
 
 
 def write_plan(path: Path, plan: ReleasePlan) -> None:
-    """Replace the file whole (write beside, then rename), so no reader sees half of it."""
+    """Replace the file whole and durably: no reader, and no crash, leaves half of it."""
     text = (
         "[model]\n"
         f'stable = "{plan.stable}"\n'
@@ -142,6 +142,4 @@ def write_plan(path: Path, plan: ReleasePlan) -> None:
         f"canary_percent = {plan.canary_percent}\n"
         f'shadow = "{plan.shadow}"\n'
     )
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text(text)
-    staged.replace(path)
+    write_atomically(path, text.encode())

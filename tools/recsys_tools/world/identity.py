@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
 import time
 from pathlib import Path
 
+from app.atomic_files import copy_atomically, write_atomically
 from app.catalog import (
     DEFAULT_USER_FILE,
     INDEX_FILE,
@@ -107,13 +107,16 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
         )
     target = model_repository / model_name / str(version) / MODEL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
+    # Each file replaced whole: a Triton polling the repository, or a crash, never meets a
+    # half-copied model or a half-written config.
+    copy_atomically(source, target)
     # A Python-backend model (the local CPU one) runs code beside the ONNX file: a new
     # version gets the code version 1 runs.
     for code in (model_repository / model_name / "1").glob("*.py"):
         if not (target.parent / code.name).exists():
-            shutil.copyfile(code, target.parent / code.name)
+            copy_atomically(code, target.parent / code.name)
     stamp = read_stamp(world)
     if stamp is not None:
-        config.write_text(with_world_parameter(config.read_text(), stamp.world_id))
+        text = with_world_parameter(config.read_text(), stamp.world_id)
+        write_atomically(config, text.encode())
     return target

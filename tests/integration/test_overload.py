@@ -114,3 +114,59 @@ async def test_sigterm_drains_without_failing_a_request(stack: Stack, tmp_path: 
     assert len(records) >= 50
     failed = [r for r in records if r.status != 200]
     assert not failed, failed[:5]
+
+
+async def _trickle(port: int, seconds: float) -> bytes:
+    """A client that sends its headers, then one body byte every 0.2 s: the slow loris."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = b'{"user_id": "u1", "num_items": 10}'
+    head = (
+        "POST /recommend HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode())
+    answer = b""
+    try:
+        for byte in body:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            try:
+                answer = await asyncio.wait_for(reader.read(4096), 0.2)
+            except TimeoutError:
+                continue
+            if answer:
+                break
+        if not answer:
+            answer = await asyncio.wait_for(reader.read(4096), seconds)
+    except (ConnectionError, TimeoutError):
+        pass
+    finally:
+        writer.close()
+    return answer
+
+
+async def test_slow_senders_and_bad_bodies_take_nothing_from_others(
+    stack: Stack, tmp_path: Path
+) -> None:
+    with api_process(stack, tmp_path) as api:
+        loris = [asyncio.create_task(_trickle(api.port, 5.0)) for _ in range(8)]
+        await asyncio.sleep(0.3)  # all eight are trickling
+        async with httpx.AsyncClient(base_url=api.url, timeout=5.0) as client:
+            huge = b'{"user_id": "u1", ' + b'"k": 1, ' * 130_000 + b'"num_items": 1}'
+            many_keys = {"user_id": "u1", **{f"key{n}": n for n in range(8000)}}
+            bad = [
+                await client.post(
+                    "/recommend", content=huge, headers={"content-type": "application/json"}
+                ),
+                await client.post("/recommend", json=many_keys),
+            ]
+            others = [
+                await client.post("/recommend", json={"user_id": f"u{n}", "num_items": 10})
+                for n in range(20)
+            ]
+        slow = await asyncio.gather(*loris)
+    assert [response.status_code for response in bad] == [413, 422]
+    assert len(bad[1].json()["fields"]) == 20
+    assert [response.status_code for response in others] == [200] * 20
+    # Each slow sender is answered 408 once its body is a second late, and let go.
+    assert all(answer.startswith(b"HTTP/1.1 408") for answer in slow), slow

@@ -4,7 +4,7 @@ VENV := .venv
 TRITON_ENV := .venv-triton
 PYTRITON := nvidia-pytriton==0.7.0
 
-.PHONY: setup demo test lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
+.PHONY: setup demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -28,6 +28,11 @@ demo: setup
 
 test: setup lint typecheck
 	$(VENV)/bin/pytest
+
+# The same suite beside a process that keeps one core busy: a machine half taken, as CI's
+# may be (it can also be two or three times slower than this one).
+test-loaded: setup lint typecheck
+	$(VENV)/bin/python -m loadtest.busy --cores 1 -- $(VENV)/bin/pytest
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -33,8 +33,10 @@ _REQUEST_ID = REQUEST_ID_HEADER.encode()
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 # After a body left unread, the connection cannot carry another request.
 _CLOSE = [(b"connection", b"close")]
-# Answers whose service time says how loaded the worker is.
-_ANSWERED = frozenset({Outcome.OK, Outcome.DEGRADED})
+# Whole answers are the ones whose service time says how loaded the worker is: a degraded
+# one may have waited out a slow or absent dependency's timeout, which no concurrency of
+# the worker's causes (and cutting concurrency would not cure), or skipped work it had.
+_TELLING = frozenset({Outcome.OK})
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -140,8 +142,8 @@ class Gate:
         try:
             return await _run(self.app, scope, _replaying(body, receive), send)
         finally:
-            answered = state.get("outcome") in _ANSWERED
-            self._admission.leave(time.perf_counter() - admitted if answered else None)
+            telling = state.get("outcome") in _TELLING
+            self._admission.leave(time.perf_counter() - admitted if telling else None)
 
 
 def _tagging(send: Send, rid: str) -> Send:

@@ -99,7 +99,7 @@ async def test_a_lost_redis_degrades_the_answer(
     assert 'recsys_requests_total{outcome="degraded"} 1.0' in metrics
 
 
-def test_a_default_user_blob_with_nan_is_refused(stack: Stack, tmp_path: Path) -> None:
+async def test_a_default_user_blob_with_nan_is_refused(stack: Stack, tmp_path: Path) -> None:
     world = tmp_path / "world"
     shutil.copytree(stack.world, world)
     blob = np.load(world / DEFAULT_USER_FILE)

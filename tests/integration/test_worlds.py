@@ -5,6 +5,7 @@ The session stack serves its world; a second, tiny world stands for "another wor
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from recsys_tools.world.build import DemoSize, build_demo_world
 from app.catalog import INDEX_FILE
 from app.errors import ConfigError
 from app.metrics import ServiceMetrics
-from app.services import start_services
+from app.services import READINESS_TTL_S, start_services
 from app.world import read_stamp
 from tests.integration.conftest import Stack, load_redis, serving
 
@@ -86,6 +87,7 @@ async def test_readiness_reports_redis_switching_worlds(stack: Stack, own_redis:
         client = redis.Redis.from_url(own_redis)
         client.hset("recsys:meta", "world_id", "another-world")
         client.close()
+        await asyncio.sleep(READINESS_TTL_S)  # past what readiness learnt a moment ago
         after = await api.get("/readyz")
     assert before["checks"]["redis_world"] is True
     # Redis is shared by every instance: reported, not a reason to leave the rotation.

@@ -18,7 +18,7 @@ from app.metrics import Outcome, ServiceMetrics
 async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     message = await receive()
     body = message.get("body", b"")
-    scope["state"]["outcome"] = Outcome.OK
+    scope["state"]["outcome"] = Outcome.DEGRADED if b"degrade" in body else Outcome.OK
     headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -174,13 +174,14 @@ async def test_a_body_that_trickles_in_holds_no_slot_and_gets_a_408() -> None:
     assert _count(metrics, Outcome.INVALID) == 1
 
 
-async def test_only_answers_teach_the_limit_their_service_time() -> None:
+async def test_only_whole_answers_teach_the_limit_their_service_time() -> None:
     admission = _admission()
     observed: list[float] = []
     admission.limit.observe = observed.append  # type: ignore[method-assign,assignment]
     async with _client(admission, ServiceMetrics()) as client:
         await client.post("/recommend", json={"user_id": "u1"})  # the echo answers: ok
         await client.post("/recommend", content=b"{}", headers={"content-type": "text/plain"})
+        await client.post("/recommend", json={"user_id": "degrade"})  # a dependency's fault
     assert len(observed) == 1
     assert 0 <= observed[0] < 1.0
     assert admission.in_flight == 0

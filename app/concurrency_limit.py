@@ -8,7 +8,9 @@ It is AIMD whose decrease is scaled by how far latency overshoots, as gradient l
 
 - every window (WINDOW_S, at least MIN_SAMPLES answers) the median service time of its
   answers is compared with a target: `tolerance` times the baseline, the least window median
-  of the last BASELINE_S (latency without queueing), and never more than `max_latency_s`;
+  of the last BASELINE_S (latency without queueing), and never more than `max_latency_s`.
+  The tolerance is wide (3) because on a shared host latency also grows with load through
+  the processes beside the worker (Triton, Redis), not only through its own queue;
 - over the target in two windows running, the limit shrinks by target / median (at most
   halved at once): one noisy window at moderate load is not overload;
 - within it, and when demand reached the limit during the window, it grows by one.
@@ -29,7 +31,7 @@ from collections.abc import Callable
 WINDOW_S = 0.25
 MIN_SAMPLES = 20
 BASELINE_S = 5.0
-TOLERANCE = 2.0
+TOLERANCE = 3.0
 MAX_DECREASE = 0.5
 
 
@@ -59,9 +61,11 @@ class AdaptiveLimit:
         self._over_last = False  # whether the last closed window's median was over target
         self._arrivals = 0
         self._turned_away = 0
-        # Whether most arrivals of the last closed window found every slot taken: the worker
-        # is past capacity, not in a burst.
+        # Whether most arrivals of either of the last two closed windows found every slot
+        # taken: the worker is past capacity, not in a burst (two, so that one window's
+        # lull inside an overload does not let requests queue in vain).
         self.saturated = False
+        self._saturated_last = False
         self._medians: deque[tuple[float, float]] = deque()  # (when, window median)
 
     @property
@@ -109,7 +113,9 @@ class AdaptiveLimit:
             self._set(min(self._ceiling, self.current + 1))
         self._over_last = over
         self._samples = []
-        self.saturated = self._turned_away * 2 > self._arrivals
+        saturated_now = self._turned_away * 2 > self._arrivals
+        self.saturated = saturated_now or self._saturated_last
+        self._saturated_last = saturated_now
         self._demand = False
         self._arrivals = self._turned_away = 0
         self._window_start = now

@@ -1,8 +1,9 @@
 """Overload: where admission starts refusing, against what the service can serve, and 3x that.
 
-Two API processes on one local stack, one after the other: the first with admission out of
-the way (a limit no load reaches, no shedding), the second as configured. The same open-loop
-rate sweep (Poisson arrivals, latency from each request's due time) runs against both:
+Two API processes on one local stack, side by side: one with admission out of the way (a
+limit no load reaches, no shedding), one as configured. One open-loop rate sweep (Poisson
+arrivals, latency from each request's due time) runs against both, alternating at each
+rate so that both meet the same machine (a shared machine's speed drifts over minutes):
 
 - capacity: the highest rate the service answers with every answer a 200, p99 within
   P99_BOUND_MS and at most 1% degraded, measured without admission;
@@ -35,6 +36,7 @@ from loadtest.service import api_on
 P99_BOUND_MS = 50.0
 # The start of an overload run left out: the limit adapting to it.
 WARMUP_S = 1.0
+FAILS_TO_STOP = 3
 # Admission out of the way: a limit no test load reaches, and no shedding on lag.
 UNLIMITED = {"min_in_flight": "10000", "max_in_flight": "10000", "max_queue_ms": "1000000"}
 
@@ -62,26 +64,34 @@ async def sweep_step(load: Load, rate: float, duration_s: float, warmup_s: float
     )
 
 
-async def rising_sweep(
-    load: Load,
+def _refused(step: Step) -> bool:
+    return bool(set(step.statuses) - {"200"})
+
+
+async def paired_sweep(
+    free: Load,
+    admitted: Load,
     rates: list[float],
-    until_non_200: bool,
     duration_s: float = 4.0,
     warmup_s: float = 1.0,
-) -> list[Step]:
-    """Each rate in turn: until one answers a non-200 (`until_non_200`), or else until two
-    in a row fail (one failing step alone may be a hiccup: its p99 is a handful of requests).
-    """
-    steps: list[Step] = []
+) -> tuple[list[Step], list[Step]]:
+    """Each rate against the service without admission, then with it, until the first has
+    failed FAILS_TO_STOP steps running (a failing step alone may be a hiccup of a shared
+    machine: its p99 is a handful of requests) and the second has refused something."""
+    without: list[Step] = []
+    with_admission: list[Step] = []
     for rate in rates:
-        step = await sweep_step(load, rate, duration_s, warmup_s)
-        steps.append(step)
-        if until_non_200 and set(step.statuses) - {"200"}:
+        recent = without[-FAILS_TO_STOP:]
+        failed_enough = len(recent) == FAILS_TO_STOP and not any(s.passed for s in recent)
+        if not failed_enough:
+            without.append(await sweep_step(free, rate, duration_s, warmup_s))
+            await asyncio.sleep(0.5)  # let the service drain what this rate queued
+        if not any(_refused(s) for s in with_admission):
+            with_admission.append(await sweep_step(admitted, rate, duration_s, warmup_s))
+            await asyncio.sleep(0.5)
+        if failed_enough and any(_refused(s) for s in with_admission):
             break
-        if not until_non_200 and not any(s.passed for s in steps[-2:]):
-            break
-        await asyncio.sleep(0.5)  # let the service drain what this rate queued
-    return steps
+    return without, with_admission
 
 
 def rates_from(start: float, factor: float, count: int) -> list[float]:
@@ -151,10 +161,6 @@ async def overload(
     )
 
 
-def _first_refusal(steps: list[Step]) -> float | None:
-    return next((s.rate for s in steps if set(s.statuses) - {"200"}), None)
-
-
 async def _warm(load: Load) -> None:
     await run(load, 20, 2.0)  # the pools, the model, the limit's baseline
 
@@ -163,29 +169,31 @@ async def _on_local_stack(
     world: Path, rates: list[float], factor: float, duration_s: float
 ) -> dict[str, object]:
     options = stack_options(world)
-    with local_stack(options) as stack:
-        with api_on(stack, options.run_dir / "api-unlimited.log", **UNLIMITED) as free_api:
-            load = Load(f"{free_api.url}/recommend", demo_bodies(20_000, 20), timeout_s=2.0)
-            await _warm(load)
-            unlimited = await rising_sweep(load, rates, until_non_200=False)
+    run_dir = options.run_dir
+    with (
+        local_stack(options) as stack,
+        api_on(stack, run_dir / "api-unlimited.log", **UNLIMITED) as free_api,
+        api_on(stack, run_dir / "api.log") as api,
+    ):
+        bodies = demo_bodies(20_000, 20)
+        free = Load(f"{free_api.url}/recommend", bodies, timeout_s=2.0)
+        admitted = Load(f"{api.url}/recommend", bodies, timeout_s=2.0)
+        await _warm(free)
+        await _warm(admitted)
+        unlimited, limited = await paired_sweep(free, admitted, rates)
         capacity = max((s.rate for s in unlimited if s.passed), default=None)
         if capacity is None:
             raise SystemExit(f"no rate passed without admission: {unlimited}")
-        with api_on(stack, options.run_dir / "api.log") as api:
-            load = dataclasses.replace(load, url=f"{api.url}/recommend")
-            await _warm(load)
-            upto = [r for r in rates if r <= capacity] + [r for r in rates if r > capacity][:3]
-            admitted = await rising_sweep(load, upto, until_non_200=True)
-            await asyncio.sleep(1.0)
-            report = await overload(load, capacity, factor, duration_s)
-    first = _first_refusal(admitted)
+        await asyncio.sleep(1.0)
+        report = await overload(admitted, capacity, factor, duration_s)
+    first = next((s.rate for s in limited if _refused(s)), None)
     return {
         "capacity_rps": capacity,
         "first_refusal_rps": first,
         "first_refusal_share": round(first / capacity, 3) if first else None,
         "overload": dataclasses.asdict(report),
         "sweep_without_admission": [dataclasses.asdict(s) for s in unlimited],
-        "sweep_with_admission": [dataclasses.asdict(s) for s in admitted],
+        "sweep_with_admission": [dataclasses.asdict(s) for s in limited],
     }
 
 

@@ -222,11 +222,14 @@ async def start_services(
         name: _breaker(name, settings, metrics, running_late) for name in ["redis", *triton_names]
     }
     redis_timeout_s = settings.redis_timeout_ms / 1000.0
+    password = settings.redis_password
     redis = connect_redis(
         settings.redis_url,
         settings.redis_max_connections,
         redis_timeout_s,
         cluster=settings.redis_cluster,
+        username=settings.redis_username,
+        password=password.get_secret_value() if password is not None else None,
     )
     store = FeatureStore(
         redis,

@@ -11,7 +11,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.errors import ConfigError
 
 MIN_TOKEN_CHARS = 16
-SECRET_SETTINGS = frozenset({"admin_token"})
+SECRET_SETTINGS = frozenset({"admin_token", "redis_password"})
+# Secrets are read from files here, one per setting, named like its variable in lower case
+# (recsys_admin_token, recsys_redis_password): where podman mounts its secrets. A secret in
+# a file is in neither the environment nor `podman inspect`; the variables still work.
+SECRETS_DIR = Path("/run/secrets")
 
 
 class Settings(BaseSettings):
@@ -74,6 +78,14 @@ class Settings(BaseSettings):
     )
     redis_cluster: bool = Field(
         default=False, description="RECSYS_REDIS_URL names one node of a Redis Cluster"
+    )
+    redis_username: str | None = Field(
+        default=None, min_length=1, description="the Redis ACL user the service logs in as"
+    )
+    redis_password: SecretStr | None = Field(
+        default=None,
+        description="its password (best as the secret file recsys_redis_password); "
+        "default: the one in RECSYS_REDIS_URL, if any",
     )
     redis_key_prefix: str = Field(default="recsys", min_length=1)
     redis_max_connections: int = Field(default=64, ge=1)
@@ -216,9 +228,11 @@ def _shown(error: Any) -> str:
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment; a bad value is a ConfigError naming its variable."""
+    """Settings from the environment and secret files; a bad value is a ConfigError naming
+    its variable."""
+    secrets_dir = SECRETS_DIR if SECRETS_DIR.is_dir() else None
     try:
-        return Settings(**overrides)
+        return Settings(_secrets_dir=secrets_dir, **overrides)  # type: ignore[call-arg]
     except ValidationError as exc:
         problems = "; ".join(
             f"{_variable(error['loc'])}: {error['msg']}{_shown(error)}" for error in exc.errors()

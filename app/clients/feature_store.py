@@ -272,12 +272,23 @@ class FeatureStore:
 
 
 def connect_redis(
-    url: str, max_connections: int, timeout_s: float, cluster: bool = False
+    url: str,
+    max_connections: int,
+    timeout_s: float,
+    cluster: bool = False,
+    username: str | None = None,
+    password: str | None = None,
 ) -> RedisClient:
     """A pooled client; creating it does no I/O, the first command connects.
 
     With `cluster`, `url` names any node of a Redis Cluster; the client learns the others.
+    `username` and `password` (an ACL user) take precedence over any in the URL.
     """
+    login = {
+        key: value
+        for key, value in (("username", username), ("password", password))
+        if value is not None
+    }
     if cluster:
         # Every call is bounded by its own deadline (`_call`), so the client's socket
         # timeout is only a backstop: a socket timeout makes the cluster client mark the
@@ -290,6 +301,7 @@ def connect_redis(
             socket_timeout=CLUSTER_SOCKET_TIMEOUT_S,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
+            **login,
         )
     # A blocking pool makes a burst wait for a connection instead of failing outright; each
     # call's own deadline bounds that wait. No retries: a retry cannot fit a budget of tens
@@ -301,5 +313,6 @@ def connect_redis(
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
+        **login,
     )
     return aioredis.Redis.from_pool(pool)

@@ -314,7 +314,7 @@ def test_the_numa_dropin_verifies_with_the_triton_unit(host: FakeHost, tmp_path:
     assert host.run().returncode == 0
     dropins = host.root / "etc" / "systemd" / "system" / "recsys-triton.service.d"
     plain = ROOT / "deploy" / "systemd"
-    units = [plain / "recsys-triton.service", plain / "recsys-network.service", dropins]
+    units = [plain / "recsys-triton.service", plain / "recsys-internal-network.service", dropins]
     root = scratch_root(tmp_path / "systemd", fetch_podman() / "usr/bin/podman", units)
     assert_quiet(verify(root, ["recsys-triton.service"]))
 

@@ -112,7 +112,7 @@ def test_config_is_valid_and_loads_the_rules(promtool: Path) -> None:
 
 def test_config_scrapes_the_api_and_triton_on_loopback() -> None:
     text = CONFIG.read_text()
-    for job, target in (("recsys-api", "127.0.0.1:8080"), ("triton", "127.0.0.1:8002")):
+    for job, target in (("recsys-api", "recsys-api:8080"), ("triton", "recsys-triton:8002")):
         block = text.split(f"job_name: {job}\n", 1)
         assert len(block) == 2, f"no scrape job {job}"
         assert f'targets: ["{target}"]' in block[1].split("job_name:", 1)[0], job

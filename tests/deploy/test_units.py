@@ -11,6 +11,7 @@ Last, the properties that matter are read back from the units podman would run.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -34,8 +35,17 @@ QUADLET_DIR = ROOT / "deploy" / "quadlet"
 PLAIN_DIR = ROOT / "deploy" / "systemd"
 HEALTH_CHECK = QUADLET_DIR / "triton-model-ready.py"
 
-CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api")
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api", "recsys-prometheus")
+HOST_ENV = ROOT / "deploy" / "host.env"
+# Registry images: named by tag, pinned by the digest host.env holds for each.
+PINNED = {
+    "recsys-triton": ("nvcr.io/nvidia/tritonserver:26.10-py3", "RECSYS_TRITON_PIN"),
+    "recsys-redis": ("docker.io/library/redis:7.2.16", "RECSYS_REDIS_PIN"),
+    "recsys-prometheus": ("quay.io/prometheus/prometheus:v3.5.0", "RECSYS_PROMETHEUS_PIN"),
+}
+TRITON_IMAGE = PINNED["recsys-triton"][0] + "${RECSYS_TRITON_PIN}"
+# The gRPC protocols Triton answers only with its admin key: all but what the API uses.
+RESTRICTED = "model-repository,shared-memory,statistics,trace,logging"
 # The targets the units depend on, implicitly (DefaultDependencies) or by name.
 TARGETS = (
     "sysinit.target",
@@ -127,9 +137,10 @@ def scratch_root(base: Path, podman: Path, units: Iterable[Path]) -> Path:
     """
     (base / "usr" / "bin").mkdir(parents=True)
     link_or_copy(podman, base / "usr" / "bin" / "podman")
-    shell = shutil.which("sh")
-    assert shell is not None
-    shutil.copy2(Path(shell).resolve(), base / "usr" / "bin" / "sh")
+    for tool in ("sh", "install"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        shutil.copy2(Path(found).resolve(), base / "usr" / "bin" / tool)
     (base / "bin").symlink_to("usr/bin")
     targets = base / "usr" / "lib" / "systemd" / "system"
     targets.mkdir(parents=True)
@@ -273,7 +284,7 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 6
+    assert len(expected) == 9  # four containers, three volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -320,7 +331,11 @@ def test_generated_units_verify_without_a_word(
 
 def test_plain_units_verify_without_a_word(podman_root: Path, tmp_path: Path) -> None:
     services = sorted(PLAIN_DIR.glob("*.service"))
-    assert {path.stem for path in services} == {"recsys-network", *CONTAINERS}
+    assert {path.stem for path in services} == {
+        "recsys-network",
+        "recsys-internal-network",
+        *CONTAINERS,
+    }
     root = scratch_root(tmp_path, podman_root / "usr" / "bin" / "podman", services)
     assert_quiet(verify(root, [path.name for path in services]))
 
@@ -339,43 +354,104 @@ def test_verify_does_catch_a_bad_value(podman_root: Path, tmp_path: Path) -> Non
 # What matters, read from the units ---------------------------------------------------------
 
 
-def test_triton_serves_the_model_on_the_private_network_only(units: dict[str, Unit]) -> None:
+def test_triton_serves_the_model_on_the_internal_network_only(units: dict[str, Unit]) -> None:
     run = podman_run(units, "recsys-triton")
     assert run.image == TRITON_IMAGE
-    assert run.value("--network") == "recsys"
+    assert run.values("--network") == ["recsys-internal"]
     assert run.values("--device") == ["nvidia.com/gpu=all"]
-    # Metrics on loopback for Prometheus; gRPC (8001) and HTTP not published at all.
-    assert run.values("--publish") == ["127.0.0.1:8002:8002"]
-    assert run.command == [
-        "tritonserver",
-        "--model-repository=/models",
-        "--model-control-mode=none",
-        "--allow-http=false",
-        "--exit-timeout-secs=10",
-    ]
+    assert not run.has("--publish")  # gRPC and metrics reach the internal network only
+    assert run.command[:2] == ["/bin/sh", "-c"]
+    assert run.command[2] == (
+        "exec tritonserver --model-repository=/models --model-control-mode=none "
+        "--allow-http=false --exit-timeout-secs=10 "
+        f"--grpc-restricted-protocol={RESTRICTED}:admin-key="
+        '"$(cat /run/secrets/triton-admin-key)"'
+    )
+    secret = run.value("--secret").split(",")
+    assert secret[0] == "recsys_triton_admin_key"
+    assert {"type=mount", "target=/run/secrets/triton-admin-key", "mode=0400"} <= set(secret)
     assert volume(run, "/models") == ("/srv/recsys/models", {"ro", "Z"})
     assert volume(run, "/trt-cache")[0] == "recsys-trt-cache"
-    assert run.value("--user") == "1000:1000"
-    assert run.value("--cap-drop") == "all"
     assert "ranking_model" in run.value("--health-cmd")
 
 
 def test_triton_image_line_keeps_its_format() -> None:
+    # recsys doctor and recsys model build-engine read the release from this line.
     lines = (QUADLET_DIR / "recsys-triton.container").read_text().splitlines()
     assert f"Image={TRITON_IMAGE}" in lines
 
 
-def test_redis_is_not_published_and_keeps_its_data(units: dict[str, Unit]) -> None:
+def _host_env() -> dict[str, str]:
+    values = {}
+    for line in HOST_ENV.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key] = value
+    return values
+
+
+def test_registry_images_are_pinned_by_the_digests_in_one_file(units: dict[str, Unit]) -> None:
+    pins = _host_env()
+    for name, (tag, pin) in PINNED.items():
+        assert podman_run(units, name).image == f"{tag}${{{pin}}}", name
+        assert pin in pins, pin
+        assert pins[pin] == "" or re.fullmatch(r"@sha256:[0-9a-f]{64}", pins[pin]), pin
+        # systemd reads the pins for the unit, where the image name is expanded.
+        assert "/etc/recsys/host.env" in units[name]["Service"]["EnvironmentFile"], name
+    assert pins["RECSYS_REDIS_PIN"]  # the one resolved here; pin-images does the others
+    written = [p for p in (*QUADLET_DIR.iterdir(), *PLAIN_DIR.iterdir()) if p.is_file()]
+    digests = {m for p in written for m in re.findall(r"sha256:[0-9a-f]{64}", p.read_text())}
+    assert digests == set(), f"a digest outside host.env: {digests}"
+
+
+def test_every_container_runs_unprivileged_on_a_read_only_root(units: dict[str, Unit]) -> None:
+    users = {"recsys-triton": "1000:1000", "recsys-redis": "999:999", "recsys-api": "10001"}
+    users["recsys-prometheus"] = "65534:65534"
+    for name in CONTAINERS:
+        run = podman_run(units, name)
+        assert run.value("--user") == users[name], name
+        assert run.value("--cap-drop") == "all", name
+        assert "no-new-privileges" in run.values("--security-opt"), name
+        assert run.has("--read-only"), name
+
+
+def test_redis_and_triton_reach_nothing_but_the_internal_network(units: dict[str, Unit]) -> None:
+    networks = {name: podman_run(units, name).values("--network") for name in CONTAINERS}
+    assert networks == {
+        "recsys-triton": ["recsys-internal"],
+        "recsys-redis": ["recsys-internal"],
+        "recsys-api": ["recsys-internal", "recsys"],
+        "recsys-prometheus": ["recsys-internal", "recsys"],
+    }
+    quadlet = parse_unit((QUADLET_DIR / "recsys-internal.network").read_text())
+    assert one(quadlet, "Network", "Internal") == "true"
+    plain = parse_unit((PLAIN_DIR / "recsys-internal-network.service").read_text())
+    assert "network create --internal recsys-internal" in one(plain, "Service", "ExecStart")
+
+
+def test_only_the_api_and_prometheus_publish_and_where(units: dict[str, Unit]) -> None:
+    published = {name: podman_run(units, name).values("--publish") for name in CONTAINERS}
+    assert published == {
+        "recsys-triton": [],
+        "recsys-redis": [],
+        "recsys-api": ["${RECSYS_API_ADDRESS}:8080:8080"],
+        "recsys-prometheus": ["127.0.0.1:9090:9090"],
+    }
+    # The API's address until the operator sets it: loopback, nothing beyond the host.
+    assert _host_env()["RECSYS_API_ADDRESS"] == "127.0.0.1"
+
+
+def test_redis_keeps_its_data_and_logs_users_in_from_secrets(units: dict[str, Unit]) -> None:
     run = podman_run(units, "recsys-redis")
-    assert run.value("--network") == "recsys"
-    assert not run.has("--publish")
     assert volume(run, "/data")[0] == "recsys-redis-data"
     assert volume(run, "/usr/local/etc/redis/redis.conf") == ("/etc/recsys/redis.conf", {"ro", "Z"})
+    assert volume(run, "/run/recsys-redis") == ("/run/recsys-redis", {"z"})
     assert run.command == ["redis-server", "/usr/local/etc/redis/redis.conf"]
-    secret = run.value("--secret").split(",")
-    assert secret[0] == "recsys-redis-auth"
-    assert {"type=mount", "target=/run/secrets/redis-auth.conf", "mode=0400"} <= set(secret)
-    assert "PONG" in run.value("--health-cmd")
+    secrets = {spec.split(",")[0]: set(spec.split(",")[1:]) for spec in run.values("--secret")}
+    assert secrets.keys() == {"recsys_redis_users", "recsys_redis_health"}
+    assert "target=/run/secrets/redis-users.acl" in secrets["recsys_redis_users"]
+    assert all("mode=0400" in options for options in secrets.values())
+    assert "--user recsys-health" in run.value("--health-cmd")
 
 
 def test_redis_config_is_a_feature_store() -> None:
@@ -384,28 +460,31 @@ def test_redis_config_is_a_feature_store() -> None:
         if line.strip() and not line.startswith("#"):
             key, _, value = line.partition(" ")
             settings[key] = value
-    assert settings["include"] == "/run/secrets/redis-auth.conf"
+    assert settings["aclfile"] == "/run/secrets/redis-users.acl"
+    assert "include" not in settings
+    assert "requirepass" not in settings
     assert settings["protected-mode"] == "yes"
+    assert settings["unixsocket"] == "/run/recsys-redis/redis.sock"
     assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
     assert settings["save"] == '""'
     assert settings["maxmemory-policy"] == "noeviction"
     assert re.fullmatch(r"\d+[kmg]b", settings["maxmemory"])
     assert settings["dir"] == "/data"
+    acl = (QUADLET_DIR / "redis-users.acl").read_text().splitlines()
+    assert acl[0] == "user default off"
 
 
 def test_api_is_locked_down_and_serves_the_world_read_only(units: dict[str, Unit]) -> None:
     run = podman_run(units, "recsys-api")
-    assert run.value("--network") == "recsys"
     assert run.value("--env-file") == "/etc/recsys/api.env"
     assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "Z"})
     # Writable: a rollback rewrites the release file.
     assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"Z"})
-    assert run.values("--publish") == ["8080:8080"]
-    assert run.has("--read-only")
-    assert "no-new-privileges" in run.values("--security-opt")
-    assert run.value("--user") == "10001"
-    assert run.value("--cap-drop") == "all"
     assert run.value("--tmpfs").startswith("/tmp:")
+    # The Redis password a file the settings read, never in the environment.
+    secret = run.value("--secret").split(",")
+    assert secret[0] == "recsys_redis_password"
+    assert "target=/run/secrets/recsys_redis_password" in secret
     # Liveness only: readiness belongs to the load balancer.
     health = run.value("--health-cmd")
     assert "/healthz" in health
@@ -460,17 +539,21 @@ def test_plain_units_stop_with_the_same_timeout() -> None:
         assert timeout == run.value("--stop-timeout"), name
 
 
-def test_plain_network_unit_creates_the_network_once() -> None:
-    unit = parse_unit((PLAIN_DIR / "recsys-network.service").read_text())
-    assert one(unit, "Service", "Type") == "oneshot"
-    assert one(unit, "Service", "RemainAfterExit") == "yes"
-    command = shlex.split(one(unit, "Service", "ExecStart"))
-    assert command[:2] == ["/bin/sh", "-c"]
-    assert "podman network exists recsys ||" in command[2]
+def test_plain_network_units_create_each_network_once() -> None:
+    for network in ("recsys", "recsys-internal"):
+        unit = parse_unit((PLAIN_DIR / f"{network}-network.service").read_text())
+        assert one(unit, "Service", "Type") == "oneshot"
+        assert one(unit, "Service", "RemainAfterExit") == "yes"
+        command = shlex.split(one(unit, "Service", "ExecStart"))
+        assert command[:2] == ["/bin/sh", "-c"]
+        assert f"podman network exists {network} ||" in command[2]
     for name in CONTAINERS:
         container = parse_unit((PLAIN_DIR / f"{name}.service").read_text())
-        assert "recsys-network.service" in words(container, "Unit", "Requires"), name
-        assert "recsys-network.service" in words(container, "Unit", "After"), name
+        run = PodmanRun.parse(one(container, "Service", "ExecStart"))
+        for network in run.values("--network"):
+            needed = f"{network}-network.service"
+            assert needed in words(container, "Unit", "Requires"), name
+            assert needed in words(container, "Unit", "After"), name
 
 
 @pytest.mark.parametrize("name", CONTAINERS)
@@ -521,7 +604,10 @@ def test_api_env_example_holds_valid_settings() -> None:
     assert settings.host == "0.0.0.0"
     assert settings.port == 8080
     assert settings.triton_url == "recsys-triton:8001"
-    assert settings.redis_url.endswith("@recsys-redis:6379/0")
+    assert settings.redis_url == "redis://recsys-redis:6379/0"  # no password in it
+    assert settings.redis_username == "recsys-api"
+    assert settings.redis_password is None  # a secret file in the container
+    assert settings.triton_shared_memory == "off"
     assert settings.artifacts_dir == Path("/var/lib/recsys/worlds/current")
     assert settings.release_file == Path("/var/lib/recsys/release/release.toml")
     assert settings.rules_file == Path("/var/lib/recsys/release/rules.toml")
@@ -581,3 +667,34 @@ def test_triton_health_check_asks_grpc_whether_the_model_is_ready() -> None:
     assert refused.returncode == 1
     assert "not ready" in refused.stderr
     assert run_health_check(address).returncode == 2
+
+
+def test_pin_images_writes_the_digest_of_each_tag_the_units_name(tmp_path: Path) -> None:
+    host_env = tmp_path / "host.env"
+    host_env.write_text(HOST_ENV.read_text())
+    fake = tmp_path / "bin" / "skopeo"
+    fake.parent.mkdir()
+    # A registry that answers every tag with the digest of its own name.
+    fake.write_text(
+        "#!/bin/sh\n"  # skopeo inspect --format '{{.Digest}}' docker://REF
+        'printf "sha256:%s\\n" "$(printf %s "$4" | sha256sum | cut -c1-64)"\n'
+    )
+    fake.chmod(0o755)
+    result = subprocess.run(
+        [str(ROOT / "deploy" / "tools" / "pin-images"), str(host_env)],
+        env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    pins = dict(
+        line.split("=", 1)
+        for line in host_env.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    for tag, pin in PINNED.values():
+        expected = hashlib.sha256(f"docker://{tag}".encode()).hexdigest()
+        assert pins[pin] == f"@sha256:{expected}", pin
+    assert pins["RECSYS_API_ADDRESS"] == "127.0.0.1"  # the rest of the file as it was

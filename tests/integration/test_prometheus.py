@@ -88,8 +88,8 @@ def prometheus_config(rules_dir: Path, api: str, triton_metrics: str) -> str:
     for old, new in (
         ("scrape_interval: 15s", "scrape_interval: 1s"),
         ("evaluation_interval: 15s", "evaluation_interval: 1s"),
-        ('"127.0.0.1:8080"', f'"{api}"'),
-        ('"127.0.0.1:8002"', f'"{triton_metrics}"'),
+        ('"recsys-api:8080"', f'"{api}"'),
+        ('"recsys-triton:8002"', f'"{triton_metrics}"'),
         ("- rules/*.yml", f"- {rules_dir}/*.yml"),
     ):
         assert text.count(old) == 1, f"prometheus.yml no longer has {old!r} once"

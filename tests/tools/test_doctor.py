@@ -31,6 +31,7 @@ from recsys_tools.doctor import (
 from recsys_tools.doctor.checks import (
     RELOAD_MODULES,
     check_cdi_spec,
+    check_image_pins,
     check_nouveau,
     check_nvidia_driver,
     check_overcommit,
@@ -169,6 +170,7 @@ def test_a_healthy_host_passes_every_check(host: FakeHost) -> None:
         "cuda-for-triton",
         "numa",
         "overcommit",
+        "image-pins",
     ]
     assert {f["status"] for f in report} == {"ok"}, report
     assert all(f["remedy"] is None for f in report)
@@ -189,9 +191,22 @@ def test_the_text_report_gives_status_finding_and_remedy(host: FakeHost) -> None
     assert lines[selinux + 1].split() == ["fix:", "setsebool", "-P", "container_use_devices", "on"]
     assert any(line.startswith("warn  overcommit") for line in lines)
     assert any(line.startswith("ok    nouveau") for line in lines)
-    assert lines[-1] == "1 failed, 1 warned, 7 ok"
+    assert lines[-1] == "1 failed, 1 warned, 8 ok"
     assert "Traceback" not in output
     assert status == 1
+
+
+def test_images_by_tag_alone_warn_and_a_missing_host_env_fails(host: FakeHost) -> None:
+    host.write(
+        "/etc/recsys/host.env", "RECSYS_REDIS_PIN=@sha256:" + "1" * 64 + "\nRECSYS_TRITON_PIN=\n"
+    )
+    outcome = check_image_pins(host)
+    assert outcome.status is Status.WARN
+    assert "RECSYS_TRITON_PIN" in outcome.finding
+    assert "RECSYS_REDIS_PIN" not in outcome.finding
+    assert "deploy/tools/pin-images" in (outcome.remedy or "")
+    host.remove("/etc/recsys/host.env")
+    assert check_image_pins(host).status is Status.FAIL
 
 
 def test_warnings_alone_exit_zero(host: FakeHost) -> None:

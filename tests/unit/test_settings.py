@@ -1,6 +1,9 @@
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+import app.settings as settings_module
 from app.cli import serve
 from app.errors import ConfigError
 from app.settings import Settings, load_settings
@@ -38,3 +41,21 @@ def test_a_short_admin_token_is_refused_without_showing_it() -> None:
         load_settings(admin_token=secret)
     assert secret not in str(raised.value)
     assert load_settings(admin_token="x" * 16).admin_token is not None
+
+
+def test_secrets_come_from_files_and_never_into_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settings_module, "SECRETS_DIR", tmp_path)
+    (tmp_path / "recsys_admin_token").write_text("a-token-of-24-characters")
+    (tmp_path / "recsys_redis_password").write_text("redis-secret")
+    loaded = load_settings()
+    assert loaded.admin_token is not None
+    assert loaded.admin_token.get_secret_value() == "a-token-of-24-characters"
+    assert loaded.redis_password is not None
+    assert loaded.redis_password.get_secret_value() == "redis-secret"
+    (tmp_path / "recsys_admin_token").write_text("short-secret")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert "RECSYS_ADMIN_TOKEN" in str(refused.value)
+    assert "short-secret" not in str(refused.value)

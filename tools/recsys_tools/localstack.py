@@ -267,7 +267,8 @@ def find_redis_server() -> str:
 def redis_answers(address: Path | int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether the redis-server on this unix socket (or loopback port) answers PING in time.
 
-    A socket file alone proves nothing: a killed server leaves its file behind.
+    A socket file alone proves nothing: a killed server leaves its file behind. A server
+    whose users must log in answers NOAUTH: it answers.
     """
     try:
         if isinstance(address, Path):
@@ -278,15 +279,16 @@ def redis_answers(address: Path | int, timeout_s: float = PROBE_TIMEOUT_S) -> bo
             conn = socket.create_connection((LOOPBACK, address), timeout=timeout_s)
         with conn:
             conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            return conn.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
 
-def start_redis(workdir: Path) -> tuple[ManagedProcess, str]:
+def start_redis(workdir: Path, extra: Sequence[str] = ()) -> tuple[ManagedProcess, str]:
     """A throwaway redis-server on a unix socket, without persistence; returns its URL.
 
     `--port 0` keeps it off TCP altogether, so nothing else on the host or network reaches it.
+    `extra` are more of redis-server's options (`--aclfile PATH`, say).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "redis.sock"
@@ -306,6 +308,7 @@ def start_redis(workdir: Path) -> tuple[ManagedProcess, str]:
         str(workdir),
         "--protected-mode",
         "no",
+        *extra,
     )
     launch = Launch(argv, dict(os.environ), lambda: redis_answers(sock), ready_timeout_s=10.0)
     return _start("redis-server", launch, workdir / "redis.log"), f"unix://{sock}"
@@ -518,17 +521,22 @@ def start_triton(
     timeout_s: float = 90.0,
     *,
     model_control: bool = False,
+    extra: Sequence[str] = (),
 ) -> tuple[ManagedProcess, str]:
     """tritonserver on the CPU, on loopback; returns its gRPC address once `models` are ready.
 
     Without model control every model in the repository loads at start and `models` only
     names what to wait for; with `model_control=True` only `models` load, and clients may
-    load and unload models (for tests that need it).
+    load and unload models (for tests that need it). `extra` are more of tritonserver's
+    options (`--grpc-restricted-protocol=...`, say).
     """
     install = find_triton(env)
     chosen = ports or TritonPorts(grpc=free_port())
     backends = _backend_directory(install, workdir)
-    argv = _triton_argv(install, model_repository, backends, models, chosen, model_control)
+    argv = (
+        *_triton_argv(install, model_repository, backends, models, chosen, model_control),
+        *extra,
+    )
     url = f"{LOOPBACK}:{chosen.grpc}"
     names = tuple(models)
     launch = Launch(argv, _triton_env(install), lambda: triton_models_ready(url, names), timeout_s)

@@ -287,3 +287,28 @@ def check_overcommit(host: Host) -> Outcome:
         "echo 'vm.overcommit_memory = 1' >> /etc/sysctl.d/90-recsys.conf && "
         "sysctl -p /etc/sysctl.d/90-recsys.conf",
     )
+
+
+HOST_ENV = "/etc/recsys/host.env"
+_PIN = re.compile(r"^(RECSYS_\w+_PIN)=(.*)$", re.MULTILINE)
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}")
+
+
+def check_image_pins(host: Host) -> Outcome:
+    """Whether every registry image the units run is pinned by digest (host.env)."""
+    text = host.read(HOST_ENV)
+    if text is None:
+        return fail(
+            f"{HOST_ENV} is missing: the units read the images' digests and the API's address "
+            "from it, and do not start without it",
+            f"install -m 0644 deploy/host.env {HOST_ENV}, then deploy/tools/pin-images {HOST_ENV}",
+        )
+    pins = dict(_PIN.findall(text))
+    unpinned = sorted(name for name, value in pins.items() if not _DIGEST.fullmatch(value))
+    if unpinned:
+        return warn(
+            f"{', '.join(unpinned)} in {HOST_ENV} pin no digest: those images run by tag, "
+            "and a tag moved on the registry changes what runs",
+            f"deploy/tools/pin-images {HOST_ENV} (on a host that reaches the registries)",
+        )
+    return ok(f"{len(pins)} images pinned by digest ({HOST_ENV})")

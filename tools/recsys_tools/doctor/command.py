@@ -10,6 +10,7 @@ from typing import TextIO
 
 from recsys_tools.doctor.checks import (
     check_cdi_spec,
+    check_image_pins,
     check_nouveau,
     check_nvidia_driver,
     check_overcommit,
@@ -80,6 +81,7 @@ def host_checks(host: Host, units: Path | None) -> list[Check]:
         Check("cuda-for-triton", lambda: check_cuda_for_triton(host, unit(), looked_in)),
         Check("numa", lambda: check_numa(host, unit(), looked_in)),
         Check("overcommit", lambda: check_overcommit(host)),
+        Check("image-pins", lambda: check_image_pins(host)),
     ]
 
 

@@ -54,6 +54,11 @@ TRITON_CUDA: dict[Version, Version] = {
     (25, 6): (12, 9),
     (25, 8): (13, 0),
     (25, 10): (13, 0),
+    (26, 2): (13, 1),
+    (26, 4): (13, 2),
+    (26, 6): (13, 3),
+    (26, 8): (13, 4),
+    (26, 10): (13, 4),
 }
 
 # Driver branch -> the newest CUDA it supports (what nvidia-smi's header shows), per the CUDA

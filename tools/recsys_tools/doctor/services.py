@@ -18,6 +18,10 @@ TRITON_LOGS = "systemctl status recsys-triton; journalctl -u recsys-triton"
 ADDRESS_ON_NETWORK = "{{.NetworkSettings.Networks.recsys.IPAddress}}"
 
 
+# Where the deployment's Redis listens for the host (deploy/quadlet/redis.conf).
+REDIS_SOCKET = "/run/recsys-redis/redis.sock"
+
+
 def on_network(container: str) -> str:
     return f"$(podman inspect --format '{ADDRESS_ON_NETWORK}' {container})"
 
@@ -151,7 +155,8 @@ async def _redis(config: ServiceConfig) -> Outcome:
         return fail(
             f"Redis at {url} did not answer: {exc}",
             "systemctl status recsys-redis; check RECSYS_REDIS_URL or --redis-url (from the "
-            f"host: --redis-url redis://:PASSWORD@{on_network('recsys-redis')}:6379/0)",
+            "host, through its socket: --redis-url "
+            f"'unix://recsys-loader:PASSWORD@{REDIS_SOCKET}')",
         )
     except SchemaError as exc:
         return fail(

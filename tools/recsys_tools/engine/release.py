@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 from app.errors import ConfigError
 
+# A pin after the tag (a digest, or the unit's ${RECSYS_TRITON_PIN}) names the same release.
 _IMAGE = re.compile(
     r"^(?P<repo>[^\s@:]+(?::\d+)?(?:/[^\s@:]+)*)/tritonserver:"
-    r"(?P<release>\d{2}\.\d{2})-py3(?P<flavour>(?:-[a-z0-9]+)*)$"
+    r"(?P<release>\d{2}\.\d{2})-py3(?P<flavour>(?:-[a-z0-9]+)*)"
+    r"(?:@sha256:[0-9a-f]{64}|\$\{\w+\})?$"
 )
 _NOT_SERVING = {"-sdk": "the client SDK image", "-min": "the image without backends"}
 

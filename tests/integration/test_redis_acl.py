@@ -1,0 +1,88 @@
+"""The deployment's Redis users (deploy/quadlet/redis-users.acl) on a real redis-server.
+
+The service logs in as recsys-api and can read the feature store and nothing else; the
+loader can write it but not flush it, run scripts or change the server; nobody gets in
+without a user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import redis
+from recsys_tools.localstack import start_redis
+from recsys_tools.world.redis_loader import load_world_into_redis
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+
+from app.clients.feature_store import KeySpace
+from tests.integration.conftest import CONTEXT, Stack, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+ACL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "quadlet" / "redis-users.acl"
+PASSWORDS = {"API": "api-password", "LOADER": "loader-password", "HEALTH": "health-password"}
+# What a stolen login of the service's, or of the loader's, must not be able to do.
+FORBIDDEN = [
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("EVAL", "return 1", "0"),
+    ("CONFIG", "SET", "dir", "/tmp"),
+    ("KEYS", "*"),
+    ("DEBUG", "SLEEP", "0"),
+    ("SHUTDOWN",),
+]
+
+
+def acl_file(folder: Path) -> Path:
+    """The shipped template with the passwords' SHA-256, as the install steps fill it."""
+    text = ACL_TEMPLATE.read_text()
+    for role, password in PASSWORDS.items():
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        text = text.replace(f"{role}_PASSWORD_SHA256", digest)
+    assert "PASSWORD" not in text
+    path = folder / "users.acl"
+    path.write_text(text)
+    return path
+
+
+def _refused(client: redis.Redis, command: tuple[str, ...]) -> bool:
+    try:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except (NoPermissionError, ResponseError) as exc:
+        return "permission" in str(exc).lower() or isinstance(exc, NoPermissionError)
+    return False
+
+
+async def test_each_user_can_do_its_job_and_nothing_more(stack: Stack, tmp_path: Path) -> None:
+    process, url = start_redis(tmp_path / "redis", extra=["--aclfile", str(acl_file(tmp_path))])
+    try:
+        loader = redis.Redis.from_url(url, username="recsys-loader", password=PASSWORDS["LOADER"])
+        load_world_into_redis(stack.world, loader, stack.schema, KeySpace("recsys"))
+        settings = stack.settings(
+            redis_url=url, redis_username="recsys-api", redis_password=PASSWORDS["API"]
+        )
+        async with serving(settings) as api:
+            answer = await api.post(
+                "/recommend", json={"user_id": "u3", "num_items": 5, "context": CONTEXT}
+            )
+            ready = await api.get("/readyz")
+        service = redis.Redis.from_url(url, username="recsys-api", password=PASSWORDS["API"])
+        health = redis.Redis.from_url(url, username="recsys-health", password=PASSWORDS["HEALTH"])
+        anyone = redis.Redis.from_url(url)
+        assert answer.json()["degraded"] == []
+        assert ready.json()["checks"]["redis"] is True
+        for command in FORBIDDEN:
+            assert _refused(service, command), command
+            assert _refused(loader, command), command
+        assert _refused(service, ("SET", "recsys:u:u3", "x"))  # the service only reads
+        assert _refused(service, ("GET", "elsewhere:key"))  # and only its own keys
+        assert health.ping()
+        assert _refused(health, ("GET", "recsys:meta"))
+        with pytest.raises(AuthenticationError):
+            anyone.ping()
+        for client in (loader, service, health, anyone):
+            client.close()
+    finally:
+        process.stop()

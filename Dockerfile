@@ -2,15 +2,20 @@
 # Triton runs beside it in its own container (deploy/).
 FROM python:3.11-slim AS build
 WORKDIR /src
+COPY requirements/serve.lock ./
+# Every dependency from the lock, its hash checked; then the server's own wheel, built with
+# the locked setuptools (no build environment fetched from an index).
+RUN pip install --no-cache-dir --require-hashes --no-deps -r serve.lock \
+    && pip wheel --no-cache-dir --require-hashes --no-deps --wheel-dir /wheels -r serve.lock
 COPY pyproject.toml README.md ./
 COPY app ./app
-# The fallback extra (onnxruntime) ranks in process while Triton cannot answer.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[fallback]"
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /var/lib/recsys recsys
 COPY --from=build /wheels /wheels
-# Exactly the wheels built above, nothing from an index.
+# Exactly the wheels built above, nothing from an index. The fallback extra (onnxruntime)
+# ranks in process while Triton cannot answer.
 RUN pip install --no-cache-dir --no-index --find-links /wheels "recsys-serving[fallback]==0.1.0" \
     && rm -rf /wheels
 USER 10001

@@ -2,25 +2,38 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 TRITON_ENV := .venv-triton
-PYTRITON := nvidia-pytriton==0.7.0
+# Every install is hashed from a lock (make lock refreshes them): nothing resolved afresh.
+LOCK := --generate-hashes --python-version 3.11 --quiet
 
-.PHONY: setup demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
+.PHONY: setup lock demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
 # The server (recsys-serving) and the operator's tools (tools/, recsys-tools), both editable.
-$(VENV)/.installed: pyproject.toml tools/pyproject.toml
+$(VENV)/.installed: pyproject.toml tools/pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[fallback,dev,bench]' -e ./tools
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r requirements/dev.lock
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . -e ./tools
 	touch $@
 
 # The local CPU Triton runs in an environment of its own, as Triton does in production.
-$(TRITON_ENV)/.installed: model_repository/requirements-local.txt
+$(TRITON_ENV)/.installed: model_repository/requirements-local.lock model_repository/pytriton.lock
 	$(PYTHON) -m venv $(TRITON_ENV)
-	$(TRITON_ENV)/bin/pip install --quiet -r model_repository/requirements-local.txt
-	$(TRITON_ENV)/bin/pip install --quiet --no-deps $(PYTRITON)
+	$(TRITON_ENV)/bin/pip install --quiet --require-hashes --no-deps \
+	  -r model_repository/requirements-local.lock -r model_repository/pytriton.lock
 	touch $@
+
+# The one command that refreshes every lock (newest releases the .in files and pyproject.toml
+# allow, each with its hashes); commit what it writes, after `make test` passes on it.
+lock: $(VENV)/.installed
+	$(VENV)/bin/uv pip compile $(LOCK) requirements/dev.in -o requirements/dev.lock \
+	  --no-emit-package recsys-serving --no-emit-package recsys-tools
+	$(VENV)/bin/uv pip compile $(LOCK) requirements/serve.in -o requirements/serve.lock \
+	  --no-emit-package recsys-serving
+	$(VENV)/bin/uv pip compile $(LOCK) model_repository/requirements-local.in \
+	  -o model_repository/requirements-local.lock
+	$(VENV)/bin/uv pip compile $(LOCK) --no-deps model_repository/pytriton.in \
+	  -o model_repository/pytriton.lock
 
 # make demo WORLD=var/movies PORT=8081 serves that world as it is; without WORLD, the demo's.
 demo: setup

@@ -11,8 +11,10 @@ It is AIMD whose decrease is scaled by how far latency overshoots, as gradient l
   of the last BASELINE_S (latency without queueing), and never more than `max_latency_s`.
   The tolerance is wide (3) because on a shared host latency also grows with load through
   the processes beside the worker (Triton, Redis), not only through its own queue;
-- over the target in two windows running, the limit shrinks by target / median (at most
-  halved at once): one noisy window at moderate load is not overload;
+- over the target in two windows running while demand reached the limit, it shrinks by
+  target / median (at most halved at once): one noisy window is not overload, and latency
+  that rose while slots stood free (a slow dependency, a busier machine) is not caused by
+  admitting too much, nor cured by admitting less;
 - within it, and when demand reached the limit during the window, it grows by one.
 
 The baseline remembers BASELINE_S: long enough that an overload burst cannot talk it up,
@@ -106,7 +108,7 @@ class AdaptiveLimit:
             self._medians.popleft()
         target = self.target_s()
         over = median > target
-        if over and self._over_last:
+        if over and self._over_last and self._demand:
             factor = max(MAX_DECREASE, target / median)
             self._set(max(self._floor, math.floor(self.current * factor + 1e-9)))
         elif not over and self._demand:

@@ -28,9 +28,19 @@ SLOW_MS = 200
 
 
 async def _statistics(triton: triton_grpc.InferenceServerClient) -> dict[str, Any]:
-    stats = await triton.get_inference_statistics(MODEL, as_json=True)
-    model_stats: dict[str, Any] = stats["model_stats"][0]
-    return model_stats
+    """Triton's statistics once they stand still: chunks an earlier test left queued (its
+    caller gave up on them, on a busy machine) are counted before, not during, this one."""
+    previous: dict[str, Any] | None = None
+    for _ in range(50):
+        stats = await triton.get_inference_statistics(MODEL, as_json=True)
+        current: dict[str, Any] = stats["model_stats"][0]
+        if previous is not None and current.get("inference_count") == previous.get(
+            "inference_count"
+        ):
+            return current
+        previous = current
+        await asyncio.sleep(0.1)
+    raise AssertionError("Triton kept inferring for 5 s")
 
 
 async def _rows_ranked(client: AsyncClient) -> float:

@@ -56,6 +56,15 @@ def test_latency_past_the_target_shrinks_the_limit_in_proportion() -> None:
     assert limit.current == 2  # never under the floor
 
 
+def test_latency_that_rose_while_slots_stood_free_leaves_the_limit() -> None:
+    clock = Clock()
+    limit = _limit(clock, initial=8)
+    _window(limit, clock, 0.004, demand=False)
+    for _ in range(5):  # a slow dependency: answers take longer, the worker is not full
+        _window(limit, clock, 0.040, demand=False)
+    assert limit.current == 8
+
+
 def test_the_target_never_exceeds_the_latency_ceiling() -> None:
     clock = Clock()
     limit = _limit(clock, initial=10)

@@ -21,7 +21,8 @@ from app.errors import ConfigError, RecsysError
 log = logging.getLogger("recsys")
 
 
-LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+# The process id tells the workers' lines apart (several write to one journal).
+LOG_FORMAT = "%(asctime)s [%(process)d] %(name)s %(message)s"
 
 
 def configure_logging() -> None:

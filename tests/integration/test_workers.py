@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -133,8 +134,13 @@ def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path, how: str) -
         assert api.stop() == 0, api.log_tail()
 
 
-def _until_logged(api: ApiProcess, text: str, timeout_s: float = 30.0) -> None:
-    _until(lambda: text in api.log_tail(400), timeout_s)
+def _until_logged(api: ApiProcess, text: str, processes: int = 1, timeout_s: float = 30.0) -> None:
+    """Until `processes` different processes have logged `text` (a line names its pid)."""
+
+    def logged_by() -> set[str]:
+        return set(re.findall(rf"\[(\d+)\] \S+ {re.escape(text)}", api.log_tail(400)))
+
+    _until(lambda: len(logged_by()) >= processes, timeout_s)
 
 
 # A reload signal while the service starts (systemctl reload, or another worker's /admin
@@ -156,8 +162,9 @@ def test_a_reload_signal_during_start_up_is_kept_for_after_it(
     }
     api = start_api(env, tmp_path / "api.log")
     try:
-        _until_logged(api, "waiting for the triton model")
-        # Start-up read the rules already: the change must come by the reload it missed.
+        # Every worker has read the rules (a worker that read the changed file reloads to no
+        # change, which is not counted as applied): the change must come by the reload missed.
+        _until_logged(api, "waiting for the triton model", processes=workers)
         rules.write_text("[diversity]\nmax_per_category = 2\n")
         os.kill(api.pid, signal.SIGUSR1)
         time.sleep(0.5)

@@ -29,7 +29,7 @@ from app.settings import Settings, load_settings
 from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
 
 log = logging.getLogger("recsys")
-INITIAL_IN_FLIGHT = 8
+INITIAL_IN_FLIGHT = 16
 
 DESCRIPTION = """Recommendations ranked by a DNN on Triton, with FAISS recall and Redis features.
 
@@ -77,8 +77,11 @@ async def _start(
 
 
 def admission_limit(settings: Settings, metrics: ServiceMetrics) -> AdaptiveLimit:
-    """The in-flight limit, starting where the old fixed default was; admitted answers are
-    kept to a quarter of the budget at most, well clear of their deadlines."""
+    """The in-flight limit; admitted answers are kept to a quarter of the budget at most,
+    well clear of their deadlines. It starts generous: a limit grows only while demand
+    reaches it, so one that started low would refuse the first bursts of a healthy service
+    (a stall's backlog, a GC pause), and one too high for an overload halves within half a
+    second."""
     limit = AdaptiveLimit(
         initial=INITIAL_IN_FLIGHT,
         floor=settings.min_in_flight,

@@ -1,0 +1,54 @@
+"""Real redis-server and tritonserver processes for the demo and the tests.
+
+Each is started in a session of its own and stopped by its pid (and that session's process
+group, which holds Triton's Python-backend stubs), so nothing outlives its owner. Both listen
+on loopback only: Redis on a unix socket, Triton's ports on 127.0.0.1.
+
+A ManagedProcess keeps how it was launched, so integration tests can inject the faults a
+server has in production: frozen (SIGSTOP: sockets open, nothing answers), crashed (SIGKILL)
+and restarted in place (same argv, port and socket, so clients reconnect to the same address).
+"""
+
+The rooms: processes.py (process groups, readiness, faults), redis_server.py,
+redis_cluster.py and triton_server.py. What the demo and the tests use is named here.
+"""
+
+from recsys_tools.localstack.processes import (
+    LOOPBACK,
+    Launch,
+    ManagedProcess,
+    ServerStartError,
+    free_port,
+    group_alive,
+    project_root,
+)
+from recsys_tools.localstack.redis_cluster import start_redis_cluster
+from recsys_tools.localstack.redis_server import find_redis_server, redis_answers, start_redis
+from recsys_tools.localstack.triton_server import (
+    TritonInstall,
+    TritonPorts,
+    default_triton_env,
+    find_triton,
+    start_triton,
+    triton_models_ready,
+)
+
+__all__ = [
+    "LOOPBACK",
+    "Launch",
+    "ManagedProcess",
+    "ServerStartError",
+    "TritonInstall",
+    "TritonPorts",
+    "default_triton_env",
+    "find_redis_server",
+    "find_triton",
+    "free_port",
+    "group_alive",
+    "project_root",
+    "redis_answers",
+    "start_redis",
+    "start_redis_cluster",
+    "start_triton",
+    "triton_models_ready",
+]

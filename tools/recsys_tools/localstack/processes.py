@@ -1,0 +1,244 @@
+"""Servers in process groups of their own: started, probed until ready, frozen, killed,
+restarted in place and stopped by pid, so nothing outlives its owner."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import RecsysError
+
+STOP_GRACE_S = 10.0
+KILL_WAIT_S = 5.0
+# Bounds each readiness probe, so a frozen server reads as "not ready" instead of hanging.
+PROBE_TIMEOUT_S = 1.0
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How a server was started and how to tell it serves: enough to start it again in place."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    ready: Callable[[], bool]
+    ready_timeout_s: float
+
+
+@dataclass(slots=True)
+class ManagedProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    launch: Launch | None = None
+
+    @property
+    def pid(self) -> int:
+        """The server's pid, which is also its process group's id (it leads its own session)."""
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _signal(self, sig: signal.Signals) -> bool:
+        """Send sig to the whole group; False when no member of it is left."""
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def freeze(self) -> None:
+        """SIGSTOP the group: its sockets stay open and accept, but nothing answers (a hang)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the group after freeze()."""
+        self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL the group (frozen or not) and reap it: the crash case, no clean shutdown."""
+        self._signal(signal.SIGKILL)
+        self.process.wait()
+        if not _reap_group(self.pid, KILL_WAIT_S):
+            raise RuntimeError(f"{self.name} (group {self.pid}) survived SIGKILL")
+
+    def restart(self) -> None:
+        """Kill the server and start it again with the same argv, port and socket.
+
+        Returns once it is ready again (Redis answers PING, Triton's models are ready).
+        """
+        if self.launch is None:
+            raise RuntimeError(f"{self.name} was not started by this module; cannot restart")
+        self.kill()
+        self.process = popen(self.launch, self.log_path, append=True)
+        self.await_ready(self.launch)
+
+    def await_ready(self, launch: Launch) -> None:
+        """Return once the server is ready; stop it if it never is, or the wait is interrupted.
+
+        It runs in a session of its own, so a Ctrl-C meant for us never reaches it.
+        """
+        try:
+            wait_for(self, launch.ready, launch.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+            # A frozen process would hold the SIGTERM pending for ever: let it run first.
+            self._signal(signal.SIGCONT)
+            if not self._signal(sig):
+                break
+            try:
+                self.process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            if _reap_group(self.pid, wait_s):
+                break
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group (the server or a child of it) still runs."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return _live_member(pgid)
+
+
+def _live_member(pgid: int) -> bool:
+    """Whether a member of the group is more than a zombie.
+
+    A killed server's stubs are orphans that init reaps, and some inits take a second or two
+    to do so; a zombie runs nothing and holds no port, so it does not count.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True  # cannot tell zombies apart here: killpg found a member
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name (field 2) may hold spaces and ")": split after its last ")".
+        state, _ppid, pgrp = text[text.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _reap_group(pgid: int, wait_s: float) -> bool:
+    """Wait for the group's other members (Triton's stubs) to exit too; True once none is left.
+
+    They are not our children: their parent's death hands them to init, which reaps them.
+    """
+    give_up = time.monotonic() + wait_s
+    while group_alive(pgid) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    if group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        give_up = time.monotonic() + KILL_WAIT_S
+        while group_alive(pgid) and time.monotonic() < give_up:
+            time.sleep(0.02)
+    return not group_alive(pgid)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def popen(launch: Launch, log_path: Path, append: bool = False) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # A restart appends, so the log still shows what the server said before it was killed.
+    with log_path.open("ab" if append else "wb") as log_file:
+        return subprocess.Popen(
+            launch.argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(launch.env),
+            start_new_session=True,
+        )
+
+
+class ServerStartError(RecsysError):
+    """A local server exited or never became ready; the message ends with its log."""
+
+
+def start_managed(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
+    """Spawn the server and return once launch.ready() holds (stopping it if it never does)."""
+    managed = ManagedProcess(name, popen(launch, log_path), log_path, launch)
+    managed.await_ready(launch)
+    return managed
+
+
+def wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:
+    with _interrupts_noted() as interrupted:
+        give_up = time.monotonic() + timeout_s
+        while not ready():
+            if interrupted:
+                raise KeyboardInterrupt
+            if not managed.running():
+                raise ServerStartError(
+                    f"{managed.name} exited while starting (its log: {managed.log_path}); the "
+                    f"end of that log says why:\n{managed.log_tail()}"
+                )
+            if time.monotonic() > give_up:
+                raise ServerStartError(
+                    f"{managed.name} was not ready in {timeout_s} s (its log: {managed.log_path}):"
+                    f"\n{managed.log_tail()}"
+                )
+            time.sleep(0.05)
+        if interrupted:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupts_noted() -> Iterator[list[int]]:
+    """Note SIGINT instead of raising it where it lands, and let the caller raise it.
+
+    A KeyboardInterrupt raised inside a blocking gRPC call (the Triton readiness probe)
+    comes out as a cancelled call, which a probe reads as "not ready yet": the Ctrl-C
+    would be lost. Noted here, it is raised between probes.
+    """
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# Redis ---------------------------------------------------------------------------------------
+
+def project_root() -> Path:
+    """The checkout holding this package (for the default .venv-triton and model_repository)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def default_triton_env() -> Path:
+    return Path(os.environ.get("RECSYS_TRITON_ENV", project_root() / ".venv-triton"))

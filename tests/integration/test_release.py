@@ -22,7 +22,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_triton
-from recsys_tools.model_load import load_versions
+from recsys_tools.model.load import load_versions
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.reindex import reindex_beside
 

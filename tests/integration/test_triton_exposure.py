@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton_grpc
 from recsys_tools.localstack import default_triton_env, start_triton
-from recsys_tools.model_load import ADMIN_HEADER
+from recsys_tools.model.load import ADMIN_HEADER
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import CONTEXT, Stack, serving

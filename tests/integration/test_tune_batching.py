@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import tritonclient.grpc.aio as triton_grpc
 from google.protobuf import text_format
+from recsys_tools import tune
 from recsys_tools.localstack import default_triton_env, group_alive, start_triton
-from recsys_tools.tune import add_tune_parser
 from recsys_tools.tune.config import Setting, loaded_setting
 from recsys_tools.tune.sweep import TuneOptions, tune_batching
 from tritonclient.grpc import model_config_pb2
@@ -55,7 +55,7 @@ async def _config(url: str) -> dict[str, Any]:
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="recsys")
-    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    tune.register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["tune", "batching", *argv])
 
 

@@ -20,19 +20,18 @@ import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
-from recsys_tools import engine
-from recsys_tools.engine import (
+from recsys_tools.localstack import project_root
+from recsys_tools.model import engine
+from recsys_tools.model.engine import (
     BuildOptions,
     Command,
     EngineReport,
-    add_build_engine_parser,
     build_engine,
     profile_for,
     quadlet_value,
     release_of,
     run_build,
 )
-from recsys_tools.localstack import project_root
 from tritonclient.grpc import model_config_pb2
 
 from app.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
@@ -363,7 +362,7 @@ def test_release_of_a_mirrored_image() -> None:
 def _cli(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="recsys")
     model = parser.add_subparsers(dest="command", required=True).add_parser("model")
-    add_build_engine_parser(model.add_subparsers(dest="model_command", required=True))
+    engine.register(model.add_subparsers(dest="model_command", required=True))
     return parser.parse_args(["model", "build-engine", *argv])
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from recsys_tools.model_compare import (
+from recsys_tools.model import command
+from recsys_tools.model.compare import (
     CompareOptions,
     Comparison,
     ModelReport,
-    add_model_parser,
     compare_models,
-    load_holdout,
     render_text,
 )
+from recsys_tools.model.holdout import load_holdout
 from recsys_tools.world.build import DemoSize, build_demo_world
 from recsys_tools.world.files import read_manifest, write_manifest
 
@@ -107,7 +107,7 @@ def test_text_report_names_every_figure_and_the_gpu_path(report: Comparison) -> 
 
 def test_command_prints_json(world: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    add_model_parser(parser.add_subparsers(dest="command", required=True))
+    command.register(parser.add_subparsers(dest="command", required=True))
     argv = ["model", "compare", "--world", str(world), "--precision", "fp16", "--rows", "400"]
     args = parser.parse_args([*argv, "--candidates", "100", "--top", "10", "--json"])
     args.run(args)
@@ -162,7 +162,7 @@ def test_a_world_the_seed_no_longer_makes_is_refused(
 @pytest.mark.parametrize("flag", ["--rows", "--top", "--candidates"])
 def test_a_flag_below_one_is_refused(world: Path, flag: str) -> None:
     parser = argparse.ArgumentParser()
-    add_model_parser(parser.add_subparsers(dest="command", required=True))
+    command.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["model", "compare", "--world", str(world), flag, "0"])
     with pytest.raises(ConfigError, match=f"{flag} 0: give a positive number"):
         args.run(args)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recsys_tools import plan
 from recsys_tools.plan import (
     CapacityInputs,
-    add_plan_parser,
     plan_capacity,
     plan_from_benchmark,
     plan_json,
@@ -307,7 +307,7 @@ def test_the_text_shows_the_arithmetic_and_the_plan() -> None:
 def _parse(command_line: str) -> argparse.Namespace:
     """Parsed as the real `recsys` parser would: `plan` added among its sub-commands."""
     parser = argparse.ArgumentParser(prog="recsys")
-    add_plan_parser(parser.add_subparsers(dest="command", required=True))
+    plan.register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(command_line.split())
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from google.protobuf import text_format
-from recsys_tools.tune import ROWS, add_tune_parser, options_from
+from recsys_tools import tune
+from recsys_tools.measure import percentile
+from recsys_tools.tune import ROWS, options_from
 from recsys_tools.tune.config import (
     Setting,
     TuneError,
@@ -25,7 +27,6 @@ from recsys_tools.tune.figures import (
     SettingResult,
     TritonDelta,
     measured,
-    percentile,
     stats_delta,
 )
 from recsys_tools.tune.files import write_outputs
@@ -416,7 +417,7 @@ def _fields(result: SettingResult) -> dict[str, Any]:
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="recsys")
-    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    tune.register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["tune", "batching", *argv])
 
 

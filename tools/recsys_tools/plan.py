@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ConfigError
+from recsys_tools.commands import Commands
 
 ASSUMED_DERATE = 0.7  # an ideal batch rate loses about 30% to queueing and system overhead
 HEADROOM = 0.5  # spare capacity for traffic spikes and a lost card
@@ -320,7 +321,7 @@ def _run_capacity(args: argparse.Namespace) -> None:
     print(json.dumps(plan_json(plan), indent=2) if args.json else render_text(plan))
 
 
-def add_plan_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """`plan capacity` and its options, run through `args.run` like every other command."""
     plan = commands.add_parser("plan", help="capacity planning")
     capacity = plan.add_subparsers(dest="plan_command", required=True).add_parser(

@@ -2,7 +2,7 @@
 Podman (nouveau, driver/library mismatch, Secure Boot, SELinux, CDI, Podman, CUDA version,
 NUMA, overcommit) and the services (Triton's model, Redis's layout) against the schema."""
 
-from recsys_tools.doctor.command import add_doctor_options, run_doctor
+from recsys_tools.doctor.command import add_doctor_options, register, run_doctor
 from recsys_tools.doctor.findings import Check, Finding, Outcome, Status, run_checks
 from recsys_tools.doctor.host import CommandTimeoutError, Host, LocalHost
 
@@ -15,6 +15,7 @@ __all__ = [
     "Outcome",
     "Status",
     "add_doctor_options",
+    "register",
     "run_checks",
     "run_doctor",
 ]

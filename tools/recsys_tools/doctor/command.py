@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import TextIO
 
+from recsys_tools.commands import Commands
 from recsys_tools.doctor.checks import (
     check_cdi_spec,
     check_image_pins,
@@ -35,6 +36,20 @@ from recsys_tools.doctor.units import (
     load_triton_unit,
     unit_places,
 )
+
+
+def register(commands: Commands) -> None:
+    doctor = commands.add_parser(
+        "doctor", help="check this GPU host (driver, SELinux, CDI, NUMA, ...) and the services"
+    )
+    add_doctor_options(doctor)
+    doctor.set_defaults(run=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> None:
+    status = run_doctor(args)
+    if status:
+        raise SystemExit(status)
 
 
 def add_doctor_options(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,6 @@ on loopback only: Redis on a unix socket, Triton's ports on 127.0.0.1.
 A ManagedProcess keeps how it was launched, so integration tests can inject the faults a
 server has in production: frozen (SIGSTOP: sockets open, nothing answers), crashed (SIGKILL)
 and restarted in place (same argv, port and socket, so clients reconnect to the same address).
-"""
 
 The rooms: processes.py (process groups, readiness, faults), redis_server.py,
 redis_cluster.py and triton_server.py. What the demo and the tests use is named here.

@@ -233,8 +233,6 @@ def _interrupts_noted() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-# Redis ---------------------------------------------------------------------------------------
-
 def project_root() -> Path:
     """The checkout holding this package (for the default .venv-triton and model_repository)."""
     return Path(__file__).resolve().parents[3]

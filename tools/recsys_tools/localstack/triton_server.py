@@ -23,6 +23,7 @@ from recsys_tools.localstack.processes import (
 )
 
 
+@dataclass(frozen=True, slots=True)
 class TritonInstall:
     """Where the tritonserver of an environment with nvidia-pytriton lives."""
 
@@ -173,6 +174,7 @@ def start_triton(
     names = tuple(models)
     launch = Launch(argv, _triton_env(install), lambda: triton_models_ready(url, names), timeout_s)
     return start_managed("tritonserver", launch, workdir / "triton.log"), url
+
 
 def default_triton_env() -> Path:
     return Path(os.environ.get("RECSYS_TRITON_ENV", project_root() / ".venv-triton"))

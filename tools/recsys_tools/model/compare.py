@@ -8,8 +8,6 @@ from the world's holdout.npz, or for a synthetic world are made again from its s
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import tempfile
 import time
@@ -19,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError
 from app.settings import Settings
-from recsys_tools.engine import add_build_engine_parser
-from recsys_tools.model_load import add_load_parser
+from recsys_tools.model.holdout import load_holdout
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,19 +31,10 @@ PRECISIONS = ("fp16", "int8")
 CANDIDATES: int = Settings.model_fields["candidate_count"].default
 INT8_AUC_BUDGET = 0.005  # the AUC loss the serving article accepted for INT8 after an A/B
 TIMED_RUNS = 30
-# train_ranker's test rows are its seed's first draw below this share.
-DEMO_TEST_SHARE = 0.2
 TENSORRT_NOTE = (
     "A TensorRT engine on a GPU host is compared the same way: the same held-out rows and "
     "the same report, with the engine as another scorer in place of onnxruntime's CPU session."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Holdout:
-    rows: FloatArray
-    labels: npt.NDArray[np.int8]
-    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,61 +67,6 @@ class ModelReport:
     batch_ms_p50: float
     batch_ms_p99: float
     against_fp32: Agreement | None = None  # None: FP32 itself
-
-
-def load_holdout(world: Path, schema: FeatureSchema) -> Holdout:
-    """The world's saved held-out rows, else a synthetic world's made again from its seed."""
-    import numpy as np
-
-    from app.catalog import HOLDOUT_FILE
-
-    path = world / HOLDOUT_FILE
-    if not path.is_file():
-        return _regenerated(world, schema)
-    with np.load(path) as saved:
-        rows, labels = saved["rows"].astype(np.float32), saved["labels"].astype(np.int8)
-    if rows.ndim != 2 or rows.shape[1] != schema.width or len(labels) != len(rows):
-        raise ConfigError(
-            f"{path} holds rows {rows.shape} and labels {labels.shape}, the schema packs "
-            f"(n, {schema.width}): rebuild the world"
-        )
-    return Holdout(rows, labels, str(path))
-
-
-def _regenerated(world: Path, schema: FeatureSchema) -> Holdout:
-    import numpy as np
-
-    from app.catalog import HOLDOUT_FILE, USERS_FILE
-    from recsys_tools.world.build import SYNTHETIC
-    from recsys_tools.world.files import load_users, read_manifest
-    from recsys_tools.world.synth import generate_world
-    from recsys_tools.world.train import training_rows
-
-    manifest = read_manifest(world)
-    missing = f"{world / HOLDOUT_FILE} is missing"
-    if manifest.get("source") != SYNTHETIC:
-        raise ConfigError(f"{missing}: rebuild the world with recsys build-world, which saves it")
-    try:
-        seed, training = int(manifest["seed"]), manifest["training"]
-        impressions = int(training["train_rows"]) + int(training["test_rows"])
-        generated = generate_world(
-            schema, int(manifest["items"]), int(manifest["users"]), impressions, seed
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{missing} and the manifest lacks {exc}: rebuild the world") from None
-    test = np.random.default_rng(seed).random(impressions) < DEMO_TEST_SHARE
-    users = load_users(world)
-    if int(test.sum()) != int(training["test_rows"]) or not (
-        np.array_equal(users.embeddings, generated.users.embeddings)
-        and np.array_equal(users.dense, generated.users.dense)
-    ):
-        raise ConfigError(
-            f"{missing} and {world / USERS_FILE} is not what build-demo makes from seed {seed} "
-            "today: rebuild the world with recsys build-demo"
-        )
-    rows = training_rows(generated, schema)[test]
-    labels = generated.interactions.clicked[test]
-    return Holdout(rows, labels, f"regenerated from build-demo seed {seed}")
 
 
 def reduce_model(model: Path, precision: str, out: Path) -> Path:
@@ -370,45 +303,3 @@ def render_text(report: Comparison) -> str:
             )
     lines.append(TENSORRT_NOTE)
     return "\n".join(lines)
-
-
-def _compare(args: argparse.Namespace) -> None:
-    from app.world import world_schema
-
-    for flag in ("rows", "top", "candidates"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag} {value}: give a positive number")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ConfigError(f"--out {args.out} is a file: name a directory")
-    precisions = PRECISIONS if args.precision == "all" else (args.precision,)
-    options = CompareOptions(precisions, args.rows, args.top, args.candidates, args.out)
-    report = compare_models(args.world, world_schema(args.world, None), options)
-    print(json.dumps(report.as_dict(), indent=2) if args.json else render_text(report))
-
-
-def add_model_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`model compare` and its options, run through `args.run` like every other command."""
-    model = commands.add_parser("model", help="the world's ranking model")
-    subcommands = model.add_subparsers(dest="model_command", required=True)
-    compare = subcommands.add_parser(
-        "compare",
-        help="FP32 against FP16 and INT8 copies: AUC, top-N agreement, size, latency",
-        description=__doc__,
-    )
-    add = compare.add_argument
-    add("--world", type=Path, required=True, help="the world directory (holds model.onnx)")
-    add("--precision", choices=(*PRECISIONS, "all"), default="all", help="default: all")
-    add("--rows", type=int, default=None, help="held-out rows to use; default: all")
-    add("--top", type=int, default=20, help="the top N compared per request (default 20)")
-    add(
-        "--candidates",
-        type=int,
-        default=CANDIDATES,
-        help=f"rows per request (default {CANDIDATES})",
-    )
-    add("--out", type=Path, default=None, help="keep the converted models in this directory")
-    add("--json", action="store_true", help="print the report as JSON")
-    compare.set_defaults(run=_compare)
-    add_build_engine_parser(subcommands)
-    add_load_parser(subcommands)

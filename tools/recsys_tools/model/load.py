@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.errors import ConfigError, UnreachableError
 from app.schema import load_schema
+from recsys_tools.commands import Commands
 
 ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 # How Triton refuses a load or unload when it runs without explicit model control.
@@ -93,7 +94,7 @@ def _load(args: argparse.Namespace) -> None:
     print(f"{loaded.model}: versions ready {', '.join(loaded.ready)}")
 
 
-def add_load_parser(model_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(model_commands: Commands) -> None:
     """`model load` and its options, run through `args.run` like every other command."""
     parser = model_commands.add_parser(
         "load",

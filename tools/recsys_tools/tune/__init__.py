@@ -18,6 +18,7 @@ from pathlib import Path
 from app.errors import ConfigError
 from app.schema import load_schema
 from app.settings import Settings
+from recsys_tools.commands import Commands
 from recsys_tools.tune.files import write_outputs
 from recsys_tools.tune.report import render_text, report_json
 from recsys_tools.tune.sweep import TuneOptions, tune_batching
@@ -85,7 +86,7 @@ def _run_batching(args: argparse.Namespace) -> None:
         print(render_text(report, notes))
 
 
-def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """`tune batching` and its options, run through `args.run` like every other command."""
     tune = commands.add_parser("tune", help="measure serving settings against a running Triton")
     batching = tune.add_subparsers(dest="tune_command", required=True).add_parser(

@@ -5,12 +5,12 @@ Pure: the statistics come in as get_inference_statistics(as_json=True) gives the
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from recsys_tools.measure import percentile
 from recsys_tools.tune.config import Setting, TuneError
 
 
@@ -110,14 +110,6 @@ class LoadRun:
     chunks_sent: int
     duration_s: float  # the schedule's length: requests / rate
     span_s: float  # from the first due time to the last answer or error
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q% of the values at or below it."""
-    if not sorted_values:
-        raise ValueError("no values")
-    rank = math.ceil(q / 100.0 * len(sorted_values))
-    return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import chunk_bounds
 from app.errors import ConfigError
+from recsys_tools.measure import schedule
 from recsys_tools.tune.figures import LoadRun
 
 FloatArray = npt.NDArray[np.float32]
@@ -43,7 +44,7 @@ def request_rows(world: Path | None, width: int, rows: int) -> tuple[list[FloatA
         blocks = [rng.random((rows, width), dtype=np.float32) for _ in range(DISTINCT_REQUESTS)]
         return blocks, f"random rows, {width} wide"
     from app.world import world_schema
-    from recsys_tools.model_compare import load_holdout
+    from recsys_tools.model.holdout import load_holdout
 
     holdout = load_holdout(world, world_schema(world, None))
     if holdout.rows.shape[1] != width:
@@ -125,8 +126,8 @@ async def drive(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for index in range(count):
-            due = start + index / rate
+        for index, offset in enumerate(schedule(rate, count / rate, poisson=False)):
+            due = start + offset
             wait = due - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import CHANNEL_ARGS
 from app.errors import ConfigError
-from recsys_tools.model_load import without_model_control
+from recsys_tools.model.load import without_model_control
 from recsys_tools.tune.config import (
     Setting,
     TuneError,

@@ -18,10 +18,11 @@ import json
 from pathlib import Path
 
 from app.errors import ConfigError
-from recsys_tools.engine.build import build_engine
-from recsys_tools.engine.calibration import CALIBRATION_ROWS
-from recsys_tools.engine.commands import Command
-from recsys_tools.engine.options import (
+from recsys_tools.commands import Commands
+from recsys_tools.model.engine.build import build_engine
+from recsys_tools.model.engine.calibration import CALIBRATION_ROWS
+from recsys_tools.model.engine.commands import Command
+from recsys_tools.model.engine.options import (
     CACHE_QUADLET,
     DEFAULT_CACHE_VOLUME,
     DEFAULT_CONFIG,
@@ -31,10 +32,10 @@ from recsys_tools.engine.options import (
     BuildOptions,
     quadlet_value,
 )
-from recsys_tools.engine.profile import REQUEST_ROWS, Profile, profile_for
-from recsys_tools.engine.release import Release, release_of
-from recsys_tools.engine.report import EngineReport, render_text
-from recsys_tools.engine.runner import run_build
+from recsys_tools.model.engine.profile import REQUEST_ROWS, Profile, profile_for
+from recsys_tools.model.engine.release import Release, release_of
+from recsys_tools.model.engine.report import EngineReport, render_text
+from recsys_tools.model.engine.runner import run_build
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -45,10 +46,10 @@ __all__ = [
     "EngineReport",
     "Profile",
     "Release",
-    "add_build_engine_parser",
     "build_engine",
     "profile_for",
     "quadlet_value",
+    "register",
     "release_of",
     "render_text",
     "run_build",
@@ -85,9 +86,7 @@ def _build_engine(args: argparse.Namespace) -> None:
     print(json.dumps(report.as_dict(), indent=2) if args.json else render_text(report))
 
 
-def add_build_engine_parser(
-    model_commands: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def register(model_commands: Commands) -> None:
     """`model build-engine` and its options, run through `args.run` like every other command."""
     parser = model_commands.add_parser(
         "build-engine",

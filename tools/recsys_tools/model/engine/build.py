@@ -15,23 +15,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError
-from recsys_tools.engine.calibration import (
+from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,
     qdq_drift,
     write_calibration_table,
     write_qdq_model,
 )
-from recsys_tools.engine.checks import check_accelerator, check_serving, check_signature
-from recsys_tools.engine.commands import commands_for
-from recsys_tools.engine.config import config_text, read_config, serving_config
-from recsys_tools.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
-from recsys_tools.engine.options import BuildOptions, shown
-from recsys_tools.engine.profile import Profile, profile_for
-from recsys_tools.engine.release import release_of
-from recsys_tools.engine.report import EngineReport
-from recsys_tools.engine.rewrite import check_identity, foreign_ops, tensorrt_graph
-from recsys_tools.engine.runner import missing_gpu, run_build
+from recsys_tools.model.engine.checks import check_accelerator, check_serving, check_signature
+from recsys_tools.model.engine.commands import commands_for
+from recsys_tools.model.engine.config import config_text, read_config, serving_config
+from recsys_tools.model.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
+from recsys_tools.model.engine.options import BuildOptions, shown
+from recsys_tools.model.engine.profile import Profile, profile_for
+from recsys_tools.model.engine.release import release_of
+from recsys_tools.model.engine.report import EngineReport
+from recsys_tools.model.engine.rewrite import check_identity, foreign_ops, tensorrt_graph
+from recsys_tools.model.engine.runner import missing_gpu, run_build
 
 if TYPE_CHECKING:
     from app.schema import FeatureSchema
@@ -136,7 +136,7 @@ def _write(
     onnx.save(ready, str(home / MODEL_FILE))
     if options.precision != "int8":
         return MODEL_FILE, None
-    from recsys_tools.model_compare import load_holdout
+    from recsys_tools.model.holdout import load_holdout
 
     holdout = load_holdout(options.world, schema)
     rows = calibration_rows(holdout, options.calibration_rows)

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.errors import ConfigError
-from recsys_tools.engine.scoring import scores
+from recsys_tools.model.engine.scoring import scores
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from recsys_tools.engine.profile import Profile
-    from recsys_tools.model_compare import Holdout
+    from recsys_tools.model.engine.profile import Profile
+    from recsys_tools.model.holdout import Holdout
 
     FloatArray = npt.NDArray[np.float32]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from recsys_tools.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
-from recsys_tools.engine.options import BuildOptions
-from recsys_tools.engine.profile import Profile
-from recsys_tools.engine.release import Release
+from recsys_tools.model.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
+from recsys_tools.model.engine.options import BuildOptions
+from recsys_tools.model.engine.profile import Profile
+from recsys_tools.model.engine.release import Release
 
 # The check server: loopback ports beside production's 8001/8002, and the image's own user.
 CHECK_CONTAINER = "recsys-build-engine"

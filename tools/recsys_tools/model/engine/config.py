@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError
-from recsys_tools.engine.options import shown
+from recsys_tools.model.engine.options import shown
 
 if TYPE_CHECKING:
-    from recsys_tools.engine.options import BuildOptions
-    from recsys_tools.engine.profile import Profile
+    from recsys_tools.model.engine.options import BuildOptions
+    from recsys_tools.model.engine.profile import Profile
 
 TENSORRT_ACCELERATOR = "tensorrt"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_tools.engine.calibration import CALIBRATION_ROWS
-from recsys_tools.engine.profile import REQUEST_ROWS
+from recsys_tools.model.engine.calibration import CALIBRATION_ROWS
+from recsys_tools.model.engine.profile import REQUEST_ROWS
 
 ENGINES = ("ort-trt", "plan")
 PRECISIONS = ("fp16", "fp32", "int8")

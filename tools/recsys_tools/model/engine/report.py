@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recsys_tools.engine.commands import CHECK_CONTAINER, Command
-from recsys_tools.engine.profile import Profile
-from recsys_tools.engine.release import Release
+from recsys_tools.model.engine.commands import CHECK_CONTAINER, Command
+from recsys_tools.model.engine.profile import Profile
+from recsys_tools.model.engine.release import Release
 
 
 @dataclass(slots=True)

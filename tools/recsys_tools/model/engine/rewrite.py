@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import ConfigError
-from recsys_tools.engine.graph import ONNX_FLOAT
-from recsys_tools.engine.scoring import scores
+from recsys_tools.model.engine.graph import ONNX_FLOAT
+from recsys_tools.model.engine.scoring import scores
 
 ML_DOMAIN = "ai.onnx.ml"
 IDENTITY_ROWS = 256  # random rows: the TensorRT-ready copy must score them as the original does

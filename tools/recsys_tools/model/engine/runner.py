@@ -12,7 +12,7 @@ import subprocess
 import time
 
 from app.errors import ConfigError
-from recsys_tools.engine.commands import CHECK_CONTAINER, Command
+from recsys_tools.model.engine.commands import CHECK_CONTAINER, Command
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,5 @@
+import sys
+
+from loadtest.openloop.cli import main
+
+sys.exit(main())

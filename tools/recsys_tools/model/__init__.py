@@ -1,0 +1,1 @@
+"""The operator's tools for the ranking model: `recsys model ...` (see command.py)."""

@@ -1,0 +1,238 @@
+"""The world commands: build-demo, build-world, install-model, reindex, import-catalog,
+load-redis. A world is a directory of files (catalog, index, model, stamp); see README."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from app.errors import ConfigError
+from recsys_tools.commands import Commands
+
+
+def _build_demo(args: argparse.Namespace) -> None:
+    from app.schema import load_schema
+    from recsys_tools.world.build import DEMO, LARGE, DemoSize, build_demo_world
+    from recsys_tools.world.identity import install_model
+
+    size = LARGE if args.large else DEMO
+    size = DemoSize(args.items or size.items, args.users or size.users, size.impressions)
+    schema = load_schema(args.schema)
+    report = build_demo_world(args.world, schema, size, args.index_factory, args.seed)
+    result: dict[str, Any] = {"world": str(args.world), "training": report}
+    if args.model_repository is not None:
+        result["model"] = str(install_model(args.world, args.model_repository, schema.model_name))
+    print(json.dumps(result))
+
+
+def _build_world(args: argparse.Namespace) -> None:
+    from app.schema import load_schema
+    from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
+    from recsys_tools.world.logs import ItemColumns, LogColumns
+
+    schema = load_schema(args.schema or _interactions_schema())
+    recipe = WorldRecipe(
+        interactions=args.interactions,
+        columns=LogColumns(
+            user=args.user_col,
+            item=args.item_col,
+            time=args.time_col,
+            weight=args.weight_col,
+            min_weight=args.min_weight,
+        ),
+        items=args.items,
+        item_columns=ItemColumns(
+            item_id=args.item_id_col, category=args.category_col, published=args.published_col
+        ),
+        keep_holdout=args.keep_holdout,
+        seed=args.seed,
+        index_factory=args.index_factory,
+    )
+    report = build_world_from_log(recipe, args.world, schema)
+    print(_evaluation_table(report))
+    print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+
+
+def _interactions_schema() -> Path:
+    from recsys_tools.world.derive import interactions_schema_path
+
+    return interactions_schema_path()
+
+
+def _evaluation_table(report: dict[str, Any]) -> str:
+    lines = [f"{'method':<14}{'recall@10':>10}{'ndcg@10':>10}"]
+    for name, figures in report["evaluation"]["methods"].items():
+        lines.append(f"{name:<14}{figures['recall@10']:>10.4f}{figures['ndcg@10']:>10.4f}")
+    return "\n".join(lines)
+
+
+def _install_model(args: argparse.Namespace) -> None:
+    from app.world import world_schema
+    from recsys_tools.world.identity import install_model
+
+    schema = world_schema(args.world, args.schema)
+    if args.version < 1:
+        raise ConfigError(f"--version {args.version}: Triton's versions start at 1")
+    print(install_model(args.world, args.model_repository, schema.model_name, args.version))
+
+
+def _reindex(args: argparse.Namespace) -> None:
+    from recsys_tools.world.reindex import reindex_beside
+
+    world_id = reindex_beside(args.world, args.out, args.index_factory)
+    print(json.dumps({"world": str(args.out), "world_id": world_id}))
+
+
+def _import_catalog(args: argparse.Namespace) -> None:
+    from app.schema import load_schema
+    from recsys_tools.world.build import write_catalog
+    from recsys_tools.world.identity import stamp_world
+    from recsys_tools.world.importer import read_items, read_users
+
+    schema = load_schema(args.schema)
+    items, users = read_items(args.items, schema), read_users(args.users, schema)
+    write_catalog(args.world, schema, items, users, args.index_factory)
+    world_id = stamp_world(args.world, schema)
+    print(
+        json.dumps(
+            {
+                "world": str(args.world),
+                "world_id": world_id,
+                "items": len(items.ids),
+                "users": len(users.ids),
+            }
+        )
+    )
+
+
+def _load_redis(args: argparse.Namespace) -> None:
+    import redis
+    from redis.cluster import RedisCluster
+
+    from app.clients.feature_store import KeySpace
+    from app.world import world_schema
+    from recsys_tools.world.redis_loader import RedisUnreachableError, load_world_into_redis
+
+    schema = world_schema(args.world, args.schema)
+    try:
+        client = (
+            RedisCluster.from_url(args.redis_url)
+            if args.cluster
+            else redis.Redis.from_url(args.redis_url)
+        )
+    except (ValueError, redis.RedisError) as exc:
+        raise RedisUnreachableError(
+            f"--redis-url {args.redis_url!r}: {exc} (redis://host:port/db or unix:///path)"
+        ) from None
+    report = load_world_into_redis(args.world, client, schema, KeySpace(args.prefix))
+    print(json.dumps({"items": report.items, "users": report.users, "seen": report.seen_lists}))
+
+
+def register(commands: Commands) -> None:
+    world = argparse.ArgumentParser(add_help=False)
+    world.add_argument("--world", type=Path, default=Path("var/world"), help="world directory")
+    world.add_argument("--schema", type=Path, default=None, help="feature schema JSON")
+    index = argparse.ArgumentParser(add_help=False)
+    index.add_argument(
+        "--index-factory", default="auto", help="FAISS factory string, or auto (Flat/IVF by size)"
+    )
+
+    build = commands.add_parser(
+        "build-demo", parents=[world, index], help="synthetic catalog, users, index and model"
+    )
+    build.add_argument("--large", action="store_true", help="1M items, for benchmarks")
+    build.add_argument("--items", type=int, default=0, help="override the item count")
+    build.add_argument("--users", type=int, default=0, help="override the user count")
+    build.add_argument("--seed", type=int, default=7)
+    build.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="also install the model into this Triton repository (see install-model)",
+    )
+    build.set_defaults(run=_build_demo)
+
+    _add_build_world(commands, index)
+
+    install = commands.add_parser(
+        "install-model",
+        parents=[world],
+        help="put the world's model, under its world id, into a Triton model repository",
+    )
+    install.add_argument(
+        "--model-repository",
+        type=Path,
+        required=True,
+        help="holds MODEL_NAME/config.pbtxt (copy model_repository/ or deploy/triton/gpu/)",
+    )
+    install.add_argument(
+        "--version",
+        type=int,
+        default=1,
+        help="the Triton model version to write (default 1); a new one can be tried as a "
+        "canary beside the served one (README: changing what serves)",
+    )
+    install.set_defaults(run=_install_model)
+
+    reindex = commands.add_parser(
+        "reindex",
+        parents=[world, index],
+        help="a copy of the world with its index rebuilt, beside it, for a running service to "
+        "reload",
+    )
+    reindex.add_argument("--out", type=Path, required=True, help="the new world directory")
+    reindex.set_defaults(run=_reindex)
+
+    imported = commands.add_parser(
+        "import-catalog", parents=[world, index], help="a real catalog from Parquet or NPZ"
+    )
+    imported.add_argument("--items", type=Path, required=True)
+    imported.add_argument("--users", type=Path, required=True)
+    imported.set_defaults(run=_import_catalog)
+
+    load = commands.add_parser("load-redis", parents=[world], help="write blobs into Redis")
+    load.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    load.add_argument("--prefix", default="recsys")
+    load.add_argument(
+        "--cluster", action="store_true", help="--redis-url names one node of a Redis Cluster"
+    )
+    load.set_defaults(run=_load_redis)
+
+
+def _add_build_world(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    index: argparse.ArgumentParser,
+) -> None:
+
+    built = commands.add_parser(
+        "build-world",
+        parents=[index],
+        help="a world from an interaction log: embeddings, features, ranker, evaluation",
+        description="Learns embeddings and dense features from the interactions, trains the "
+        "ranker, evaluates on each user's latest 20% and writes DIR/report.json.",
+    )
+    built.add_argument("--world", type=Path, required=True, help="the world directory to write")
+    built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
+    built.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet log")
+    built.add_argument("--user-col", default="user_id", help="default: user_id")
+    built.add_argument("--item-col", default="item_id", help="default: item_id")
+    built.add_argument(
+        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+    )
+    built.add_argument("--weight-col", default=None, help="a rating or weight column")
+    built.add_argument(
+        "--min-weight", type=float, default=None, help="rows at or above it are positives"
+    )
+    built.add_argument("--items", type=Path, default=None, help="CSV or Parquet item table")
+    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
+    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
+    built.add_argument("--published-col", default=None, help="when each item was published")
+    built.add_argument(
+        "--keep-holdout",
+        action="store_true",
+        help="serve the world trained without each user's latest 20%% (as evaluated)",
+    )
+    built.add_argument("--seed", type=int, default=7)
+    built.set_defaults(run=_build_world)

@@ -16,7 +16,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from app.errors import ConfigError, RecsysError
+from app.core.errors import ConfigError, RecsysError
 
 log = logging.getLogger("recsys")
 
@@ -52,7 +52,7 @@ def _supervisor() -> type[Any]:
     each; it has none for SIGUSR1. A worker still starting gets the signal once it has
     started (uvicorn's health check says so): before its handler is in place the signal
     would kill it, and it may have read the files before they changed. The supervisor loads
-    no part of the server, so the signal is app.reload.RELOAD_SIGNAL restated.
+    no part of the server, so the signal is app.process.reload.RELOAD_SIGNAL restated.
     """
     from uvicorn.supervisors import Multiprocess
     from uvicorn.supervisors.multiprocess import Process
@@ -98,9 +98,9 @@ def ensure_port_free(host: str, port: int) -> None:
 def serve(workers: int | None = None, log_level: str = "info", access_log: bool = False) -> None:
     import uvicorn
 
-    from app.reload import hold_reload_signals
-    from app.settings import load_settings
-    from app.workers import shared_metrics
+    from app.core.settings import load_settings
+    from app.process.reload import hold_reload_signals
+    from app.process.workers import shared_metrics
 
     # Validated here, once, before any worker starts; --workers gets the setting's bounds.
     settings = load_settings(**({} if workers is None else {"workers": workers}))

@@ -12,21 +12,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from app.admission import Admission
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate
 from app.api.routes import COMMON_ERRORS, router
 from app.cli import configure_logging
-from app.concurrency_limit import AdaptiveLimit
-from app.drain import cancel_on_stop_signals, drain_on_sigterm
-from app.errors import RecsysError
-from app.loop_lag import LoopLag
-from app.metrics import ServiceMetrics
-from app.reload import hold_reload_signals, reload_on_signal
-from app.services import Services, start_services
-from app.settings import Settings, load_settings
-from app.workers import forget_dead_workers, metrics_dir, retire_this_worker
+from app.core.errors import RecsysError
+from app.core.metrics import ServiceMetrics
+from app.core.settings import Settings, load_settings
+from app.process.admission import Admission
+from app.process.concurrency_limit import AdaptiveLimit
+from app.process.drain import cancel_on_stop_signals, drain_on_sigterm
+from app.process.loop_lag import LoopLag
+from app.process.reload import hold_reload_signals, reload_on_signal
+from app.process.services import Services, start_services
+from app.process.workers import forget_dead_workers, metrics_dir, retire_this_worker
 
 log = logging.getLogger("recsys")
 INITIAL_IN_FLIGHT = 16

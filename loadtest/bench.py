@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from app.artifacts import serving_artifacts
-from app.catalog import ITEMS_FILE, load_catalog
-from app.clients.feature_store import KeySpace
-from app.release import ModelRouting, Routed
-from app.rules import RerankRules
-from app.schema import ModelSignature
-from app.world import world_schema
+from app.release.artifacts import serving_artifacts
+from app.release.catalog import ITEMS_FILE, load_catalog
+from app.release.keyspace import KeySpace
+from app.release.plan import ModelRouting, Routed
+from app.release.rules import RerankRules
+from app.release.schema import ModelSignature
+from app.release.world import world_schema
 from loadtest.closedloop import closed_loop
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot

@@ -24,8 +24,8 @@ import redis
 from recsys_tools.localstack import ManagedProcess
 from recsys_tools.world.redis_loader import load_world_into_redis
 
-from app.clients.feature_store import KeySpace
-from app.world import world_schema
+from app.release.keyspace import KeySpace
+from app.release.world import world_schema
 from loadtest.openloop import Load, RunResult, demo_bodies, percentile, recovery_time, run
 from loadtest.service import local_service
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from app.metrics import Stage
+from app.core.vocabulary import Stage
 from loadtest.histograms import quantile, scrape_buckets, subtract
 from loadtest.service import local_service
 

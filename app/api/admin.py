@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from app.api.deps import ServicesDep
 from app.api.errors import error_body, request_id_of
 from app.api.models import ErrorBody, Release
-from app.reload import RELOAD_SIGNAL, ReleaseReport, ReloadRefusedError
-from app.services import Services
+from app.process.reload import RELOAD_SIGNAL, ReleaseReport, ReloadRefusedError
+from app.process.services import Services
 
 log = logging.getLogger(__name__)
 

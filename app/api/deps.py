@@ -6,7 +6,7 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
-from app.services import Services
+from app.process.services import Services
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop

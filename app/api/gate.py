@@ -20,12 +20,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.admission import Admission, OverloadedError
 from app.api.errors import error_body, summary
 from app.api.models import REQUEST_ID_HEADER, ErrorField
 from app.api.precheck import many_errors
-from app.metrics import Outcome, ServiceMetrics
-from app.throttled_log import ThrottledLog
+from app.core.metrics import Outcome, ServiceMetrics
+from app.core.throttled_log import ThrottledLog
+from app.process.admission import Admission, OverloadedError
 
 RETRY_AFTER_S = "1"
 refusals = ThrottledLog(logging.getLogger("recsys.admission"))

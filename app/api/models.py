@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from app.metrics import Variant
-from app.stages.types import Moment, Query
+from app.core.vocabulary import Variant
+from app.pipeline.stages.types import Moment, Query
 
 
 def _encodable(value: str) -> str:

@@ -24,10 +24,10 @@ from app.api.models import (
     RecommendRequest,
     RecommendResponse,
 )
-from app.context import RequestContext, caller_shortened
-from app.health import failing, readiness
-from app.metrics import Outcome
-from app.workers import exposition
+from app.core.metrics import Outcome
+from app.pipeline.context import RequestContext, caller_shortened
+from app.process.health import failing, readiness
+from app.process.workers import exposition
 
 log = logging.getLogger(__name__)
 router = APIRouter()

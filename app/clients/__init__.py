@@ -1,1 +1,2 @@
-"""Thin clients of the service's dependencies; each maps its library's errors at the edge."""
+"""The dependencies (Redis, Triton, the in-process fallback ranker), each behind a circuit
+breaker, their errors mapped into the service's own here."""

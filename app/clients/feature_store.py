@@ -26,10 +26,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from app.breaker import CircuitBreaker
-from app.errors import FailureKind, FeatureStoreError, SchemaError
-from app.schema import FeatureSchema
-from app.vocabulary import Positions
+from app.clients.breaker import CircuitBreaker
+from app.core.errors import FailureKind, FeatureStoreError, SchemaError
+from app.core.vocabulary import Positions
+from app.release.keyspace import KeySpace
+from app.release.schema import FeatureSchema
 
 FLOAT32 = np.dtype("<f4")
 SEEN_POSITION = np.dtype("<u4")
@@ -39,29 +40,6 @@ RedisClient = aioredis.Redis | RedisCluster
 MGET_CHUNK = 500
 # A Redis Cluster client's socket timeout: a backstop far beyond any call's own deadline.
 CLUSTER_SOCKET_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class KeySpace:
-    prefix: str
-
-    def user(self, user_id: str) -> str:
-        return f"{self.prefix}:u:{user_id}"
-
-    def item(self, item_id: str) -> str:
-        return f"{self.prefix}:i:{item_id}"
-
-    def seen(self, user_id: str) -> str:
-        return f"{self.prefix}:seen:{user_id}"
-
-    @property
-    def meta(self) -> str:
-        return f"{self.prefix}:meta"
-
-    def item_keys(self, item_ids: npt.NDArray[np.str_]) -> npt.NDArray[np.bytes_]:
-        """Every item's key, encoded once, so a request only indexes into this array."""
-        keys: npt.NDArray[np.bytes_] = np.char.encode(np.char.add(self.item(""), item_ids), "utf-8")
-        return keys
 
 
 # The layout record's field naming the world the data came from (written by the loader).

@@ -13,13 +13,13 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from app.breaker import CircuitBreaker
+from app.clients.breaker import CircuitBreaker
 from app.clients.registration import Registration, region_unknown
 from app.clients.shared_memory import InputSlots
-from app.errors import FailureKind, RankingModelError
-from app.release import ModelAnswer, Routed
-from app.schema import ModelSignature
-from app.world import WORLD_ID_PARAMETER
+from app.core.errors import FailureKind, RankingModelError
+from app.release.plan import ModelAnswer, Routed
+from app.release.schema import ModelSignature
+from app.release.world import WORLD_ID_PARAMETER
 
 _STATUS_KINDS = {
     "StatusCode.DEADLINE_EXCEEDED": FailureKind.TIMEOUT,

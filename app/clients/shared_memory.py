@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import tritonclient.utils.shared_memory as triton_shm
 
-from app.processes import alive
+from app.core.processes import alive
 
 PREFIX = "recsys-shm-"
 SHM_DIR = Path("/dev/shm")

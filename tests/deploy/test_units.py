@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from app.reload import RELOAD_SIGNAL
-from app.settings import Settings
+from app.core.settings import Settings
+from app.process.reload import RELOAD_SIGNAL
 from tests.debian_tools import debian_root
 
 ROOT = Path(__file__).resolve().parents[2]

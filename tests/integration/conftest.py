@@ -31,10 +31,10 @@ from recsys_tools.world.build import DemoSize, build_demo_world
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.redis_loader import load_world_into_redis
 
-from app.clients.feature_store import KeySpace
+from app.core.settings import Settings
 from app.main import create_app
-from app.schema import FeatureSchema, load_schema
-from app.settings import Settings
+from app.release.keyspace import KeySpace
+from app.release.schema import FeatureSchema, load_schema
 
 SMALL_WORLD = DemoSize(items=3000, users=400, impressions=30_000)
 # Small enough that a request's 1000+ candidates go to Triton in several chunks.

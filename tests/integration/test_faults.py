@@ -17,8 +17,8 @@ import httpx
 import pytest
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
 
-from app.catalog import MODEL_FILE
-from app.settings import Settings
+from app.core.settings import Settings
+from app.release.catalog import MODEL_FILE
 from loadtest.faults import (
     Fault,
     FaultReport,

@@ -17,8 +17,8 @@ import schemathesis
 from hypothesis import HealthCheck, assume, settings
 from schemathesis import GenerationMode
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.integration.conftest import Stack
 from tests.integration.test_faults import api_process
 

@@ -12,8 +12,8 @@ import redis
 from recsys_tools.localstack import start_redis
 
 from app.clients.feature_store import ITEMS_VERSION_FIELD
-from app.metrics import ServiceMetrics
-from app.services import start_services
+from app.core.metrics import ServiceMetrics
+from app.process.services import start_services
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
 
 pytestmark = pytest.mark.integration

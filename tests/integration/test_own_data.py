@@ -29,8 +29,8 @@ from recsys_tools.localstack import (
     start_triton,
 )
 
-from app.settings import Settings
-from app.world import read_stamp, world_schema
+from app.core.settings import Settings
+from app.release.world import read_stamp, world_schema
 from tests.integration.conftest import in_process_settings, serving
 
 pytestmark = pytest.mark.integration

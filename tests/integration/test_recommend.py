@@ -12,9 +12,10 @@ import redis
 from httpx import AsyncClient
 from recsys_tools.world.files import load_items, load_seen, load_users
 
-from app.catalog import MODEL_FILE
-from app.clients.feature_store import KeySpace, encode_seen
-from app.packing import encode_context, pack_rows
+from app.clients.feature_store import encode_seen
+from app.pipeline.packing import encode_context, pack_rows
+from app.release.catalog import MODEL_FILE
+from app.release.keyspace import KeySpace
 from tests.integration.conftest import CONTEXT, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

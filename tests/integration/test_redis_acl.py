@@ -16,7 +16,7 @@ from recsys_tools.localstack import start_redis
 from recsys_tools.world.redis_loader import load_world_into_redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from app.clients.feature_store import KeySpace
+from app.release.keyspace import KeySpace
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

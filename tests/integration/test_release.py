@@ -26,11 +26,11 @@ from recsys_tools.model.load import load_versions
 from recsys_tools.world.identity import install_model
 from recsys_tools.world.reindex import reindex_beside
 
-from app.catalog import INDEX_FILE, ITEMS_FILE, MANIFEST_FILE
-from app.errors import ConfigError
-from app.release import ReleasePlan, in_share, read_plan, write_plan
-from app.settings import Settings
-from app.world import file_digest, read_stamp
+from app.core.errors import ConfigError
+from app.core.settings import Settings
+from app.release.catalog import INDEX_FILE, ITEMS_FILE, MANIFEST_FILE
+from app.release.plan import ReleasePlan, in_share, read_plan, write_plan
+from app.release.world import file_digest, read_stamp
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -16,7 +16,8 @@ from recsys_tools.localstack import default_triton_env, start_redis_cluster, sta
 from recsys_tools.world.redis_loader import load_world_into_redis
 from redis.cluster import RedisCluster
 
-from app.clients.feature_store import KeySpace, connect_redis
+from app.clients.feature_store import connect_redis
+from app.release.keyspace import KeySpace
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -20,7 +20,7 @@ from recsys_tools.tune.sweep import TuneOptions, tune_batching
 from tritonclient.grpc import model_config_pb2
 
 from app.clients.ranking_model import chunk_bounds
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from tests.integration.conftest import TEST_MAX_BATCH, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from recsys_tools.localstack import ManagedProcess
 
-from app.workers import METRICS_DIR_ENV
+from app.process.workers import METRICS_DIR_ENV
 from loadtest.service import ApiProcess, start_api
 from tests.integration.conftest import PLAIN_RULES, Stack, metric_samples
 from tests.integration.test_faults import api_process

@@ -15,11 +15,11 @@ import redis
 from recsys_tools.localstack import start_redis
 from recsys_tools.world.build import DemoSize, build_demo_world
 
-from app.catalog import INDEX_FILE
-from app.errors import ConfigError
-from app.metrics import ServiceMetrics
-from app.services import READINESS_TTL_S, start_services
-from app.world import read_stamp
+from app.core.errors import ConfigError
+from app.core.metrics import ServiceMetrics
+from app.process.services import READINESS_TTL_S, start_services
+from app.release.catalog import INDEX_FILE
+from app.release.world import read_stamp
 from tests.integration.conftest import Stack, load_redis, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

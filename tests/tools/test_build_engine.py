@@ -34,10 +34,10 @@ from recsys_tools.model.engine import (
 )
 from tritonclient.grpc import model_config_pb2
 
-from app.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
-from app.errors import ConfigError
-from app.schema import load_schema
-from app.settings import Settings
+from app.core.errors import ConfigError
+from app.core.settings import Settings
+from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
+from app.release.schema import load_schema
 
 SCHEMA = load_schema()
 WIDTH = SCHEMA.width

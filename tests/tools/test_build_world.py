@@ -27,9 +27,9 @@ from recsys_tools.world.files import load_items, load_seen, load_users
 from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
 from recsys_tools.world.logs import ItemColumns, LogColumns, read_items, read_log
 
-from app.catalog import MODEL_FILE, load_catalog
-from app.errors import ConfigError
-from app.schema import FeatureSchema, load_schema
+from app.core.errors import ConfigError
+from app.release.catalog import MODEL_FILE, load_catalog
+from app.release.schema import FeatureSchema, load_schema
 
 START = 1_600_000_000
 DAY = 86_400

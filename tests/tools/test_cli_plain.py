@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from recsys_tools.world.build import DemoSize, build_demo_world
 
-from app.schema import load_schema
+from app.release.schema import load_schema
 
 TINY = DemoSize(items=400, users=60, impressions=4000)
 RECSYS = [sys.executable, "-c", "import sys; from recsys_tools.cli import main; sys.exit(main())"]

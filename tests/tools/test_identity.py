@@ -15,10 +15,10 @@ from recsys_tools.world.identity import install_model, with_world_parameter
 from recsys_tools.world.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
-from app.catalog import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
-from app.errors import ConfigError
-from app.schema import load_schema
-from app.world import (
+from app.core.errors import ConfigError
+from app.release.catalog import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
+from app.release.schema import load_schema
+from app.release.world import (
     file_digest,
     part_mismatch,
     read_stamp,

@@ -8,9 +8,9 @@ import pytest
 from recsys_tools.cli import main
 from recsys_tools.world.importer import read_items
 
-from app.catalog import load_catalog
-from app.errors import ConfigError
-from app.schema import load_schema
+from app.core.errors import ConfigError
+from app.release.catalog import load_catalog
+from app.release.schema import load_schema
 
 
 def _write_tables(folder: Path, n_items: int = 50, n_users: int = 5) -> tuple[Path, Path]:

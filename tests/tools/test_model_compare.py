@@ -21,9 +21,9 @@ from recsys_tools.model.holdout import load_holdout
 from recsys_tools.world.build import DemoSize, build_demo_world
 from recsys_tools.world.files import read_manifest, write_manifest
 
-from app.catalog import HOLDOUT_FILE, MODEL_FILE
-from app.errors import ConfigError
-from app.schema import FeatureSchema, load_schema
+from app.core.errors import ConfigError
+from app.release.catalog import HOLDOUT_FILE, MODEL_FILE
+from app.release.schema import FeatureSchema, load_schema
 
 TINY = DemoSize(items=600, users=100, impressions=8000)
 OPTIONS = CompareOptions(candidates=200, top=20)

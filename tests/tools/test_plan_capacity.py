@@ -19,7 +19,7 @@ from recsys_tools.plan import (
     render_text,
 )
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 
 # The serving article's worked example (section 5.1): 2000 QPS, p99 50 ms, batch 8 in 3 ms.
 EXAMPLE = CapacityInputs(qps=2000, p99_ms=50, batch_size=8, batch_latency_ms=3)

@@ -45,8 +45,8 @@ from recsys_tools.tune.report import (
 )
 from tritonclient.grpc import model_config_pb2
 
-from app.errors import ConfigError
-from app.settings import Settings
+from app.core.errors import ConfigError
+from app.core.settings import Settings
 
 # The local model's config as Triton 2.51 reports it with as_json=True: int64 fields as strings,
 # preferred_batch_size filled in with max_batch_size, the instance group named.

@@ -9,8 +9,8 @@ from recsys_tools.world.index import build_index, default_factory
 from recsys_tools.world.synth import World, generate_world
 from recsys_tools.world.train import TrainedRanker, train_ranker, training_rows
 
-from app.catalog import set_search_breadth
-from app.schema import FeatureSchema, load_schema
+from app.release.catalog import set_search_breadth
+from app.release.schema import FeatureSchema, load_schema
 
 
 @dataclass(frozen=True)

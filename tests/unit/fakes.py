@@ -14,30 +14,24 @@ from datetime import UTC, datetime
 import numpy as np
 import numpy.typing as npt
 
-from app.artifacts import ServingArtifacts, serving_artifacts
-from app.catalog import Catalog
-from app.clients.feature_store import (
-    FLOAT32,
-    BlobState,
-    ItemBlobs,
-    KeySpace,
-    UserRecord,
-    decode_item_blobs,
-)
-from app.context import RequestContext
-from app.errors import DependencyError, FailureKind, RankingModelError
-from app.metrics import ServiceMetrics
-from app.pipeline import RecommendPipeline
-from app.release import ModelAnswer, ModelRouting, Routed
-from app.rules import RerankRules
-from app.schema import ModelSignature
-from app.stages.features import UserFeatureHydrator
-from app.stages.fetch import ItemFeatureHydrator
-from app.stages.filter import CandidateFilter
-from app.stages.rank import Scorer
-from app.stages.recall import CandidateRecall
-from app.stages.rerank import Reranker
-from app.stages.types import Positions, Scores
+from app.clients.feature_store import FLOAT32, BlobState, ItemBlobs, UserRecord, decode_item_blobs
+from app.core.errors import DependencyError, FailureKind, RankingModelError
+from app.core.metrics import ServiceMetrics
+from app.core.vocabulary import Positions, Scores
+from app.pipeline.context import RequestContext
+from app.pipeline.recommend import RecommendPipeline
+from app.pipeline.stages.features import UserFeatureHydrator
+from app.pipeline.stages.fetch import ItemFeatureHydrator
+from app.pipeline.stages.filter import CandidateFilter
+from app.pipeline.stages.rank import Scorer
+from app.pipeline.stages.recall import CandidateRecall
+from app.pipeline.stages.rerank import Reranker
+from app.release.artifacts import ServingArtifacts, serving_artifacts
+from app.release.catalog import Catalog
+from app.release.keyspace import KeySpace
+from app.release.plan import ModelAnswer, ModelRouting, Routed
+from app.release.rules import RerankRules
+from app.release.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
 
 N_ITEMS = 6

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from app.admission import Admission, OverloadedError
-from app.concurrency_limit import MIN_SAMPLES, WINDOW_S, AdaptiveLimit
-from app.loop_lag import STANDING_SAMPLES, LoopLag
+from app.process.admission import Admission, OverloadedError
+from app.process.concurrency_limit import MIN_SAMPLES, WINDOW_S, AdaptiveLimit
+from app.process.loop_lag import STANDING_SAMPLES, LoopLag
 
 
 class Clock:

@@ -2,12 +2,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from app.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
-from app.catalog import Catalog
-from app.clients.feature_store import KeySpace
-from app.release import ModelRouting, Routed
-from app.rules import BlockRule, DiversityRule, RerankRules
-from app.schema import ModelSignature
+from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
+from app.release.catalog import Catalog
+from app.release.keyspace import KeySpace
+from app.release.plan import ModelRouting, Routed
+from app.release.rules import BlockRule, DiversityRule, RerankRules
+from app.release.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.atomic_files import copy_atomically, write_atomically
+from app.core.atomic_files import copy_atomically, write_atomically
 
 
 def test_the_file_is_replaced_and_both_it_and_the_rename_reach_the_disk(

@@ -1,7 +1,7 @@
 import pytest
 
-from app.breaker import BreakerState, CircuitBreaker
-from app.errors import FailureKind, FeatureStoreError
+from app.clients.breaker import BreakerState, CircuitBreaker
+from app.core.errors import FailureKind, FeatureStoreError
 
 
 class Clock:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.cached import CachedCall
+from app.core.cached import CachedCall
 
 
 class Clock:

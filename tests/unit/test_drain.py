@@ -3,7 +3,7 @@ import os
 import signal
 from types import FrameType
 
-from app.drain import drain_on_sigterm
+from app.process.drain import drain_on_sigterm
 
 
 async def test_sigterm_marks_draining_at_once_and_stops_the_server_after_the_delay() -> None:

@@ -4,9 +4,10 @@ from typing import Any
 
 import pytest
 
-from app.breaker import BreakerState, CircuitBreaker
-from app.clients.feature_store import FeatureStore, KeySpace
-from app.errors import FailureKind, FeatureStoreError
+from app.clients.breaker import BreakerState, CircuitBreaker
+from app.clients.feature_store import FeatureStore
+from app.core.errors import FailureKind, FeatureStoreError
+from app.release.keyspace import KeySpace
 from tests.unit.tiny_schema import tiny_schema
 
 

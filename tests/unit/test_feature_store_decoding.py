@@ -2,13 +2,13 @@ import numpy as np
 
 from app.clients.feature_store import (
     BlobState,
-    KeySpace,
     decode_item_blobs,
     decode_seen,
     decode_user,
     encode_seen,
     layout_meta,
 )
+from app.release.keyspace import KeySpace
 from tests.unit.tiny_schema import tiny_schema
 
 

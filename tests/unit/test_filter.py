@@ -1,8 +1,8 @@
 import numpy as np
 
-from app.metrics import Removal
-from app.rules import BlockRule, RerankRules
-from app.stages.filter import CandidateFilter
+from app.core.vocabulary import Removal
+from app.pipeline.stages.filter import CandidateFilter
+from app.release.rules import BlockRule, RerankRules
 from tests.unit.fakes import artifacts
 
 

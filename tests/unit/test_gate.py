@@ -8,11 +8,11 @@ import pytest
 from httpx import ASGITransport, AsyncClient
 from starlette.types import Receive, Scope, Send
 
-from app.admission import Admission
 from app.api.gate import Gate, is_json, request_id
-from app.concurrency_limit import AdaptiveLimit
-from app.loop_lag import LoopLag
-from app.metrics import Outcome, ServiceMetrics
+from app.core.metrics import Outcome, ServiceMetrics
+from app.process.admission import Admission
+from app.process.concurrency_limit import AdaptiveLimit
+from app.process.loop_lag import LoopLag
 
 
 async def echo(scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from app.clients.feature_store import ItemBlobs, decode_item_blobs
-from app.item_memory import ItemMatrix, ItemMemory, read_item_matrix
-from app.stages.fetch import HeldItemFeatures
+from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
+from app.pipeline.stages.fetch import HeldItemFeatures
 from tests.unit.fakes import context
 
 WIDTH = 3

@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from app.errors import ConfigError, FailureKind, RankingModelError, SchemaError
-from app.local_ranker import LocalRanker, load_local_ranker
+from app.clients.local_ranker import LocalRanker, load_local_ranker
+from app.core.errors import ConfigError, FailureKind, RankingModelError, SchemaError
 from tests.unit.tiny_schema import tiny_schema
 
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from app.membership import member_mask, positions_of
+from app.core.membership import member_mask, positions_of
 
 
 def _mask(values: list[int], pool: list[int]) -> list[bool]:

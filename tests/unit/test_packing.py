@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from app.packing import encode_context, language_of, pack_rows
-from app.schema import parse_schema
+from app.pipeline.packing import encode_context, language_of, pack_rows
+from app.release.schema import parse_schema
 from tests.unit.tiny_schema import TINY_SCHEMA_JSON, tiny_schema
 
 

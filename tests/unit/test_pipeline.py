@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from app.clients.feature_store import BlobState, UserRecord
-from app.errors import FailureKind, FeatureStoreError, RankingModelError, RecallError
-from app.stages.features import NOTHING_SEEN
-from app.stages.types import Query, Recommendation
+from app.core.errors import FailureKind, FeatureStoreError, RankingModelError, RecallError
+from app.pipeline.stages.features import NOTHING_SEEN
+from app.pipeline.stages.types import Query, Recommendation
 from tests.unit.fakes import (
     KEYS,
     FakeFallback,

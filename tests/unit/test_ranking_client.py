@@ -7,11 +7,11 @@ import numpy.typing as npt
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from app.breaker import CircuitBreaker
+from app.clients.breaker import CircuitBreaker
 from app.clients.ranking_model import RankingModelClient, chunk_bounds, signature_from_triton
-from app.errors import FailureKind, RankingModelError
-from app.release import Routed
-from app.schema import ModelSignature
+from app.core.errors import FailureKind, RankingModelError
+from app.release.plan import Routed
+from app.release.schema import ModelSignature
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,13 @@ import numpy.typing as npt
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from app.breaker import CircuitBreaker
+from app.clients.breaker import CircuitBreaker
 from app.clients.ranking_model import RankingModelClient
 from app.clients.registration import RETRY_S
 from app.clients.shared_memory import InputSlots
-from app.errors import FailureKind, RankingModelError
-from app.release import Routed
-from app.schema import ModelSignature
+from app.core.errors import FailureKind, RankingModelError
+from app.release.plan import Routed
+from app.release.schema import ModelSignature
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 8)
 ROUTED = Routed("", SIGNATURE)

@@ -10,10 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.context import RequestContext
-from app.errors import ConfigError, FailureKind, RankingModelError
-from app.metrics import Variant
-from app.release import (
+from app.core.errors import ConfigError, FailureKind, RankingModelError
+from app.core.vocabulary import Scores, Variant
+from app.pipeline.context import RequestContext
+from app.pipeline.shadow import top_agreement
+from app.pipeline.stages.rank import Scorer
+from app.pipeline.stages.types import HydratedCandidates
+from app.process.reload import _warm_new
+from app.release.plan import (
     ModelRouting,
     ReleasePlan,
     Routed,
@@ -22,10 +26,6 @@ from app.release import (
     user_bucket,
     write_plan,
 )
-from app.reload import _warm_new
-from app.shadow import top_agreement
-from app.stages.rank import Scorer
-from app.stages.types import HydratedCandidates, Scores
 from tests.unit.fakes import FakeFallback, FakeModel, context
 
 USERS = [f"user-{n}" for n in range(20_000)]

@@ -4,8 +4,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.errors import ConfigError
-from app.rules import (
+from app.core.errors import ConfigError
+from app.release.rules import (
     BoostRule,
     DiversityRule,
     RerankRules,

@@ -6,8 +6,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from app.errors import SchemaError
-from app.schema import ModelSignature, load_schema, parse_schema, signature_mismatches
+from app.core.errors import SchemaError
+from app.release.schema import ModelSignature, load_schema, parse_schema, signature_mismatches
 from tests.unit.tiny_schema import TINY_SCHEMA_JSON, tiny_schema
 
 ROOT = Path(__file__).resolve().parents[2]

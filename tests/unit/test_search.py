@@ -10,9 +10,9 @@ import faiss
 import numpy as np
 import pytest
 
-from app.catalog import Catalog
-from app.errors import FailureKind, RecallError
-from app.stages.recall import InlineSearch, PooledSearch
+from app.core.errors import FailureKind, RecallError
+from app.pipeline.stages.recall import InlineSearch, PooledSearch
+from app.release.catalog import Catalog
 
 
 def _catalog(index: object) -> Catalog:

@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-import app.settings as settings_module
+import app.core.settings as settings_module
 from app.cli import serve
-from app.errors import ConfigError
-from app.settings import Settings, load_settings
+from app.core.errors import ConfigError
+from app.core.settings import Settings, load_settings
 
 
 def test_environment_configures_the_service(monkeypatch: pytest.MonkeyPatch) -> None:

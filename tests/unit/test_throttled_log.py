@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from app.throttled_log import ThrottledLog
+from app.core.throttled_log import ThrottledLog
 
 
 def test_one_line_per_key_and_interval_carrying_the_suppressed_count(

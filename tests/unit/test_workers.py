@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from app.workers import METRICS_DIR_ENV, exposition, forget_dead_workers, shared_metrics
+from app.process.workers import METRICS_DIR_ENV, exposition, forget_dead_workers, shared_metrics
 
 GONE = 2**22 + 12345  # above the kernel's default pid_max: never a live process
 

@@ -9,7 +9,7 @@ import argparse
 import logging
 
 from app.cli import configure_logging
-from app.errors import RecsysError
+from app.core.errors import RecsysError
 from recsys_tools import doctor, plan, serving, tune
 from recsys_tools.commands import Register
 from recsys_tools.model import command as model

@@ -26,14 +26,14 @@ import numpy as np
 import redis
 import uvicorn
 
-from app.catalog import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, MODEL_FILE, USERS_FILE
 from app.cli import ensure_port_free
-from app.clients.feature_store import KeySpace
-from app.errors import ConfigError
+from app.core.errors import ConfigError
+from app.core.settings import Settings, load_settings
 from app.main import create_app
-from app.schema import load_schema
-from app.settings import Settings, load_settings
-from app.world import world_schema
+from app.release.catalog import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, MODEL_FILE, USERS_FILE
+from app.release.keyspace import KeySpace
+from app.release.schema import load_schema
+from app.release.world import world_schema
 from recsys_tools.localstack import (
     ManagedProcess,
     TritonPorts,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 
 ASSUMED_DERATE = 0.7  # an ideal batch rate loses about 30% to queueing and system overhead

@@ -103,8 +103,8 @@ def host_checks(host: Host, units: Path | None) -> list[Check]:
 def service_checks(args: argparse.Namespace) -> list[Check]:
     """Triton and Redis, configured like the service (RECSYS_*), options first."""
     try:
-        from app.schema import load_schema
-        from app.settings import Settings
+        from app.core.settings import Settings
+        from app.release.schema import load_schema
         from recsys_tools.doctor.services import ServiceConfig, check_redis, check_triton
 
         settings = Settings()

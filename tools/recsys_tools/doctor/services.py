@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from app.schema import FeatureSchema
+from app.release.schema import FeatureSchema
 from recsys_tools.doctor.findings import Outcome, fail, ok
 
 SERVICE_TIMEOUT_S = 3.0
@@ -56,10 +56,10 @@ def check_redis(config: ServiceConfig) -> Outcome:
 
 
 async def _triton(config: ServiceConfig) -> Outcome:
-    from app.breaker import CircuitBreaker
+    from app.clients.breaker import CircuitBreaker
     from app.clients.ranking_model import connect_triton
-    from app.errors import RankingModelError
-    from app.schema import signature_mismatches
+    from app.core.errors import RankingModelError
+    from app.release.schema import signature_mismatches
 
     breaker = CircuitBreaker("triton", failures=5, open_s=1.0)
     client = connect_triton(config.triton_url, config.model_name, config.model_version, breaker)
@@ -140,9 +140,10 @@ async def _why_not_ready(config: ServiceConfig, error: Exception) -> Outcome:
 
 
 async def _redis(config: ServiceConfig) -> Outcome:
-    from app.breaker import CircuitBreaker
-    from app.clients.feature_store import FeatureStore, KeySpace, connect_redis
-    from app.errors import FeatureStoreError, SchemaError
+    from app.clients.breaker import CircuitBreaker
+    from app.clients.feature_store import FeatureStore, connect_redis
+    from app.core.errors import FeatureStoreError, SchemaError
+    from app.release.keyspace import KeySpace
 
     url = redacted(config.redis_url)
     client = connect_redis(config.redis_url, max_connections=2, timeout_s=config.timeout_s)

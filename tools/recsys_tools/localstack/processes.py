@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import RecsysError
+from app.core.errors import RecsysError
 
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0

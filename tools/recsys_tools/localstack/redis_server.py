@@ -8,7 +8,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.localstack.processes import (
     LOOPBACK,
     PROBE_TIMEOUT_S,

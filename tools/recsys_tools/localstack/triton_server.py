@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tritonclient.grpc as triton_grpc
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.localstack.processes import (
     LOOPBACK,
     PROBE_TIMEOUT_S,

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.model import compare as compare_module
 from recsys_tools.model import engine, load
@@ -24,7 +24,7 @@ from recsys_tools.model.compare import (
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from app.world import world_schema
+    from app.release.world import world_schema
 
     for flag in ("rows", "top", "candidates"):
         value = getattr(args, flag)

@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ConfigError
-from app.settings import Settings
+from app.core.errors import ConfigError
+from app.core.settings import Settings
 from recsys_tools.model.holdout import load_holdout
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from app.schema import FeatureSchema
+    from app.release.schema import FeatureSchema
 
     FloatArray = npt.NDArray[np.float32]
 
@@ -137,7 +137,7 @@ def requests_from(schema: FeatureSchema, rows: FloatArray, candidates: int) -> l
     every row's item, packed as the service packs a request (one user, many candidates)."""
     import numpy as np
 
-    from app.packing import pack_rows
+    from app.pipeline.packing import pack_rows
 
     size, blocks = min(candidates, len(rows)), schema.blocks
     packed = []
@@ -212,7 +212,7 @@ def compare_models(world: Path, schema: FeatureSchema, options: CompareOptions) 
     """Score the held-out rows with the world's model and each reduced copy of it."""
     import numpy as np
 
-    from app.catalog import MODEL_FILE
+    from app.release.catalog import MODEL_FILE
 
     model = world / MODEL_FILE
     if not model.is_file():

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from app.schema import FeatureSchema
+    from app.release.schema import FeatureSchema
 
     FloatArray = npt.NDArray[np.float32]
 
@@ -31,7 +31,7 @@ def load_holdout(world: Path, schema: FeatureSchema) -> Holdout:
     """The world's saved held-out rows, else a synthetic world's made again from its seed."""
     import numpy as np
 
-    from app.catalog import HOLDOUT_FILE
+    from app.release.catalog import HOLDOUT_FILE
 
     path = world / HOLDOUT_FILE
     if not path.is_file():
@@ -49,7 +49,7 @@ def load_holdout(world: Path, schema: FeatureSchema) -> Holdout:
 def _regenerated(world: Path, schema: FeatureSchema) -> Holdout:
     import numpy as np
 
-    from app.catalog import HOLDOUT_FILE, USERS_FILE
+    from app.release.catalog import HOLDOUT_FILE, USERS_FILE
     from recsys_tools.world.build import SYNTHETIC
     from recsys_tools.world.files import load_users, read_manifest
     from recsys_tools.world.synth import generate_world

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from app.errors import ConfigError, UnreachableError
-from app.schema import load_schema
+from app.core.errors import ConfigError, UnreachableError
+from app.release.schema import load_schema
 from recsys_tools.commands import Commands
 
 ADMIN_HEADER = "triton-grpc-protocol-admin-key"

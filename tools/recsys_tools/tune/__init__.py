@@ -15,9 +15,9 @@ import json
 import math
 from pathlib import Path
 
-from app.errors import ConfigError
-from app.schema import load_schema
-from app.settings import Settings
+from app.core.errors import ConfigError
+from app.core.settings import Settings
+from app.release.schema import load_schema
 from recsys_tools.commands import Commands
 from recsys_tools.tune.files import write_outputs
 from recsys_tools.tune.report import render_text, report_json

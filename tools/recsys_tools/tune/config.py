@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import RecsysError
+from app.core.errors import RecsysError
 
 
 class TuneError(RecsysError):

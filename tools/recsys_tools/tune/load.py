@@ -21,7 +21,7 @@ import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import chunk_bounds
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.measure import schedule
 from recsys_tools.tune.figures import LoadRun
 
@@ -43,7 +43,7 @@ def request_rows(world: Path | None, width: int, rows: int) -> tuple[list[FloatA
         rng = np.random.default_rng(0)
         blocks = [rng.random((rows, width), dtype=np.float32) for _ in range(DISTINCT_REQUESTS)]
         return blocks, f"random rows, {width} wide"
-    from app.world import world_schema
+    from app.release.world import world_schema
     from recsys_tools.model.holdout import load_holdout
 
     holdout = load_holdout(world, world_schema(world, None))

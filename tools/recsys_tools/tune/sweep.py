@@ -18,7 +18,7 @@ import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import CHANNEL_ARGS
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.load import without_model_control
 from recsys_tools.tune.config import (
     Setting,

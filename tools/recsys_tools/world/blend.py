@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.schema import FeatureSchema
+from app.release.schema import FeatureSchema
 
 FloatArray = npt.NDArray[np.float32]
 # Probabilities are clipped this far from 0 and 1 before their logit is taken.

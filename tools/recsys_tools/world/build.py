@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
-from app.schema import FeatureSchema
+from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
+from app.release.schema import FeatureSchema
 from recsys_tools.world.files import (
     ItemTable,
     UserTable,

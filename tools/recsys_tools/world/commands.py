@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 
 
 def _build_demo(args: argparse.Namespace) -> None:
-    from app.schema import load_schema
+    from app.release.schema import load_schema
     from recsys_tools.world.build import DEMO, LARGE, DemoSize, build_demo_world
     from recsys_tools.world.identity import install_model
 
@@ -28,7 +28,7 @@ def _build_demo(args: argparse.Namespace) -> None:
 
 
 def _build_world(args: argparse.Namespace) -> None:
-    from app.schema import load_schema
+    from app.release.schema import load_schema
     from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
     from recsys_tools.world.logs import ItemColumns, LogColumns
 
@@ -69,7 +69,7 @@ def _evaluation_table(report: dict[str, Any]) -> str:
 
 
 def _install_model(args: argparse.Namespace) -> None:
-    from app.world import world_schema
+    from app.release.world import world_schema
     from recsys_tools.world.identity import install_model
 
     schema = world_schema(args.world, args.schema)
@@ -86,7 +86,7 @@ def _reindex(args: argparse.Namespace) -> None:
 
 
 def _import_catalog(args: argparse.Namespace) -> None:
-    from app.schema import load_schema
+    from app.release.schema import load_schema
     from recsys_tools.world.build import write_catalog
     from recsys_tools.world.identity import stamp_world
     from recsys_tools.world.importer import read_items, read_users
@@ -111,8 +111,8 @@ def _load_redis(args: argparse.Namespace) -> None:
     import redis
     from redis.cluster import RedisCluster
 
-    from app.clients.feature_store import KeySpace
-    from app.world import world_schema
+    from app.release.keyspace import KeySpace
+    from app.release.world import world_schema
     from recsys_tools.world.redis_loader import RedisUnreachableError, load_world_into_redis
 
     schema = world_schema(args.world, args.schema)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from app.errors import ConfigError
-from app.schema import FeatureSchema
+from app.core.errors import ConfigError
+from app.release.schema import FeatureSchema
 from recsys_tools.world.logs import NO_TIME, IntArray, InteractionLog, ItemInfo
 
 FloatArray = npt.NDArray[np.float64]

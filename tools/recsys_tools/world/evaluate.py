@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.catalog import set_search_breadth
-from app.packing import encode_context, pack_rows
-from app.schema import FeatureSchema
-from app.settings import Settings
-from app.stages.recall import merge_popular
+from app.core.settings import Settings
+from app.pipeline.packing import encode_context, pack_rows
+from app.pipeline.stages.recall import merge_popular
+from app.release.catalog import set_search_breadth
+from app.release.schema import FeatureSchema
 from recsys_tools.world.index import build_index
 from recsys_tools.world.logs import BoolArray, IntArray, InteractionLog
 from recsys_tools.world.train import utc_hour_weekday

@@ -1,4 +1,4 @@
-"""Reading and writing a world directory (the layout is documented in app.catalog)."""
+"""Reading and writing a world directory (the layout is documented in app.release.catalog)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from app.catalog import (
+from app.core.errors import ConfigError
+from app.release.catalog import (
     DEFAULT_USER_FILE,
     HOLDOUT_FILE,
     ITEMS_FILE,
@@ -19,8 +20,7 @@ from app.catalog import (
     SEEN_FILE,
     USERS_FILE,
 )
-from app.errors import ConfigError
-from app.schema import FeatureSchema
+from app.release.schema import FeatureSchema
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.catalog import MODEL_FILE
-from app.errors import ConfigError
-from app.schema import FeatureSchema
+from app.core.errors import ConfigError
+from app.release.catalog import MODEL_FILE
+from app.release.schema import FeatureSchema
 from recsys_tools.world.blend import (
     Blend,
     blended_onnx,

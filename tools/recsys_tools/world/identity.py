@@ -3,7 +3,7 @@
 The id goes into the manifest beside each file's digest, into the ONNX model's metadata,
 into the model's Triton config (the `world_id` parameter, which the service reads back
 from Triton) and, when the world is loaded, into the Redis layout record. The service
-checks all of them at start-up (app.world).
+checks all of them at start-up (app.release.world).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import secrets
 import time
 from pathlib import Path
 
-from app.atomic_files import copy_atomically, write_atomically
-from app.catalog import (
+from app.core.atomic_files import copy_atomically, write_atomically
+from app.core.errors import ConfigError
+from app.release.catalog import (
     DEFAULT_USER_FILE,
     INDEX_FILE,
     ITEMS_FILE,
@@ -23,9 +24,8 @@ from app.catalog import (
     SEEN_FILE,
     USERS_FILE,
 )
-from app.errors import ConfigError
-from app.schema import FeatureSchema
-from app.world import WORLD_ID_PARAMETER, file_digest, read_stamp
+from app.release.schema import FeatureSchema
+from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp
 from recsys_tools.world.files import write_manifest
 
 STAMPED_FILES = (

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import ConfigError
-from app.schema import FeatureSchema
+from app.core.errors import ConfigError
+from app.release.schema import FeatureSchema
 from recsys_tools.world.files import ItemTable, UserTable
 
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 
 StrArray = npt.NDArray[np.str_]
 IntArray = npt.NDArray[np.int64]

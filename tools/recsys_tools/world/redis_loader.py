@@ -15,18 +15,18 @@ import numpy.typing as npt
 import redis
 from redis.cluster import RedisCluster
 
-from app.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
 from app.clients.feature_store import (
     FLOAT32,
     ITEMS_VERSION_FIELD,
     WORLD_ID_FIELD,
-    KeySpace,
     encode_seen,
     layout_meta,
 )
-from app.errors import RecsysError
-from app.schema import FeatureSchema
-from app.world import read_stamp, verify_files
+from app.core.errors import RecsysError
+from app.release.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
+from app.release.keyspace import KeySpace
+from app.release.schema import FeatureSchema
+from app.release.world import read_stamp, verify_files
 from recsys_tools.world.files import SeenLists, load_items, load_seen, load_users
 
 BATCH = 5_000

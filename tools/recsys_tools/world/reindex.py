@@ -11,9 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from app.catalog import INDEX_FILE, MANIFEST_FILE
-from app.errors import ConfigError
-from app.world import file_digest, read_stamp
+from app.core.errors import ConfigError
+from app.release.catalog import INDEX_FILE, MANIFEST_FILE
+from app.release.world import file_digest, read_stamp
 from recsys_tools.world.files import load_items, read_manifest, write_manifest
 from recsys_tools.world.index import build_index, save_index
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.packing import encode_context
-from app.schema import FeatureSchema
+from app.pipeline.packing import encode_context
+from app.release.schema import FeatureSchema
 from recsys_tools.world.files import ItemTable, SeenLists, UserTable
 
 DAY = 86_400

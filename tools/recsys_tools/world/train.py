@@ -15,8 +15,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from app.packing import encode_context, pack_rows
-from app.schema import FeatureSchema
+from app.pipeline.packing import encode_context, pack_rows
+from app.release.schema import FeatureSchema
 from recsys_tools.world.logs import InteractionLog
 from recsys_tools.world.synth import World
 

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.model.engine.build import build_engine
 from recsys_tools.model.engine.calibration import CALIBRATION_ROWS

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,
@@ -34,7 +34,7 @@ from recsys_tools.model.engine.rewrite import check_identity, foreign_ops, tenso
 from recsys_tools.model.engine.runner import missing_gpu, run_build
 
 if TYPE_CHECKING:
-    from app.schema import FeatureSchema
+    from app.release.schema import FeatureSchema
 
 
 def _prepare_out(out: Path, model_name: str) -> Path:
@@ -55,8 +55,8 @@ def _prepare_out(out: Path, model_name: str) -> Path:
 def _load_world(world: Path) -> tuple[FeatureSchema, Any]:
     import onnx
 
-    from app.catalog import MODEL_FILE
-    from app.world import world_schema
+    from app.release.catalog import MODEL_FILE
+    from app.release.world import world_schema
 
     path = world / MODEL_FILE
     if not path.is_file():
@@ -66,7 +66,7 @@ def _load_world(world: Path) -> tuple[FeatureSchema, Any]:
 
 def build_engine(options: BuildOptions) -> EngineReport:
     """Check everything, write the model directory, then run or print the GPU steps."""
-    from app.world import read_stamp
+    from app.release.world import read_stamp
 
     where = f"--config {shown(options.config)}"
     schema, model = _load_world(options.world)
@@ -128,7 +128,7 @@ def _write(
     import numpy as np
     import onnx
 
-    from app.catalog import MODEL_FILE
+    from app.release.catalog import MODEL_FILE
 
     home = staging / (BUILD_DIR if options.engine == "plan" else VERSION_DIR)
     home.mkdir()

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.engine.scoring import scores
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.engine.options import shown
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def serving_config(
     source: Any, options: BuildOptions, profile: Profile, table: str | None, world_id: str | None
 ) -> Any:
     """The source config with the engine's platform, precision and profile (and world id)."""
-    from app.world import WORLD_ID_PARAMETER
+    from app.release.world import WORLD_ID_PARAMETER
 
     config = type(source)()
     config.CopyFrom(source)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 # A request ranks its recalled candidates plus the popular ones mixed in.
 REQUEST_ROWS: int = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 
 # A pin after the tag (a digest, or the unit's ${RECSYS_TRITON_PIN}) names the same release.
 _IMAGE = re.compile(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.engine.graph import ONNX_FLOAT
 from recsys_tools.model.engine.scoring import scores
 

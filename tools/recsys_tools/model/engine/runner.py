@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import time
 
-from app.errors import ConfigError
+from app.core.errors import ConfigError
 from recsys_tools.model.engine.commands import CHECK_CONTAINER, Command
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,2 @@
+"""The ground floor: the pipeline's vocabulary, errors, settings, metrics, small helpers.
+Imports nothing above it."""

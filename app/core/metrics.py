@@ -1,0 +1,244 @@
+"""Prometheus metrics of the service. Every label takes values from a fixed, small set."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from app.core.errors import FailureKind
+from app.core.vocabulary import Removal, Stage, Variant
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    INVALID = "invalid"
+    SHED = "shed"
+    ERROR = "error"
+
+
+class Refusal(StrEnum):
+    """Why admission refused a request (a metric label: a fixed set)."""
+
+    LOOP_BEHIND = "loop_behind"  # the event loop stays behind: requests wait unread
+    FULL = "full"  # every slot taken, and the line full or the worker full for a while
+    NO_SLOT = "no_slot"  # waited in line, no slot came free in time
+
+
+class ShadowOutcome(StrEnum):
+    SCORED = "scored"
+    SKIPPED = "skipped"  # too many shadow calls in flight already: the shadow never queues
+    FAILED = "failed"
+
+
+class ReloadOutcome(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"  # the new artifacts or versions failed a check; the old ones serve
+
+
+# The stages that have something to fall back from.
+DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.FETCH, Stage.RANK)
+COUNTED_STAGES = (Stage.RECALL, Stage.FILTER, Stage.FETCH, Stage.RANK, Stage.RERANK)
+
+# Sub-millisecond resolution where the cheap stages live, up to 1 s for a stuck dependency.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.0002,
+    0.0003,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.125,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+)
+AGREEMENT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+CANDIDATE_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 3000, 5000)
+
+
+class ServiceMetrics:
+    """The service's collectors, on a registry of their own so several apps can coexist."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.stage_duration = Histogram(
+            "recsys_stage_duration_seconds",
+            "Time spent in each stage of /recommend.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "recsys_request_duration_seconds",
+            "Time to answer /recommend, by outcome.",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "recsys_requests",
+            "Requests to /recommend, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.candidates = Histogram(
+            "recsys_stage_candidates",
+            "Candidates coming out of each stage.",
+            ["stage"],
+            buckets=CANDIDATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.removed = Counter(
+            "recsys_filtered_candidates",
+            "Candidates the filter stage removed, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.degraded = Counter(
+            "recsys_degraded",
+            "Stages that fell back instead of failing, by reason.",
+            ["stage", "reason"],
+            registry=self.registry,
+        )
+        self.cold_start = Counter(
+            "recsys_cold_start_users",
+            "Requests for users without stored features.",
+            registry=self.registry,
+        )
+        self.breaker = Gauge(
+            "recsys_breaker_state",
+            "Circuit breaker per dependency (redis; triton, or triton-N per endpoint): "
+            "0 closed, 1 open, 2 half-open.",
+            ["dependency"],
+            registry=self.registry,
+            multiprocess_mode="livemax",  # with workers: the least closed among them
+        )
+        self.in_flight = Gauge(
+            "recsys_in_flight_requests",
+            "Requests to /recommend being handled (by all the workers).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.admission_limit = Gauge(
+            "recsys_admission_limit",
+            "Requests to /recommend one worker takes on at once, adapted to latency (by all "
+            "the workers).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.refusals = Counter(
+            "recsys_admission_refusals",
+            "Requests to /recommend refused by admission (503), by why: loop_behind, full, "
+            "no_slot.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "recsys_ready",
+            "1 when the last readiness check passed (with workers: in every worker).",
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+        self.workers = Gauge(
+            "recsys_workers",
+            "Worker processes started and serving on this instance's port.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.item_refreshes = Counter(
+            "recsys_item_features_refreshes",
+            "Reloads of the item features held in memory: swapped, or failed (the held "
+            "features keep serving).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.items_without_features = Gauge(
+            "recsys_items_without_features",
+            "Catalog items with no usable features in the matrix held in memory.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.model_answers = Counter(
+            "recsys_model_answers",
+            "Answers by the model variant that scored them (fallback: Triton did not).",
+            ["variant"],
+            registry=self.registry,
+        )
+        self.model_version = Gauge(
+            "recsys_model_version_info",
+            "1 for each routed model version: stable, canary and shadow (the release).",
+            ["variant", "version"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.canary_percent = Gauge(
+            "recsys_canary_percent",
+            "The share of users, in percent, that the canary version answers.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.shadow_calls = Counter(
+            "recsys_shadow_calls",
+            "Shadow scorings of answered requests, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.shadow_agreement = Histogram(
+            "recsys_shadow_agreement",
+            "Share of the served model's top items that the shadow model ranks in its top too.",
+            buckets=AGREEMENT_BUCKETS,
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "recsys_reloads",
+            "Reloads of the release (index, catalog, rules, model versions), by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.release_generation = Gauge(
+            "recsys_release_generation",
+            "How many releases this worker has served: 1 at start, one more per reload.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        # Children bound once, for the fixed label values only: every series exists from the
+        # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
+        # label value outside the set fails loudly instead of creating a series.
+        self.stage_timer = {stage: self.stage_duration.labels(stage) for stage in Stage}
+        self.stage_count = {stage: self.candidates.labels(stage) for stage in COUNTED_STAGES}
+        self.request_timer = {o: self.request_duration.labels(o) for o in Outcome}
+        self.request_count = {o: self.requests.labels(o) for o in Outcome}
+        self.removed_count = {r: self.removed.labels(r) for r in Removal}
+        self.refresh_count = {
+            swapped: self.item_refreshes.labels("swapped" if swapped else "failed")
+            for swapped in (True, False)
+        }
+        self.answer_count = {v: self.model_answers.labels(v) for v in Variant}
+        self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
+        self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
+        self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
+        self.degraded_count = {
+            (stage, kind): self.degraded.labels(stage, kind)
+            for stage in DEGRADABLE_STAGES
+            for kind in FailureKind
+        }
+
+    def observe_request(self, outcome: Outcome, seconds: float) -> None:
+        self.request_count[outcome].inc()
+        self.request_timer[outcome].observe(seconds)

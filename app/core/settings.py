@@ -1,0 +1,240 @@
+"""Service configuration, read once from RECSYS_* environment variables and validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.errors import ConfigError
+
+MIN_TOKEN_CHARS = 16
+SECRET_SETTINGS = frozenset({"admin_token", "redis_password"})
+# Secrets are read from files here, one per setting, named like its variable in lower case
+# (recsys_admin_token, recsys_redis_password): where podman mounts its secrets. A secret in
+# a file is in neither the environment nor `podman inspect`; the variables still work.
+SECRETS_DIR = Path("/run/secrets")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECSYS_", extra="ignore", frozen=True)
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    docs: bool = Field(default=True, description="serve /docs (Swagger UI, no external assets)")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="worker processes on the one port (recsys-serve --workers overrides); "
+        "their metrics are combined",
+    )
+    max_body_bytes: int = Field(
+        default=128 * 1024,
+        ge=1024,
+        description="larger request bodies get a 413 (the largest valid /recommend body, "
+        "500 excluded ids of 128 ASCII characters, is about 66 KB)",
+    )
+    body_timeout_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="a request body not whole within this gets a 408 (a slow sender holds "
+        "nothing meanwhile: admission comes after the body)",
+    )
+
+    # Admission: what one worker process takes on at once.
+    min_in_flight: int = Field(
+        default=2, ge=1, le=10_000, description="the adaptive in-flight limit's floor"
+    )
+    max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="the adaptive in-flight limit's ceiling; the limit itself follows latency",
+    )
+    max_queue_ms: float = Field(
+        default=10.0,
+        gt=0,
+        description="the longest a request waits before work starts: for a slot, or unread "
+        "while the event loop stays this far behind; then a 503",
+    )
+
+    # Deadlines
+    request_budget_ms: float = Field(default=100.0, ge=10, le=10_000)
+    min_budget_ms: float = Field(
+        default=20.0, gt=0, description="the floor of a budget a client asks for by header"
+    )
+    reserve_ms: float = Field(
+        default=10.0, ge=0, description="kept back from every stage for the fallbacks"
+    )
+
+    # Dependencies
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="redis://host:port/db or unix:///path/to/socket",
+    )
+    redis_cluster: bool = Field(
+        default=False, description="RECSYS_REDIS_URL names one node of a Redis Cluster"
+    )
+    redis_username: str | None = Field(
+        default=None, min_length=1, description="the Redis ACL user the service logs in as"
+    )
+    redis_password: SecretStr | None = Field(
+        default=None,
+        description="its password (best as the secret file recsys_redis_password); "
+        "default: the one in RECSYS_REDIS_URL, if any",
+    )
+    redis_key_prefix: str = Field(default="recsys", min_length=1)
+    redis_max_connections: int = Field(default=64, ge=1)
+    redis_timeout_ms: float = Field(
+        default=25.0, gt=0, description="the most one Redis call may take, budget permitting"
+    )
+    triton_url: str = Field(
+        default="127.0.0.1:8001",
+        description="Triton gRPC host:port; several, comma-separated, are balanced",
+        pattern=r"^[^,\s]+(,[^,\s]+)*$",
+    )
+    triton_timeout_ms: float = Field(
+        default=50.0, gt=0, description="the most one ranking call may take, budget permitting"
+    )
+    model_name: str | None = Field(
+        default=None, min_length=1, description="default: the feature schema's model name"
+    )
+    model_version: str = Field(default="", description="empty: Triton's latest ready version")
+    release_file: Path | None = Field(
+        default=None,
+        description="TOML naming the stable, canary and shadow versions, read at start and "
+        "at every reload; default: RECSYS_MODEL_VERSION alone",
+    )
+    shadow_max_in_flight: int = Field(
+        default=8, ge=1, description="shadow calls at once; past it requests go unshadowed"
+    )
+    triton_shared_memory: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="model inputs through system shared memory: auto uses it with each "
+        "Triton that can map this host's /dev/shm and plain gRPC with the others; on "
+        "refuses to start without it; off never tries",
+    )
+
+    # Circuit breakers, one per dependency
+    breaker_failures: int = Field(
+        default=5, ge=1, description="consecutive failures or timeouts that open a breaker"
+    )
+    breaker_open_ms: float = Field(
+        default=500.0, gt=0, description="how long an open breaker waits before one probe"
+    )
+
+    # Fallback ranking in process when Triton cannot answer
+    fallback_ranker: bool = Field(
+        default=True, description="rank with onnxruntime in process; off: recall order"
+    )
+    fallback_model: Path | None = Field(
+        default=None, description="the ONNX file; default: model.onnx in the artifacts directory"
+    )
+
+    # Artifacts
+    # A symlink here, flipped to a new directory, is followed at the next reload.
+    artifacts_dir: Path = Path("var/world")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="enables /admin (reload, rollback), for callers sending this bearer "
+        "token of 16 characters or more; unset: no /admin at all",
+    )
+    feature_schema: Path | None = Field(default=None, description="default: the packaged schema")
+    rules_file: Path | None = Field(default=None, description="default: the packaged rules")
+
+    # Request path
+    candidate_count: int = Field(default=1000, ge=1, le=5000)
+    popular_candidates: int = Field(default=100, ge=0, le=5000)
+    index_nprobe: int = Field(default=32, ge=1, le=65536)
+    index_mmap: bool = Field(
+        default=False,
+        description="map the FAISS index file instead of reading it: workers share its pages; "
+        "the file must then be replaced by a rename, never rewritten in place",
+    )
+    item_features: Literal["full", "off"] = Field(
+        default="full",
+        description="full: every item's features held in memory, kept current from Redis; "
+        "off: read from Redis per request",
+    )
+    item_refresh_s: float = Field(
+        default=5.0, gt=0, description="how often held item features check for a new load"
+    )
+    recall_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="0: FAISS searches run on the event loop (cheapest while a search takes "
+        "well under a millisecond); N: in a pool of N threads, for slower indexes",
+    )
+    recall_queue: int = Field(
+        default=8, ge=1, description="with a pool: searches waiting or running; more fall back"
+    )
+
+    # Start-up and shutdown
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+    drain_s: float = Field(
+        default=3.0, ge=0, description="after SIGTERM: not ready, still serving, for this long"
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0, gt=0, description="then: the most in-flight requests get to finish"
+    )
+
+    @property
+    def triton_urls(self) -> list[str]:
+        return self.triton_url.split(",")
+
+    @field_validator("triton_shared_memory", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        # Once a plain switch: true and false still mean on and off.
+        text = str(value).strip().lower()
+        if text in {"true", "1", "yes"}:
+            return "on"
+        if text in {"false", "0", "no"}:
+            return "off"
+        return text
+
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"must be {MIN_TOKEN_CHARS} characters or more")
+        return value
+
+    @model_validator(mode="after")
+    def _budget_leaves_room(self) -> Settings:
+        if self.min_budget_ms > self.request_budget_ms:
+            raise ValueError("min_budget_ms must not exceed request_budget_ms")
+        if self.reserve_ms >= self.min_budget_ms:
+            raise ValueError("reserve_ms must be below min_budget_ms, or no stage has time")
+        if self.min_in_flight > self.max_in_flight:
+            raise ValueError("min_in_flight must not exceed max_in_flight")
+        return self
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    return "RECSYS_" + "_".join(str(part) for part in location).upper() if location else "RECSYS_*"
+
+
+def _shown(error: Any) -> str:
+    """The value a setting was refused for; never a secret's, which would reach the log."""
+    if not error["loc"] or error["loc"][0] in SECRET_SETTINGS:
+        return ""
+    return f" (got {error['input']!r})"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment and secret files; a bad value is a ConfigError naming
+    its variable."""
+    secrets_dir = SECRETS_DIR if SECRETS_DIR.is_dir() else None
+    try:
+        return Settings(_secrets_dir=secrets_dir, **overrides)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_variable(error['loc'])}: {error['msg']}{_shown(error)}" for error in exc.errors()
+        )
+        raise ConfigError(f"bad setting: {problems}") from None

@@ -1,0 +1,45 @@
+"""The ground floor: the names every layer of the pipeline speaks. Imports nothing of the app.
+
+The stages (in the order the pipeline runs them), why a filter removes a candidate, which
+model variant answered, and the arrays handed from stage to stage. Metric labels take their
+values from these enums, so a label is always one of a fixed set.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+Positions = npt.NDArray[np.int64]  # catalog positions of items, in the order of the stage
+Indices = npt.NDArray[np.intp]  # indices into a stage's own arrays
+Scores = npt.NDArray[np.float32]
+
+
+class Stage(StrEnum):
+    """The stages of /recommend, in the order the pipeline runs them."""
+
+    FEATURES = "features"
+    RECALL = "recall"
+    FILTER = "filter"
+    FETCH = "fetch"
+    PACK = "pack"
+    RANK = "rank"
+    RERANK = "rerank"
+
+
+class Removal(StrEnum):
+    """Why the filter stage removed a candidate."""
+
+    BLOCKED = "blocked"
+    SEEN = "seen"
+    EXCLUDED = "excluded"
+
+
+class Variant(StrEnum):
+    """Which model answered: the stable version, the canary, or (Triton did not) a fallback."""
+
+    STABLE = "stable"
+    CANARY = "canary"
+    FALLBACK = "fallback"

@@ -1,0 +1,1 @@
+"""The /recommend pipeline: the request context, the stage order (recommend.py), the stages."""

@@ -1,0 +1,75 @@
+"""Stage `features`: the user's stored features and the encoded request context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from app.clients.feature_store import BlobState, UserRecord
+from app.core.errors import FailureKind, FeatureStoreError
+from app.core.vocabulary import Positions, Stage
+from app.pipeline.context import RequestContext
+from app.pipeline.packing import encode_context
+from app.pipeline.stages.types import Moment, Query, UserFeatures
+from app.release.schema import FeatureSchema
+
+NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
+
+
+class UserStore(Protocol):
+    async def user(self, user_id: str, timeout_s: float) -> UserRecord: ...
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class UserFeatureHydrator:
+    """Reads the user's blob and seen items in one round trip; falls back to defaults.
+
+    A user without stored features is a cold start (defaults, not degraded); a store that
+    cannot answer, or a blob that is malformed or holds NaN/Inf, gives the same defaults and
+    flags the answer.
+    """
+
+    def __init__(
+        self, store: UserStore, timeout_s: float, clock: Callable[[], datetime] = _utc_now
+    ) -> None:
+        self._store = store
+        self._timeout_s = timeout_s
+        self._clock = clock
+
+    def encode(self, schema: FeatureSchema, moment: Moment) -> npt.NDArray[np.float32]:
+        now = self._clock()
+        hour = now.hour if moment.hour is None else moment.hour
+        weekday = now.weekday() if moment.weekday is None else moment.weekday
+        return encode_context(schema, moment.device, moment.page, moment.locale, hour, weekday)
+
+    async def hydrate(self, query: Query, ctx: RequestContext) -> UserFeatures:
+        encoded = self.encode(ctx.artifacts.schema, query.moment)
+        default_blob = ctx.artifacts.catalog.default_user_blob
+        try:
+            record = await self._store.user(query.user_id, ctx.time_for(self._timeout_s))
+        except FeatureStoreError as exc:
+            ctx.degrade(Stage.FEATURES, exc.kind, exc)
+            return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
+        seen = record.seen
+        known = seen < ctx.artifacts.catalog.size
+        if not record.seen_whole or not known.all():
+            seen = seen[known]
+            ctx.degrade(
+                Stage.FEATURES,
+                FailureKind.BAD_DATA,
+                "seen list torn or naming positions past the catalog",
+            )
+        if record.state is BlobState.ABSENT:
+            ctx.metrics.cold_start.inc()
+            return UserFeatures(default_blob, encoded, seen, cold_start=True)
+        if record.blob is None or not np.isfinite(record.blob).all():
+            ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
+            return UserFeatures(default_blob, encoded, seen, cold_start=False)
+        return UserFeatures(record.blob, encoded, seen, cold_start=False)

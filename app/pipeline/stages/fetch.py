@@ -1,0 +1,101 @@
+"""Stage `fetch`: the candidates' item feature blobs, from memory or from Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from app.clients.feature_store import ItemBlobs
+from app.clients.item_memory import ItemMatrix
+from app.core.errors import FailureKind, FeatureStoreError
+from app.core.vocabulary import Positions, Stage
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import HydratedCandidates
+
+# A few items without features is a catalog ahead of its feature store; more is an incident.
+MISSING_SHARE_FLAGGED = 0.1
+_NONE = np.empty(0, dtype=np.intp)
+
+
+class ItemStore(Protocol):
+    async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs: ...
+
+
+class CandidateHydrator(Protocol):
+    """Gives candidates their item features; never fails, flags what it could not do."""
+
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates: ...
+
+
+class HeldMatrix(Protocol):
+    @property
+    def current(self) -> ItemMatrix: ...
+
+
+def _flag_missing(hydrated: HydratedCandidates, ctx: RequestContext) -> None:
+    missing = len(hydrated.positions) - len(hydrated.found)
+    if missing > MISSING_SHARE_FLAGGED * len(hydrated.positions):
+        ctx.degrade(
+            Stage.FETCH,
+            FailureKind.MISSING,
+            f"{missing} of {len(hydrated.positions)} candidates have no features",
+        )
+
+
+class HeldItemFeatures:
+    """Candidates' rows gathered from the item matrix held in memory: one take, no I/O."""
+
+    def __init__(self, held: HeldMatrix) -> None:
+        self._held = held
+
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+        matrix = self._held.current  # one snapshot: never half old, half new
+        found = np.flatnonzero(matrix.usable[positions])
+        hydrated = HydratedCandidates(positions, found, np.take(matrix.blobs, positions[found], 0))
+        _flag_missing(hydrated, ctx)
+        return hydrated
+
+
+def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCandidates, int]:
+    """Drop candidates whose blob is malformed or holds NaN/Inf; also return how many."""
+    finite = np.isfinite(blobs.matrix).all(axis=1)
+    bad = np.concatenate([blobs.malformed, blobs.found[~finite]])
+    if len(bad) == 0:
+        return HydratedCandidates(positions, blobs.found, blobs.matrix), 0
+    keep = np.ones(len(positions), dtype=bool)
+    keep[bad] = False
+    renumbered = np.cumsum(keep) - 1
+    hydrated = HydratedCandidates(
+        positions[keep], renumbered[blobs.found[finite]], blobs.matrix[finite]
+    )
+    return hydrated, len(bad)
+
+
+class ItemFeatureHydrator:
+    """Reads the candidates' blobs from Redis per request (RECSYS_ITEM_FEATURES=off).
+
+    Keeps every candidate in recall order, with the blobs of those that have good ones.
+    """
+
+    def __init__(self, store: ItemStore, timeout_s: float) -> None:
+        self._store = store
+        self._timeout_s = timeout_s
+
+    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+        artifacts = ctx.artifacts
+        keys: list[bytes] = artifacts.item_keys[positions].tolist()
+        try:
+            blobs = await self._store.items(keys, ctx.time_for(self._timeout_s))
+        except FeatureStoreError as exc:
+            ctx.degrade(Stage.FETCH, exc.kind, exc)
+            width = artifacts.schema.item_blob_width
+            return HydratedCandidates(positions, _NONE, np.empty((0, width), np.float32))
+        hydrated, bad = without_bad_rows(positions, blobs)
+        if bad:
+            ctx.degrade(
+                Stage.FETCH, FailureKind.BAD_DATA, f"{bad} item blobs malformed or not finite"
+            )
+        _flag_missing(hydrated, ctx)
+        return hydrated

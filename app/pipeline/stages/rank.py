@@ -1,0 +1,135 @@
+"""Stage `rank`: model scores from Triton; in process, or recall order, when it cannot answer."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import FailureKind, RankingModelError
+from app.core.vocabulary import Scores, Stage, Variant
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import HydratedCandidates, Scored
+from app.release.plan import ModelAnswer, Routed
+
+# Left after a fallback for the rerank and the answer itself.
+ANSWER_S = 0.002
+
+
+class RemoteModel(Protocol):
+    async def score(
+        self,
+        rows: npt.NDArray[np.float32],
+        routed: Routed,
+        timeout_s: float,
+        request_id: str,
+        guarded: bool = True,
+    ) -> ModelAnswer:
+        """`guarded`: through the endpoint's breaker (a trial version's calls are not)."""
+        ...
+
+
+class FallbackModel(Protocol):
+    async def score(self, rows: npt.NDArray[np.float32], timeout_s: float) -> Scores:
+        """Scores of the first rows that fit in timeout_s (fewer than rows, possibly)."""
+        ...
+
+
+class ShadowScorer(Protocol):
+    def compare(
+        self, rows: npt.NDArray[np.float32], served: Scores, shadow: Routed, request_id: str
+    ) -> None:
+        """Score the rows with `shadow` later, off the request's path, and record agreement."""
+        ...
+
+
+def scores_by_candidate(hydrated: HydratedCandidates, values: Scores) -> tuple[Scored, int]:
+    """Spread the scores of the first `len(values)` rows over the candidates.
+
+    Rows are the hydrated candidates' blobs in order; a candidate without a score gets NaN.
+    One whose score is NaN or Inf is dropped; the count of those is returned too.
+    """
+    scores = np.full(len(hydrated.positions), np.nan, dtype=np.float32)
+    scored_at = hydrated.found[: len(values)]
+    finite = np.isfinite(values)
+    scores[scored_at[finite]] = values[finite]
+    if finite.all():
+        return Scored(hydrated.positions, scores), 0
+    keep = np.ones(len(scores), dtype=bool)
+    keep[scored_at[~finite]] = False
+    return Scored(hydrated.positions[keep], scores[keep]), int((~finite).sum())
+
+
+class Scorer:
+    """Scores candidates' rows, keeping their order; falls back instead of failing.
+
+    The routing in the request's artifacts picks the version by user: the stable one, or
+    the canary for the users in its share. The version that answered is recorded on the
+    context for the response and the metrics.
+    """
+
+    def __init__(
+        self,
+        model: RemoteModel,
+        fallback: FallbackModel | None,
+        timeout_s: float,
+        shadow: ShadowScorer | None = None,
+    ) -> None:
+        self._model = model
+        self._fallback = fallback
+        self._timeout_s = timeout_s
+        self._shadow = shadow
+
+    async def _remote(
+        self, rows: npt.NDArray[np.float32], ctx: RequestContext
+    ) -> tuple[Variant, ModelAnswer] | None:
+        """The routed version's answer; a failing canary is replaced by the stable version,
+        and its failures are kept from the breaker that guards the stable one."""
+        routing = ctx.artifacts.routing
+        variant, routed = routing.pick(ctx.user_id)
+        if variant is Variant.CANARY:
+            try:
+                timeout_s = ctx.time_for(self._timeout_s)
+                answer = await self._model.score(
+                    rows, routed, timeout_s, ctx.request_id, guarded=False
+                )
+                return variant, answer
+            except RankingModelError as exc:
+                ctx.degrade(Stage.RANK, exc.kind, f"canary version {routed.version}: {exc}")
+            variant, routed = Variant.STABLE, routing.stable
+        try:
+            timeout_s = ctx.time_for(self._timeout_s)
+            return variant, await self._model.score(rows, routed, timeout_s, ctx.request_id)
+        except RankingModelError as exc:
+            ctx.degrade(Stage.RANK, exc.kind, exc)
+        return None
+
+    async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+        remote = await self._remote(rows, ctx)
+        if remote is not None:
+            variant, answer = remote
+            ctx.model_variant, ctx.model_version = variant, answer.version
+            shadow = ctx.artifacts.routing.shadow
+            if shadow is not None and self._shadow is not None:
+                self._shadow.compare(rows, answer.scores, shadow, ctx.request_id)
+            return answer.scores
+        if self._fallback is None:
+            return np.empty(0, dtype=np.float32)
+        try:
+            return await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S)
+        except RankingModelError:
+            return np.empty(0, dtype=np.float32)
+
+    async def score(
+        self,
+        hydrated: HydratedCandidates,
+        rows: npt.NDArray[np.float32],
+        ctx: RequestContext,
+    ) -> Scored:
+        values = await self._values(rows, ctx) if len(rows) else np.empty(0, np.float32)
+        ctx.metrics.answer_count[ctx.model_variant].inc()
+        scored, bad = scores_by_candidate(hydrated, values)
+        if bad:
+            ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")
+        return scored

@@ -1,0 +1,38 @@
+"""Stage `rerank`: the business rules applied to the scored candidates."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import RankedItem, Scored
+from app.release.rules import rerank
+
+SECONDS_PER_DAY = 86_400.0
+
+
+class Reranker:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+
+    def select(self, scored: Scored, n_items: int, ctx: RequestContext) -> list[RankedItem]:
+        """The top n_items after boosting and capping."""
+        catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
+        positions = scored.positions
+        age_days = (self._clock() - catalog.published_at[positions]) / SECONDS_PER_DAY
+        selection = rerank(
+            tie_keys=positions,
+            scores=scored.scores,
+            categories=catalog.categories[positions],
+            age_days=age_days.astype("float32"),
+            rules=rules,
+            n_items=n_items,
+        )
+        # Only the chosen few become Python strings.
+        chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
+        return [
+            RankedItem(item_id, None if math.isnan(score) else score)
+            for item_id, score in zip(chosen_ids, selection.scores.tolist(), strict=True)
+        ]

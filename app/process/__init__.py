@@ -1,0 +1,1 @@
+"""The process around the requests: start-up, admission, readiness, reloads, workers, drain."""

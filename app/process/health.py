@@ -1,0 +1,74 @@
+"""Readiness: what a load balancer needs to know to send this instance traffic or not.
+
+Not ready before start-up has loaded the index and checked the model and the Redis layout
+(the server does not listen until then). After that, what is local to this host decides:
+its Triton's model must be ready and still match the schema, and the instance must not be
+draining. Redis is shared by every instance: when it fails, answers degrade, but taking
+every instance out of rotation at once would turn a degraded service into an outage, so it
+is reported and does not fail readiness.
+
+Both also say whether they still hold the served world: `model_world` fails readiness (this
+host's Triton now answers with another world's model), `redis_world` is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.core.errors import RankingModelError
+from app.process.services import Services
+from app.release.schema import signature_mismatches
+from app.release.world import same_world
+
+CHECK_TIMEOUT_S = 0.5
+# The checks that make the instance not ready when they fail.
+DECIDING = ("index", "triton", "schema", "model_world", "serving")
+
+
+def _same_world(services: Services, found: str | None) -> bool:
+    return same_world(found, services.world.world_id if services.world else "")
+
+
+async def _model_checks(services: Services) -> dict[str, bool]:
+    try:
+        signature = await services.model.ready_signature(CHECK_TIMEOUT_S)
+    except RankingModelError:
+        return {"triton": False, "schema": False, "model_world": False}
+    schema = services.artifacts.current.schema
+    return {
+        "triton": True,
+        "schema": not signature_mismatches(schema, signature),
+        "model_world": _same_world(services, signature.world_id),
+    }
+
+
+async def _redis_checks(services: Services) -> dict[str, bool]:
+    # Reading the layout record's world id is the liveness check too: None when unanswered.
+    world_id = await services.store.world_id(CHECK_TIMEOUT_S)
+    return {"redis": world_id is not None, "redis_world": _same_world(services, world_id)}
+
+
+async def _dependency_checks(services: Services) -> dict[str, bool]:
+    redis, model = await asyncio.gather(_redis_checks(services), _model_checks(services))
+    return {**model, **redis}
+
+
+async def readiness(services: Services) -> dict[str, bool]:
+    """One entry per part: the deciding ones, and redis and its world (reported only).
+
+    The dependencies are asked at most once a second (app.process.services.READINESS_TTL_S), however
+    often and by however many a load balancer asks: a flood of /readyz cannot become a flood
+    of calls to Redis and Triton. What is local (the index, draining) is read every time,
+    so a SIGTERM takes the instance out of rotation at once.
+    """
+    catalog = services.artifacts.current.catalog
+    dependencies = await services.readiness_checks.get(lambda: _dependency_checks(services))
+    return {
+        "index": catalog.index.ntotal == catalog.size > 0,
+        **dependencies,
+        "serving": not services.draining,
+    }
+
+
+def failing(checks: dict[str, bool]) -> list[str]:
+    return sorted(name for name in DECIDING if not checks[name])

@@ -1,0 +1,320 @@
+"""Everything a running service holds, built and checked at start-up, closed at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import faiss
+
+from app.clients.breaker import BreakerState, CircuitBreaker
+from app.clients.feature_store import FeatureStore, connect_redis
+from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
+from app.clients.local_ranker import LocalRanker, load_local_ranker
+from app.clients.ranking_model import TritonPool, connect_triton
+from app.clients.shared_memory import InputSlots, remove_stale_regions
+from app.core.cached import CachedCall
+from app.core.errors import (
+    ConfigError,
+    RankingModelError,
+)
+from app.core.metrics import ServiceMetrics
+from app.core.settings import Settings
+from app.pipeline.context import caller_shortened
+from app.pipeline.recommend import RecommendPipeline
+from app.pipeline.shadow import ShadowCalls
+from app.pipeline.stages.features import UserFeatureHydrator
+from app.pipeline.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
+from app.pipeline.stages.filter import CandidateFilter
+from app.pipeline.stages.rank import Scorer
+from app.pipeline.stages.recall import CandidateRecall, InlineSearch, PooledSearch
+from app.pipeline.stages.rerank import Reranker
+from app.process.reload import Reloader, model_routing
+from app.process.startup_checks import (
+    STARTUP_CALL_TIMEOUT_S,
+    checked_redis,
+    opened_catalog,
+    opened_world,
+)
+from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
+from app.release.catalog import MODEL_FILE
+from app.release.keyspace import KeySpace
+from app.release.plan import read_plan
+from app.release.rules import load_rules
+from app.release.schema import FeatureSchema, ModelSignature
+from app.release.world import WorldStamp, files_identity
+
+log = logging.getLogger(__name__)
+READINESS_TTL_S = 1.0
+
+
+@dataclass(slots=True)
+class Services:
+    settings: Settings
+    metrics: ServiceMetrics
+    store: FeatureStore
+    model: TritonPool
+    artifacts: ArtifactsRef
+    pipeline: RecommendPipeline
+    breakers: dict[str, CircuitBreaker]
+    executor: ThreadPoolExecutor | None
+    local_ranker: LocalRanker | None
+    reloader: Reloader
+    shadow: ShadowCalls
+    world: WorldStamp | None = None
+    item_memory: ItemMemory | None = None
+    draining: bool = field(default=False)
+    # What readiness last learnt from Redis and Triton (app.process.health), reused for a second.
+    readiness_checks: CachedCall[dict[str, bool]] = field(
+        default_factory=lambda: CachedCall(READINESS_TTL_S)
+    )
+
+    def budget_s(self, requested_ms: int | None) -> float:
+        """The request's budget: the configured one, or less when the caller asks for less."""
+        settings = self.settings
+        budget_ms = settings.request_budget_ms
+        if requested_ms is not None:
+            budget_ms = min(budget_ms, max(settings.min_budget_ms, float(requested_ms)))
+        return budget_ms / 1000.0
+
+    def shortened(self, budget_s: float) -> bool:
+        """Whether a budget is below the configured one (its caller asked for less)."""
+        return budget_s < self.settings.request_budget_ms / 1000.0
+
+    async def aclose(self) -> None:
+        await self.shadow.aclose()
+        await self.model.close()
+        await self.store.aclose()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.local_ranker is not None:
+            self.local_ranker.close()
+
+
+async def held_item_features(
+    settings: Settings,
+    store: FeatureStore,
+    artifacts: ServingArtifacts,
+    metrics: ServiceMetrics,
+    world: WorldStamp | None,
+) -> ItemMemory | None:
+    """Every item's features read into memory (RECSYS_ITEM_FEATURES=full), or None."""
+    if settings.item_features == "off":
+        return None
+    started = time.perf_counter()
+    version = await store.items_version(STARTUP_CALL_TIMEOUT_S) or ""
+    width = artifacts.schema.item_blob_width
+    matrix = await read_item_matrix(store, artifacts.item_keys, width, version)
+    metrics.items_without_features.set(matrix.missing)
+
+    def counted(swapped: ItemMatrix | None) -> None:
+        metrics.refresh_count[swapped is not None].inc()
+        if swapped is not None:
+            metrics.items_without_features.set(swapped.missing)
+
+    world_id = world.world_id if world else ""
+    memory = ItemMemory(store, artifacts.item_keys, width, matrix, counted, world_id)
+    log.info(
+        "item features held in memory: %d items (%.0f MB, %d without features) in %.1f s",
+        len(matrix.usable),
+        matrix.blobs.nbytes / 2**20,
+        matrix.missing,
+        time.perf_counter() - started,
+    )
+    return memory
+
+
+class SharingEndpoint(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None: ...
+
+
+class SharingPool(Protocol):
+    @property
+    def endpoints(self) -> Sequence[SharingEndpoint]: ...
+
+
+async def share_memory(
+    pool: SharingPool,
+    schema: FeatureSchema,
+    signature: ModelSignature,
+    max_in_flight: int,
+    required: bool,
+) -> int:
+    """A shared-memory region per endpoint that can map it: a slot per chunk the worker may
+    have in flight. Returns how many endpoints use one; the others are sent plain gRPC,
+    unless shared memory is `required`."""
+    removed = remove_stale_regions()
+    if removed:
+        log.info("removed %d shared-memory regions of processes now gone", len(removed))
+    slot_bytes = signature.max_batch_size * schema.width * 4
+    sharing = 0
+    for endpoint in pool.endpoints:
+        slots = InputSlots(2 * max_in_flight, slot_bytes)
+        try:
+            await endpoint.use_shared_memory(slots, STARTUP_CALL_TIMEOUT_S)
+        except RankingModelError as exc:
+            slots.close()
+            if required:
+                raise ConfigError(
+                    f"Triton at {endpoint.url} cannot use this host's shared memory ({exc}): "
+                    "set RECSYS_TRITON_SHARED_MEMORY=auto or off unless Triton runs here, "
+                    "sharing /dev/shm"
+                ) from None
+            log.info("Triton at %s gets model inputs by gRPC: %s", endpoint.url, exc)
+            continue
+        sharing += 1
+        log.info("Triton at %s gets model inputs through shared memory", endpoint.url)
+    return sharing
+
+
+def _breaker(
+    name: str, settings: Settings, metrics: ServiceMetrics, excused: Callable[[], bool]
+) -> CircuitBreaker:
+    # The names come from the configuration, fixed at start-up: a small, fixed label set.
+    gauge = metrics.breaker.labels(name)
+    gauge.set(BreakerState.CLOSED)
+
+    def export(state: BreakerState) -> None:
+        gauge.set(state)
+
+    def timeouts_excused() -> bool:
+        return excused() or caller_shortened.get()
+
+    return CircuitBreaker(
+        name,
+        settings.breaker_failures,
+        settings.breaker_open_ms / 1000.0,
+        on_change=export,
+        excused=timeouts_excused,
+    )
+
+
+def _local_ranker(settings: Settings, schema: FeatureSchema) -> LocalRanker | None:
+    if not settings.fallback_ranker:
+        log.info("fallback ranking: recall order (RECSYS_FALLBACK_RANKER is off)")
+        return None
+    path = settings.fallback_model or settings.artifacts_dir / MODEL_FILE
+    ranker = load_local_ranker(path, schema)
+    log.info("fallback ranking: %s in process with onnxruntime", path)
+    return ranker
+
+
+async def start_services(
+    settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool] = lambda: False
+) -> Services:
+    """Build and check everything; `running_late` says when timeouts are the loop's fault."""
+    stamp, schema = await asyncio.to_thread(opened_world, settings)
+    rules = load_rules(settings.rules_file)
+    plan = read_plan(settings.release_file, settings.model_version)
+    # Requests already run concurrently; OpenMP threads inside one search only contend.
+    faiss.omp_set_num_threads(1)
+    catalog = await asyncio.to_thread(opened_catalog, settings, schema)
+    urls = settings.triton_urls
+    triton_names = ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
+    breakers = {
+        name: _breaker(name, settings, metrics, running_late) for name in ["redis", *triton_names]
+    }
+    redis_timeout_s = settings.redis_timeout_ms / 1000.0
+    password = settings.redis_password
+    redis = connect_redis(
+        settings.redis_url,
+        settings.redis_max_connections,
+        redis_timeout_s,
+        cluster=settings.redis_cluster,
+        username=settings.redis_username,
+        password=password.get_secret_value() if password is not None else None,
+    )
+    store = FeatureStore(
+        redis,
+        schema,
+        KeySpace(settings.redis_key_prefix),
+        breakers["redis"],
+    )
+    model_name = settings.model_name or schema.model_name
+    model = TritonPool(
+        [
+            connect_triton(url, model_name, settings.model_version, breakers[name])
+            for url, name in zip(urls, triton_names, strict=True)
+        ]
+    )
+    try:
+        await checked_redis(store, stamp, settings.startup_timeout_s)
+        routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
+        signature = max(routing.signatures(), key=lambda each: each.max_batch_size)
+        if settings.triton_shared_memory != "off":
+            required = settings.triton_shared_memory == "on"
+            await share_memory(model, schema, signature, settings.max_in_flight, required)
+        local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
+    except BaseException:
+        await model.close()
+        await store.aclose()
+        raise
+    identity = files_identity(settings.artifacts_dir, stamp)
+    artifacts = ArtifactsRef(
+        serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
+    )
+    try:
+        item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
+    except BaseException:
+        await model.close()
+        await store.aclose()
+        raise
+    executor = (
+        ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
+        if settings.recall_threads
+        else None
+    )
+    search = (
+        PooledSearch(executor, settings.recall_queue) if executor is not None else InlineSearch()
+    )
+    triton_timeout_s = settings.triton_timeout_ms / 1000.0
+    shadow = ShadowCalls(model, metrics, triton_timeout_s, settings.shadow_max_in_flight)
+    pipeline = RecommendPipeline(
+        features=UserFeatureHydrator(store, redis_timeout_s),
+        recall=CandidateRecall(
+            search,
+            settings.candidate_count,
+            settings.popular_candidates,
+        ),
+        filter=CandidateFilter(),
+        fetch=(
+            HeldItemFeatures(item_memory)
+            if item_memory is not None
+            else ItemFeatureHydrator(store, redis_timeout_s)
+        ),
+        rank=Scorer(model, local_ranker, triton_timeout_s, shadow),
+        rerank=Reranker(),
+    )
+    reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
+    log.info(
+        "serving world %s: %d items, model %s (%d inputs wide, max batch %d), release %s",
+        stamp.world_id if stamp else "(unstamped)",
+        catalog.size,
+        signature.name,
+        schema.width,
+        signature.max_batch_size,
+        reloader.report(),
+    )
+    return Services(
+        settings,
+        metrics,
+        store,
+        model,
+        artifacts,
+        pipeline,
+        breakers,
+        executor,
+        local_ranker,
+        reloader,
+        shadow,
+        stamp,
+        item_memory,
+    )

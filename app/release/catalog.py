@@ -1,0 +1,117 @@
+"""The catalog as the service holds it: item ids and metadata, the FAISS index, defaults.
+
+On disk a world directory holds:
+- items.npz: ids (str), embeddings (n, dim), dense (n, item dense), categories (int),
+  published_at (unix seconds), popularity (float)
+- users.npz: ids (str), embeddings (n, dim), dense (n, user dense)
+- index.faiss: an inner-product FAISS index whose row i is item i
+- default_user.npy: the blob used for users without stored features (cold start)
+- model.onnx: the ranking model Triton serves, also the in-process fallback ranker
+- seen.npz: every user's history (user_ids, offsets, item_ids newest first), loaded into Redis
+  as catalog positions (app.clients.feature_store)
+- holdout.npz: labelled rows (float32, n x width; int8 labels) the model did not learn from,
+  for comparing models (recsys model compare); only a world built from a log has one
+- feature_schema.json: the schema the world was built for; the service serves it by default
+- manifest.json: how the world was built, its id and the digest of each file (app.release.world)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import ConfigError
+from app.release.schema import FeatureSchema
+
+ITEMS_FILE = "items.npz"
+USERS_FILE = "users.npz"
+INDEX_FILE = "index.faiss"
+DEFAULT_USER_FILE = "default_user.npy"
+MODEL_FILE = "model.onnx"
+SEEN_FILE = "seen.npz"
+HOLDOUT_FILE = "holdout.npz"
+SCHEMA_FILE = "feature_schema.json"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Everything recall and rerank need about items, held in process memory."""
+
+    item_ids: npt.NDArray[np.str_]
+    categories: npt.NDArray[np.int64]
+    published_at: npt.NDArray[np.int64]
+    popular_order: npt.NDArray[np.int64]
+    default_user_blob: npt.NDArray[np.float32]
+    index: Any  # faiss.Index: the bindings carry no types
+
+    @property
+    def size(self) -> int:
+        return len(self.item_ids)
+
+
+def _require(world: Path, name: str) -> Path:
+    path = world / name
+    if not path.is_file():
+        raise ConfigError(
+            f"{path} is missing: build the world first (recsys build-world, or build-demo)"
+        )
+    return path
+
+
+def set_search_breadth(index: Any, nprobe: int) -> None:
+    """Set nprobe on IVF indexes once, at load; flat indexes have nothing to set."""
+    with contextlib.suppress(RuntimeError):
+        faiss.extract_index_ivf(index).nprobe = nprobe
+
+
+def read_index(path: Path, mmap: bool) -> Any:
+    """The FAISS index; mapped, its pages are the page cache's, shared by every process."""
+    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    try:
+        return faiss.read_index(str(path), flags)
+    except RuntimeError as exc:
+        raise ConfigError(f"{path} is not a FAISS index faiss can read: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """numpy's many ways of failing on a damaged file, as one ConfigError naming it."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = False) -> Catalog:
+    items_path = _require(world, ITEMS_FILE)
+    with _reading(items_path), np.load(items_path) as items:
+        item_ids = items["ids"].astype(np.str_)
+        categories = items["categories"].astype(np.int64)
+        published_at = items["published_at"].astype(np.int64)
+        popularity = items["popularity"].astype(np.float64)
+    index = read_index(_require(world, INDEX_FILE), mmap)
+    default_path = _require(world, DEFAULT_USER_FILE)
+    with _reading(default_path):
+        default_user = np.load(default_path).astype(np.float32)
+    if index.ntotal != len(item_ids):
+        raise ConfigError(f"index holds {index.ntotal} vectors but the catalog {len(item_ids)}")
+    if index.d != schema.embedding_dim:
+        raise ConfigError(f"index dimension {index.d} != schema embedding_dim")
+    if default_user.shape != (schema.user_blob_width,):
+        raise ConfigError(f"default user blob has shape {default_user.shape}")
+    if not np.isfinite(default_user).all():
+        # Every cold start and every fallback would pack it: NaN scores, dropped answers.
+        raise ConfigError(f"{default_path} holds NaN or Inf: rebuild the world")
+    set_search_breadth(index, nprobe)
+    # Stable sort: equally popular items keep catalog order, so cold answers are deterministic.
+    popular_order = np.argsort(-popularity, kind="stable").astype(np.int64)
+    return Catalog(item_ids, categories, published_at, popular_order, default_user, index)

@@ -1,0 +1,149 @@
+"""Business rerank rules: the config file's model and the pure function that applies it."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.core.errors import ConfigError
+
+
+class DiversityRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_per_category: int = Field(default=0, ge=0, description="0 turns the cap off")
+
+
+class BoostRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    max_age_days: float = Field(gt=0)
+    multiplier: float = Field(gt=0)
+
+
+class BlockRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    item_ids: frozenset[str] = frozenset()
+
+
+class RerankRules(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    diversity: DiversityRule = DiversityRule()
+    boost: tuple[BoostRule, ...] = ()
+    block: BlockRule = BlockRule()
+
+
+def load_rules(path: Path | None = None) -> RerankRules:
+    """Parse and validate the rules file; without a path, the defaults shipped with the package."""
+    try:
+        if path is None:
+            raw = resources.files("app.defaults").joinpath("rules.toml").read_text("utf-8")
+        else:
+            raw = path.read_text(encoding="utf-8")
+        return RerankRules.model_validate(tomllib.loads(raw))
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise ConfigError(f"rules file {path or 'default'} is invalid: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Positions into the candidate arrays, best first, and their final scores."""
+
+    positions: npt.NDArray[np.intp]
+    scores: npt.NDArray[np.float32]
+
+
+def boosted_scores(
+    scores: npt.NDArray[np.float32], age_days: npt.NDArray[np.float32], rules: RerankRules
+) -> npt.NDArray[np.float32]:
+    """Multiply the model score by every boost whose age window the item falls in."""
+    factor = np.ones_like(scores)
+    for boost in rules.boost:
+        factor[age_days <= boost.max_age_days] *= boost.multiplier
+    return (scores * factor).astype(np.float32, copy=False)
+
+
+def rank_within_group(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """For each element, how many earlier elements share its group (0 for the first)."""
+    by_group = np.argsort(groups, kind="stable")
+    sorted_groups = groups[by_group]
+    starts = np.r_[True, sorted_groups[1:] != sorted_groups[:-1]]
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(len(groups)), 0))
+    ranks = np.empty(len(groups), dtype=np.intp)
+    ranks[by_group] = np.arange(len(groups)) - group_start
+    return ranks
+
+
+def _best_first(
+    candidates: npt.NDArray[np.intp],
+    final: npt.NDArray[np.float32],
+    tie_keys: npt.NDArray[np.int64],
+) -> npt.NDArray[np.intp]:
+    return candidates[np.lexsort((tie_keys[candidates], -final[candidates]))]
+
+
+def _head(
+    scored: npt.NDArray[np.intp], final: npt.NDArray[np.float32], size: int
+) -> npt.NDArray[np.intp]:
+    """The scored candidates at or above the `size`-th best score, ties included: in the
+    final order they come first, whatever the tie-break."""
+    if len(scored) <= size:
+        return scored
+    values = final[scored]
+    cut = len(values) - size
+    threshold = np.partition(values, cut)[cut]
+    head: npt.NDArray[np.intp] = scored[values >= threshold]
+    return head
+
+
+def _capped(
+    order: npt.NDArray[np.intp], categories: npt.NDArray[np.int64], cap: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    within_cap = rank_within_group(categories[order]) < cap
+    return order[within_cap], order[~within_cap]
+
+
+# How far past n_items the sorted head reaches: enough, nearly always, for the category cap
+# to fill the answer from the head alone; when it cannot, every candidate is sorted.
+HEAD_FACTOR = 4
+
+
+def rerank(
+    tie_keys: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float32],
+    categories: npt.NDArray[np.int64],
+    age_days: npt.NDArray[np.float32],
+    rules: RerankRules,
+    n_items: int,
+) -> Selection:
+    """Choose the top n_items candidates.
+
+    Applies boosts, orders by score with ties broken by `tie_keys` ascending so equal scores
+    always come out in the same order, keeps at most `max_per_category` of a category, and
+    backfills from the capped-out items in score order when there are not enough others to
+    fill the answer. Unscored candidates (NaN) come after every scored one, in input order.
+
+    Only the head of the order is sorted when it decides the answer: a candidate's place
+    under the cap depends on the candidates before it alone, so when the head holds
+    n_items within the cap, the rest of the order cannot change them.
+    """
+    final = boosted_scores(scores, age_days, rules)
+    unscored = np.isnan(final)
+    scored = np.flatnonzero(~unscored)
+    cap = rules.diversity.max_per_category
+    head = _best_first(_head(scored, final, HEAD_FACTOR * n_items), final, tie_keys)
+    if len(head) < len(scored):
+        kept = _capped(head, categories, cap)[0] if cap > 0 else head
+        if len(kept) >= n_items:
+            chosen = kept[:n_items]
+            return Selection(positions=chosen, scores=final[chosen])
+    order = np.concatenate([_best_first(scored, final, tie_keys), np.flatnonzero(unscored)])
+    if cap > 0:
+        order = np.concatenate(_capped(order, categories, cap))
+    chosen = order[:n_items]
+    return Selection(positions=chosen, scores=final[chosen])

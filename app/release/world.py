@@ -1,0 +1,124 @@
+"""Which world the service serves, and whether each part of it belongs to that world.
+
+A world builder stamps one id on everything it writes: the manifest records the id and the
+digest of every file, the model's Triton config carries it as the `world_id` parameter, and
+the Redis layout record carries it too. The service refuses to start when a part belongs to
+another world, and readiness reports a part that changed worlds while it ran. A world built
+before stamping existed has no id: it is served with a warning, unchecked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import ConfigError
+from app.release.catalog import (
+    DEFAULT_USER_FILE,
+    INDEX_FILE,
+    ITEMS_FILE,
+    MANIFEST_FILE,
+    SCHEMA_FILE,
+)
+from app.release.schema import FeatureSchema, load_schema
+
+log = logging.getLogger(__name__)
+
+# What the service itself reads from the world directory, checked against the manifest.
+SERVED_FILES = (ITEMS_FILE, INDEX_FILE, DEFAULT_USER_FILE)
+WORLD_ID_PARAMETER = "world_id"
+
+
+@dataclass(frozen=True, slots=True)
+class WorldStamp:
+    world_id: str
+    digests: dict[str, str]
+
+
+def file_digest(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def read_stamp(world: Path) -> WorldStamp | None:
+    """The world's id and file digests; None for a world built before stamping."""
+    path = world / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}): rebuild the world") from exc
+    world_id = manifest.get("world_id")
+    if not isinstance(world_id, str) or not world_id:
+        return None
+    digests = manifest.get("files", {})
+    return WorldStamp(world_id, {str(k): str(v) for k, v in digests.items()})
+
+
+def verify_files(world: Path, stamp: WorldStamp, names: tuple[str, ...] = SERVED_FILES) -> None:
+    """Refuse a file that is not the one the world was built with (copied from elsewhere)."""
+    for name in names:
+        expected = stamp.digests.get(name)
+        path = world / name
+        if expected is None or not path.is_file():
+            continue
+        if file_digest(path) != expected:
+            raise ConfigError(
+                f"{path} does not belong to world {stamp.world_id} (it changed after the "
+                "world was built): rebuild the world, or restore the file"
+            )
+
+
+def same_world(found: str | None, served: str) -> bool:
+    """False only when a part is known to hold another world than the served one.
+
+    A part without an id (written before stamping, or unreadable just now) and a served world
+    without one are accepted: there is nothing to compare.
+    """
+    return not served or not found or found == served
+
+
+def part_mismatch(part: str, found: str, stamp: WorldStamp | None, fix: str) -> str | None:
+    """One line when `part` belongs to another world than the served one; None when it fits."""
+    if stamp is None or same_world(found, stamp.world_id):
+        return None
+    return f"{part} belongs to world {found}, this service serves world {stamp.world_id}: {fix}"
+
+
+def world_schema(world: Path, explicit: Path | None) -> FeatureSchema:
+    """The schema a world is served with: its own file, unless one is configured.
+
+    A configured schema that disagrees with the world's own is refused: the world's tables,
+    model and Redis blobs were all written in the world's layout.
+    """
+    own = world / SCHEMA_FILE
+    if explicit is None:
+        return load_schema(own if own.is_file() else None)
+    schema = load_schema(explicit)
+    if own.is_file() and load_schema(own) != schema:
+        raise ConfigError(
+            f"RECSYS_FEATURE_SCHEMA ({explicit}) differs from the world's own {own}: "
+            "unset it to serve the world as built"
+        )
+    return schema
+
+
+def files_identity(world: Path, stamp: WorldStamp | None) -> str:
+    """What tells one version of the served files from another, cheaply.
+
+    A stamped world's manifest holds their digests (already checked against the files); an
+    unstamped one is told apart by where its files are, their sizes and times.
+    """
+    if stamp is not None:
+        return stamp.world_id + "".join(stamp.digests.get(name, "") for name in SERVED_FILES)
+    parts = [str(world.resolve())]
+    for name in SERVED_FILES:
+        path = world / name
+        if path.is_file():
+            status = path.stat()
+            parts.append(f"{name}:{status.st_size}:{status.st_mtime_ns}")
+    return "|".join(parts)

@@ -103,7 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     admission = Admission(
         admission_limit(resolved, metrics),
         lag,
-        resolved.max_queue_ms / 1000.0,
+        resolved.max_queue_s,
         on_change=metrics.in_flight.set,
     )
 
@@ -166,6 +166,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         admission=admission,
         metrics=metrics,
         max_body_bytes=resolved.max_body_bytes,
-        body_timeout_s=resolved.body_timeout_ms / 1000.0,
+        body_timeout_s=resolved.body_timeout_s,
     )
     return app

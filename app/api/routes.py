@@ -119,7 +119,7 @@ async def recommend(
     ctx = RequestContext(
         request_id=state.request_id,
         deadline=arrived + budget_s,
-        reserve_s=services.settings.reserve_ms / 1000.0,
+        reserve_s=services.settings.reserve_s,
         artifacts=artifacts,
         metrics=services.metrics,
         user_id=body.user_id,
@@ -141,8 +141,8 @@ async def recommend(
         ],
         model=ModelInfo(
             name=artifacts.model.name,
-            version=ctx.model_version or None,
-            variant=ctx.model_variant,
+            version=result.model.version or None,
+            variant=result.model.variant,
         ),
         artifacts=artifacts.label,
         cold_start=result.cold_start,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -72,151 +74,199 @@ AGREEMENT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 CANDIDATE_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 3000, 5000)
 
 
+Collector = Counter | Gauge | Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """One collector: its kind, name, help and labels, and its buckets or, for a gauge, how
+    the workers' values combine (Prometheus multiprocess mode)."""
+
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    doc: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    mode: str | None = None
+
+    def make(self, registry: CollectorRegistry) -> Collector:
+        options: dict[str, Any] = {"registry": registry}
+        if self.buckets is not None:
+            options["buckets"] = self.buckets
+        if self.mode is not None:
+            options["multiprocess_mode"] = self.mode
+        return self.kind(self.name, self.doc, list(self.labels), **options)
+
+
+# Every collector of the service, by the ServiceMetrics attribute that holds it.
+DECLARED: dict[str, Declared] = {
+    "stage_duration": Declared(
+        Histogram,
+        "recsys_stage_duration_seconds",
+        "Time spent in each stage of /recommend.",
+        ("stage",),
+        buckets=LATENCY_BUCKETS,
+    ),
+    "request_duration": Declared(
+        Histogram,
+        "recsys_request_duration_seconds",
+        "Time to answer /recommend, by outcome.",
+        ("outcome",),
+        buckets=LATENCY_BUCKETS,
+    ),
+    "requests": Declared(
+        Counter, "recsys_requests", "Requests to /recommend, by outcome.", ("outcome",)
+    ),
+    "candidates": Declared(
+        Histogram,
+        "recsys_stage_candidates",
+        "Candidates coming out of each stage.",
+        ("stage",),
+        buckets=CANDIDATE_BUCKETS,
+    ),
+    "removed": Declared(
+        Counter,
+        "recsys_filtered_candidates",
+        "Candidates the filter stage removed, by reason.",
+        ("reason",),
+    ),
+    "degraded": Declared(
+        Counter,
+        "recsys_degraded",
+        "Stages that fell back instead of failing, by reason.",
+        ("stage", "reason"),
+    ),
+    "cold_start": Declared(
+        Counter, "recsys_cold_start_users", "Requests for users without stored features."
+    ),
+    "breaker": Declared(
+        Gauge,
+        "recsys_breaker_state",
+        "Circuit breaker per dependency (redis; triton, or triton-N per "
+        "endpoint): 0 closed, 1 open, 2 half-open.",
+        ("dependency",),
+        mode="livemax",
+    ),  # with workers: the least closed among them
+    "in_flight": Declared(
+        Gauge,
+        "recsys_in_flight_requests",
+        "Requests to /recommend being handled (by all the workers).",
+        mode="livesum",
+    ),
+    "admission_limit": Declared(
+        Gauge,
+        "recsys_admission_limit",
+        "Requests to /recommend one worker takes on at once, adapted to latency "
+        "(by all the workers).",
+        mode="livesum",
+    ),
+    "refusals": Declared(
+        Counter,
+        "recsys_admission_refusals",
+        "Requests to /recommend refused by admission (503), by why: loop_behind, full, no_slot.",
+        ("reason",),
+    ),
+    "ready": Declared(
+        Gauge,
+        "recsys_ready",
+        "1 when the last readiness check passed (with workers: in every worker).",
+        mode="livemin",
+    ),
+    "workers": Declared(
+        Gauge,
+        "recsys_workers",
+        "Worker processes started and serving on this instance's port.",
+        mode="livesum",
+    ),
+    "item_refreshes": Declared(
+        Counter,
+        "recsys_item_features_refreshes",
+        "Reloads of the item features held in memory: swapped, or failed (the "
+        "held features keep serving).",
+        ("outcome",),
+    ),
+    "items_without_features": Declared(
+        Gauge,
+        "recsys_items_without_features",
+        "Catalog items with no usable features in the matrix held in memory.",
+        mode="livemax",
+    ),
+    "model_answers": Declared(
+        Counter,
+        "recsys_model_answers",
+        "Answers by the model variant that scored them (fallback: Triton did not).",
+        ("variant",),
+    ),
+    "model_version": Declared(
+        Gauge,
+        "recsys_model_version_info",
+        "1 for each routed model version: stable, canary and shadow (the release).",
+        ("variant", "version"),
+        mode="livemax",
+    ),
+    "canary_percent": Declared(
+        Gauge,
+        "recsys_canary_percent",
+        "The share of users, in percent, that the canary version answers.",
+        mode="livemax",
+    ),
+    "shadow_calls": Declared(
+        Counter,
+        "recsys_shadow_calls",
+        "Shadow scorings of answered requests, by outcome.",
+        ("outcome",),
+    ),
+    "shadow_agreement": Declared(
+        Histogram,
+        "recsys_shadow_agreement",
+        "Share of the served model's top items that the shadow model ranks in its top too.",
+        buckets=AGREEMENT_BUCKETS,
+    ),
+    "reloads": Declared(
+        Counter,
+        "recsys_reloads",
+        "Reloads of the release (index, catalog, rules, model versions), by outcome.",
+        ("outcome",),
+    ),
+    "release_generation": Declared(
+        Gauge,
+        "recsys_release_generation",
+        "How many releases this worker has served: 1 at start, one more per reload.",
+        mode="livemax",
+    ),
+}
+
+
 class ServiceMetrics:
     """The service's collectors, on a registry of their own so several apps can coexist."""
 
+    stage_duration: Histogram
+    request_duration: Histogram
+    requests: Counter
+    candidates: Histogram
+    removed: Counter
+    degraded: Counter
+    cold_start: Counter
+    breaker: Gauge
+    in_flight: Gauge
+    admission_limit: Gauge
+    refusals: Counter
+    ready: Gauge
+    workers: Gauge
+    item_refreshes: Counter
+    items_without_features: Gauge
+    model_answers: Counter
+    model_version: Gauge
+    canary_percent: Gauge
+    shadow_calls: Counter
+    shadow_agreement: Histogram
+    reloads: Counter
+    release_generation: Gauge
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.stage_duration = Histogram(
-            "recsys_stage_duration_seconds",
-            "Time spent in each stage of /recommend.",
-            ["stage"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.request_duration = Histogram(
-            "recsys_request_duration_seconds",
-            "Time to answer /recommend, by outcome.",
-            ["outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.requests = Counter(
-            "recsys_requests",
-            "Requests to /recommend, by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.candidates = Histogram(
-            "recsys_stage_candidates",
-            "Candidates coming out of each stage.",
-            ["stage"],
-            buckets=CANDIDATE_BUCKETS,
-            registry=self.registry,
-        )
-        self.removed = Counter(
-            "recsys_filtered_candidates",
-            "Candidates the filter stage removed, by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.degraded = Counter(
-            "recsys_degraded",
-            "Stages that fell back instead of failing, by reason.",
-            ["stage", "reason"],
-            registry=self.registry,
-        )
-        self.cold_start = Counter(
-            "recsys_cold_start_users",
-            "Requests for users without stored features.",
-            registry=self.registry,
-        )
-        self.breaker = Gauge(
-            "recsys_breaker_state",
-            "Circuit breaker per dependency (redis; triton, or triton-N per endpoint): "
-            "0 closed, 1 open, 2 half-open.",
-            ["dependency"],
-            registry=self.registry,
-            multiprocess_mode="livemax",  # with workers: the least closed among them
-        )
-        self.in_flight = Gauge(
-            "recsys_in_flight_requests",
-            "Requests to /recommend being handled (by all the workers).",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.admission_limit = Gauge(
-            "recsys_admission_limit",
-            "Requests to /recommend one worker takes on at once, adapted to latency (by all "
-            "the workers).",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.refusals = Counter(
-            "recsys_admission_refusals",
-            "Requests to /recommend refused by admission (503), by why: loop_behind, full, "
-            "no_slot.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.ready = Gauge(
-            "recsys_ready",
-            "1 when the last readiness check passed (with workers: in every worker).",
-            registry=self.registry,
-            multiprocess_mode="livemin",
-        )
-        self.workers = Gauge(
-            "recsys_workers",
-            "Worker processes started and serving on this instance's port.",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.item_refreshes = Counter(
-            "recsys_item_features_refreshes",
-            "Reloads of the item features held in memory: swapped, or failed (the held "
-            "features keep serving).",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.items_without_features = Gauge(
-            "recsys_items_without_features",
-            "Catalog items with no usable features in the matrix held in memory.",
-            registry=self.registry,
-            multiprocess_mode="livemax",
-        )
-        self.model_answers = Counter(
-            "recsys_model_answers",
-            "Answers by the model variant that scored them (fallback: Triton did not).",
-            ["variant"],
-            registry=self.registry,
-        )
-        self.model_version = Gauge(
-            "recsys_model_version_info",
-            "1 for each routed model version: stable, canary and shadow (the release).",
-            ["variant", "version"],
-            registry=self.registry,
-            multiprocess_mode="livemax",
-        )
-        self.canary_percent = Gauge(
-            "recsys_canary_percent",
-            "The share of users, in percent, that the canary version answers.",
-            registry=self.registry,
-            multiprocess_mode="livemax",
-        )
-        self.shadow_calls = Counter(
-            "recsys_shadow_calls",
-            "Shadow scorings of answered requests, by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.shadow_agreement = Histogram(
-            "recsys_shadow_agreement",
-            "Share of the served model's top items that the shadow model ranks in its top too.",
-            buckets=AGREEMENT_BUCKETS,
-            registry=self.registry,
-        )
-        self.reloads = Counter(
-            "recsys_reloads",
-            "Reloads of the release (index, catalog, rules, model versions), by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.release_generation = Gauge(
-            "recsys_release_generation",
-            "How many releases this worker has served: 1 at start, one more per reload.",
-            registry=self.registry,
-            multiprocess_mode="livemax",
-        )
+        for attribute, declared in DECLARED.items():
+            setattr(self, attribute, declared.make(self.registry))
         # Children bound once, for the fixed label values only: every series exists from the
         # first scrape (so rate() and absent() behave), requests skip the label lookup, and a
         # label value outside the set fails loudly instead of creating a series.

@@ -18,6 +18,10 @@ SECRET_SETTINGS = frozenset({"admin_token", "redis_password"})
 SECRETS_DIR = Path("/run/secrets")
 
 
+def seconds(ms: float) -> float:
+    return ms / 1000.0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECSYS_", extra="ignore", frozen=True)
 
@@ -182,6 +186,35 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, gt=0, description="then: the most in-flight requests get to finish"
     )
+
+    # Operators set milliseconds; the code times in seconds. Converted here, once.
+    @property
+    def body_timeout_s(self) -> float:
+        return seconds(self.body_timeout_ms)
+
+    @property
+    def max_queue_s(self) -> float:
+        return seconds(self.max_queue_ms)
+
+    @property
+    def request_budget_s(self) -> float:
+        return seconds(self.request_budget_ms)
+
+    @property
+    def reserve_s(self) -> float:
+        return seconds(self.reserve_ms)
+
+    @property
+    def redis_timeout_s(self) -> float:
+        return seconds(self.redis_timeout_ms)
+
+    @property
+    def triton_timeout_s(self) -> float:
+        return seconds(self.triton_timeout_ms)
+
+    @property
+    def breaker_open_s(self) -> float:
+        return seconds(self.breaker_open_ms)
 
     @property
     def triton_urls(self) -> list[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from app.core.errors import FailureKind
 from app.core.metrics import ServiceMetrics
 from app.core.throttled_log import ThrottledLog
-from app.core.vocabulary import Stage, Variant
+from app.core.vocabulary import Stage
 
 if TYPE_CHECKING:
     from app.release.artifacts import ServingArtifacts
@@ -44,9 +44,6 @@ class RequestContext:
     metrics: ServiceMetrics
     user_id: str = ""
     degraded: list[str] = field(default_factory=list)
-    # Who scored the answer: set by the rank stage; FALLBACK until Triton has answered.
-    model_variant: Variant = Variant.FALLBACK
-    model_version: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def remaining_s(self) -> float:

@@ -1,72 +1,82 @@
 """The /recommend pipeline. The order of the stages is written here and nowhere else.
 
-features -> recall -> filter -> fetch -> pack -> rank -> rerank. Every stage that calls a
-dependency falls back instead of failing and flags the answer (see the README's table), so
-`run` returns an answer for any request that reached it.
+features -> recall -> filter -> fetch -> pack -> rank -> rerank. Each stage is a component
+of one shape (app/pipeline/step.py), run, timed and counted by `run_step`; recall's sources
+and the filters are lists, in `build_pipeline`. Every stage that calls a dependency falls back
+instead of failing and flags the answer (see the README's table), so `run` returns an answer
+for any request that reached it.
+
+Adding a stage is a file in stages/ and a line in `run`; a candidate source, a file in
+sources/ and a line in `build_pipeline`; a filter, a file in filters/ and a line there too.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
-from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.packing import pack_rows
+from app.pipeline.filters.backfill import PopularBackfill
+from app.pipeline.filters.blocked import BlockedFilter
+from app.pipeline.filters.excluded import ExcludedFilter
+from app.pipeline.filters.seen import SeenFilter
+from app.pipeline.sources.ann import AnnSource, VectorSearch
+from app.pipeline.sources.popular import PopularSource
 from app.pipeline.stages.features import UserFeatureHydrator
-from app.pipeline.stages.fetch import CandidateHydrator
-from app.pipeline.stages.filter import CandidateFilter
+from app.pipeline.stages.filter import CandidateFilter, Filter
+from app.pipeline.stages.pack import RowPacker
 from app.pipeline.stages.rank import Scorer
-from app.pipeline.stages.recall import CandidateRecall
+from app.pipeline.stages.recall import CandidateRecall, CandidateSource
 from app.pipeline.stages.rerank import Reranker
-from app.pipeline.stages.types import Query, Recommendation
+from app.pipeline.stages.types import Asked, Hydrated, Pool, Query, Recommendation
+from app.pipeline.step import Step, run_step
 
 
+@dataclass(frozen=True, slots=True)
 class RecommendPipeline:
-    def __init__(
-        self,
-        features: UserFeatureHydrator,
-        recall: CandidateRecall,
-        filter: CandidateFilter,
-        fetch: CandidateHydrator,
-        rank: Scorer,
-        rerank: Reranker,
-    ) -> None:
-        self._features = features
-        self._recall = recall
-        self._filter = filter
-        self._fetch = fetch
-        self._rank = rank
-        self._rerank = rerank
+    features: UserFeatureHydrator
+    recall: CandidateRecall
+    filter: CandidateFilter
+    fetch: Step[Pool, Hydrated]
+    pack: RowPacker
+    rank: Scorer
+    rerank: Reranker
 
     async def run(self, query: Query, ctx: RequestContext) -> Recommendation:
-        artifacts = ctx.artifacts
-        with ctx.stage(Stage.FEATURES):
-            user = await self._features.hydrate(query, ctx)
-        # Ask recall for enough that the answer can be full after the filter.
-        at_least = query.num_items + len(user.seen) + len(query.exclude_item_ids)
-        with ctx.stage(Stage.RECALL):
-            recalled = await self._recall.recall(user, at_least, ctx)
-        ctx.count(Stage.RECALL, len(recalled))
-        with ctx.stage(Stage.FILTER):
-            filtered = self._filter.filter(
-                recalled, user.seen, query.exclude_item_ids, query.num_items, artifacts
-            )
-        for reason, count in filtered.removed.items():
-            ctx.metrics.removed_count[reason].inc(count)
-        ctx.count(Stage.FILTER, len(filtered.kept))
-        with ctx.stage(Stage.FETCH):
-            hydrated = await self._fetch.hydrate(filtered.kept, ctx)
-        ctx.count(Stage.FETCH, len(hydrated.found))
-        with ctx.stage(Stage.PACK):
-            rows = (
-                pack_rows(artifacts.schema, user.blob, hydrated.blobs, user.context)
-                if len(hydrated.found)
-                else np.empty((0, artifacts.schema.width), np.float32)
-            )
-        with ctx.stage(Stage.RANK):
-            scored = await self._rank.score(hydrated, rows, ctx)
-        ctx.count(Stage.RANK, int(np.count_nonzero(~np.isnan(scored.scores))))
-        with ctx.stage(Stage.RERANK):
-            items = self._rerank.select(scored, query.num_items, ctx)
-        ctx.count(Stage.RERANK, len(items))
-        return Recommendation(items=items, cold_start=user.cold_start)
+        asked: Asked = await run_step(self.features, query, ctx)
+        recalled = await run_step(self.recall, asked, ctx)
+        kept = await run_step(self.filter, recalled, ctx)
+        hydrated = await run_step(self.fetch, kept, ctx)
+        packed = await run_step(self.pack, hydrated, ctx)
+        ranked = await run_step(self.rank, packed, ctx)
+        return await run_step(self.rerank, ranked, ctx)
+
+
+def build_pipeline(
+    *,
+    features: UserFeatureHydrator,
+    search: VectorSearch,
+    candidate_count: int,
+    popular_count: int,
+    fetch: Step[Pool, Hydrated],
+    rank: Scorer,
+    rerank: Reranker,
+) -> RecommendPipeline:
+    """The pipeline with its candidate sources and filters, in the order they run."""
+    sources: list[CandidateSource] = [
+        AnnSource(search),
+        PopularSource(popular_count),
+    ]
+    filters: list[Filter] = [
+        BlockedFilter(),
+        SeenFilter(),
+        ExcludedFilter(),
+    ]
+    return RecommendPipeline(
+        features=features,
+        recall=CandidateRecall(sources, candidate_count),
+        filter=CandidateFilter(filters, PopularBackfill()),
+        fetch=fetch,
+        pack=RowPacker(),
+        rank=rank,
+        rerank=rerank,
+    )

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,16 +25,17 @@ from app.core.errors import (
     RankingModelError,
 )
 from app.core.metrics import ServiceMetrics
-from app.core.settings import Settings
+from app.core.settings import Settings, seconds
 from app.pipeline.context import caller_shortened
-from app.pipeline.recommend import RecommendPipeline
+from app.pipeline.recommend import RecommendPipeline, build_pipeline
 from app.pipeline.shadow import ShadowCalls
+from app.pipeline.sources.ann import InlineSearch, PooledSearch, VectorSearch
 from app.pipeline.stages.features import UserFeatureHydrator
-from app.pipeline.stages.fetch import HeldItemFeatures, ItemFeatureHydrator
-from app.pipeline.stages.filter import CandidateFilter
+from app.pipeline.stages.fetch import HeldItemHydrator, ItemFeatureHydrator
 from app.pipeline.stages.rank import Scorer
-from app.pipeline.stages.recall import CandidateRecall, InlineSearch, PooledSearch
 from app.pipeline.stages.rerank import Reranker
+from app.pipeline.stages.types import Hydrated, Pool
+from app.pipeline.step import Step
 from app.process.reload import Reloader, model_routing
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -62,10 +64,10 @@ class Services:
     artifacts: ArtifactsRef
     pipeline: RecommendPipeline
     breakers: dict[str, CircuitBreaker]
-    executor: ThreadPoolExecutor | None
-    local_ranker: LocalRanker | None
     reloader: Reloader
     shadow: ShadowCalls
+    # Closes what start-up opened, in the reverse order (shadow calls first, Redis last).
+    closing: AsyncExitStack
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
     draining: bool = field(default=False)
@@ -80,20 +82,14 @@ class Services:
         budget_ms = settings.request_budget_ms
         if requested_ms is not None:
             budget_ms = min(budget_ms, max(settings.min_budget_ms, float(requested_ms)))
-        return budget_ms / 1000.0
+        return seconds(budget_ms)
 
     def shortened(self, budget_s: float) -> bool:
         """Whether a budget is below the configured one (its caller asked for less)."""
-        return budget_s < self.settings.request_budget_ms / 1000.0
+        return budget_s < self.settings.request_budget_s
 
     async def aclose(self) -> None:
-        await self.shadow.aclose()
-        await self.model.close()
-        await self.store.aclose()
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-        if self.local_ranker is not None:
-            self.local_ranker.close()
+        await self.closing.aclose()
 
 
 async def held_item_features(
@@ -191,7 +187,7 @@ def _breaker(
     return CircuitBreaker(
         name,
         settings.breaker_failures,
-        settings.breaker_open_ms / 1000.0,
+        settings.breaker_open_s,
         on_change=export,
         excused=timeouts_excused,
     )
@@ -207,45 +203,74 @@ def _local_ranker(settings: Settings, schema: FeatureSchema) -> LocalRanker | No
     return ranker
 
 
+def _breakers(
+    settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool]
+) -> dict[str, CircuitBreaker]:
+    names = ["redis", *_triton_names(settings)]
+    return {name: _breaker(name, settings, metrics, running_late) for name in names}
+
+
+def _triton_names(settings: Settings) -> list[str]:
+    urls = settings.triton_urls
+    return ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
+
+
+def _feature_store(
+    settings: Settings, schema: FeatureSchema, breaker: CircuitBreaker
+) -> FeatureStore:
+    password = settings.redis_password
+    redis = connect_redis(
+        settings.redis_url,
+        settings.redis_max_connections,
+        settings.redis_timeout_s,
+        cluster=settings.redis_cluster,
+        username=settings.redis_username,
+        password=password.get_secret_value() if password is not None else None,
+    )
+    return FeatureStore(redis, schema, KeySpace(settings.redis_key_prefix), breaker)
+
+
+def _triton_pool(
+    settings: Settings, schema: FeatureSchema, breakers: dict[str, CircuitBreaker]
+) -> TritonPool:
+    model_name = settings.model_name or schema.model_name
+    names = _triton_names(settings)
+    return TritonPool(
+        [
+            connect_triton(url, model_name, settings.model_version, breakers[name])
+            for url, name in zip(settings.triton_urls, names, strict=True)
+        ]
+    )
+
+
+def _search(settings: Settings, stack: AsyncExitStack) -> VectorSearch:
+    if not settings.recall_threads:
+        return InlineSearch()
+    executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
+    stack.callback(executor.shutdown, wait=False, cancel_futures=True)
+    return PooledSearch(executor, settings.recall_queue)
+
+
 async def start_services(
     settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool] = lambda: False
 ) -> Services:
-    """Build and check everything; `running_late` says when timeouts are the loop's fault."""
+    """Build and check everything; `running_late` says when timeouts are the loop's fault.
+
+    Whatever is opened is closed again if a later step fails (an exit stack), and by
+    Services.aclose once the service stops.
+    """
     stamp, schema = await asyncio.to_thread(opened_world, settings)
     rules = load_rules(settings.rules_file)
     plan = read_plan(settings.release_file, settings.model_version)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
     catalog = await asyncio.to_thread(opened_catalog, settings, schema)
-    urls = settings.triton_urls
-    triton_names = ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
-    breakers = {
-        name: _breaker(name, settings, metrics, running_late) for name in ["redis", *triton_names]
-    }
-    redis_timeout_s = settings.redis_timeout_ms / 1000.0
-    password = settings.redis_password
-    redis = connect_redis(
-        settings.redis_url,
-        settings.redis_max_connections,
-        redis_timeout_s,
-        cluster=settings.redis_cluster,
-        username=settings.redis_username,
-        password=password.get_secret_value() if password is not None else None,
-    )
-    store = FeatureStore(
-        redis,
-        schema,
-        KeySpace(settings.redis_key_prefix),
-        breakers["redis"],
-    )
-    model_name = settings.model_name or schema.model_name
-    model = TritonPool(
-        [
-            connect_triton(url, model_name, settings.model_version, breakers[name])
-            for url, name in zip(urls, triton_names, strict=True)
-        ]
-    )
-    try:
+    breakers = _breakers(settings, metrics, running_late)
+    async with AsyncExitStack() as stack:
+        store = _feature_store(settings, schema, breakers["redis"])
+        stack.push_async_callback(store.aclose)
+        model = _triton_pool(settings, schema, breakers)
+        stack.push_async_callback(model.close)
         await checked_redis(store, stamp, settings.startup_timeout_s)
         routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
         signature = max(routing.signatures(), key=lambda each: each.max_batch_size)
@@ -253,68 +278,54 @@ async def start_services(
             required = settings.triton_shared_memory == "on"
             await share_memory(model, schema, signature, settings.max_in_flight, required)
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
-    except BaseException:
-        await model.close()
-        await store.aclose()
-        raise
-    identity = files_identity(settings.artifacts_dir, stamp)
-    artifacts = ArtifactsRef(
-        serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
-    )
-    try:
+        if local_ranker is not None:
+            stack.callback(local_ranker.close)
+        identity = files_identity(settings.artifacts_dir, stamp)
+        artifacts = ArtifactsRef(
+            serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
+        )
         item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
-    except BaseException:
-        await model.close()
-        await store.aclose()
-        raise
-    executor = (
-        ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
-        if settings.recall_threads
-        else None
-    )
-    search = (
-        PooledSearch(executor, settings.recall_queue) if executor is not None else InlineSearch()
-    )
-    triton_timeout_s = settings.triton_timeout_ms / 1000.0
-    shadow = ShadowCalls(model, metrics, triton_timeout_s, settings.shadow_max_in_flight)
-    pipeline = RecommendPipeline(
-        features=UserFeatureHydrator(store, redis_timeout_s),
-        recall=CandidateRecall(
-            search,
-            settings.candidate_count,
-            settings.popular_candidates,
-        ),
-        filter=CandidateFilter(),
-        fetch=(
-            HeldItemFeatures(item_memory)
+        search = _search(settings, stack)
+        shadow = ShadowCalls(
+            model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight
+        )
+        stack.push_async_callback(shadow.aclose)
+        fetch: Step[Pool, Hydrated] = (
+            HeldItemHydrator(item_memory)
             if item_memory is not None
-            else ItemFeatureHydrator(store, redis_timeout_s)
-        ),
-        rank=Scorer(model, local_ranker, triton_timeout_s, shadow),
-        rerank=Reranker(),
-    )
-    reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
-    log.info(
-        "serving world %s: %d items, model %s (%d inputs wide, max batch %d), release %s",
-        stamp.world_id if stamp else "(unstamped)",
-        catalog.size,
-        signature.name,
-        schema.width,
-        signature.max_batch_size,
-        reloader.report(),
-    )
-    return Services(
-        settings,
-        metrics,
-        store,
-        model,
-        artifacts,
-        pipeline,
-        breakers,
-        executor,
-        local_ranker,
-        reloader,
-        shadow,
-        stamp,
-        item_memory,
-    )
+            else ItemFeatureHydrator(store, settings.redis_timeout_s)
+        )
+        pipeline = build_pipeline(
+            features=UserFeatureHydrator(store, settings.redis_timeout_s),
+            search=search,
+            candidate_count=settings.candidate_count,
+            popular_count=settings.popular_candidates,
+            fetch=fetch,
+            rank=Scorer(model, local_ranker, settings.triton_timeout_s, shadow),
+            rerank=Reranker(),
+        )
+        reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
+        log.info(
+            "serving world %s: %d items, model %s (%d inputs wide, max batch %d), release %s",
+            stamp.world_id if stamp else "(unstamped)",
+            catalog.size,
+            signature.name,
+            schema.width,
+            signature.max_batch_size,
+            reloader.report(),
+        )
+        return Services(
+            settings=settings,
+            metrics=metrics,
+            store=store,
+            model=model,
+            artifacts=artifacts,
+            pipeline=pipeline,
+            breakers=breakers,
+            reloader=reloader,
+            shadow=shadow,
+            closing=stack.pop_all(),
+            world=stamp,
+            item_memory=item_memory,
+        )
+    raise AssertionError("unreachable: the block returns or raises")  # for the type checker

@@ -19,13 +19,12 @@ from app.core.errors import DependencyError, FailureKind, RankingModelError
 from app.core.metrics import ServiceMetrics
 from app.core.vocabulary import Positions, Scores
 from app.pipeline.context import RequestContext
-from app.pipeline.recommend import RecommendPipeline
+from app.pipeline.recommend import RecommendPipeline, build_pipeline
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.fetch import ItemFeatureHydrator
-from app.pipeline.stages.filter import CandidateFilter
 from app.pipeline.stages.rank import Scorer
-from app.pipeline.stages.recall import CandidateRecall
 from app.pipeline.stages.rerank import Reranker
+from app.pipeline.stages.types import Asked, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts, serving_artifacts
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
@@ -182,13 +181,27 @@ class World:
     fallback: FakeFallback | None = None
 
     def pipeline(self, candidates: int = 3, popular: int = 1) -> RecommendPipeline:
-        return RecommendPipeline(
+        return build_pipeline(
             features=UserFeatureHydrator(
                 self.users, 0.02, clock=lambda: datetime(2024, 1, 1, 10, tzinfo=UTC)
             ),
-            recall=CandidateRecall(self.search, candidates, popular),
-            filter=CandidateFilter(),
+            search=self.search,
+            candidate_count=candidates,
+            popular_count=popular,
             fetch=ItemFeatureHydrator(self.items, 0.02),
             rank=Scorer(self.model, self.fallback, 0.05),
             rerank=Reranker(clock=lambda: NOW),
         )
+
+
+def asked(
+    num_items: int = 3,
+    seen: Sequence[int] = (),
+    exclude: frozenset[str] = frozenset(),
+    user_id: str = "u1",
+) -> Asked:
+    """A request for `user_id` whose features were read: blob and context are zeros."""
+    user = UserFeatures(
+        np.zeros(4, np.float32), np.zeros(3, np.float32), np.array(seen, np.int64), False
+    )
+    return Asked(Query(user_id, num_items, exclude), user)

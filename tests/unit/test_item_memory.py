@@ -10,8 +10,9 @@ import pytest
 
 from app.clients.feature_store import ItemBlobs, decode_item_blobs
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
-from app.pipeline.stages.fetch import HeldItemFeatures
-from tests.unit.fakes import context
+from app.pipeline.stages.fetch import HeldItemHydrator
+from app.pipeline.stages.types import Pool
+from tests.unit.fakes import asked, context
 
 WIDTH = 3
 
@@ -104,7 +105,8 @@ async def test_candidates_gather_their_rows_and_the_missing_are_flagged() -> Non
     blobs = np.arange(12, dtype=np.float32).reshape(4, 3)
     matrix = ItemMatrix("v1", blobs, np.array([True, False, True, True]))
     ctx = context()
-    hydrated = await HeldItemFeatures(Held(matrix)).hydrate(np.array([3, 1, 0]), ctx)
+    pool = Pool(asked(), np.array([3, 1, 0]))
+    hydrated = (await HeldItemHydrator(Held(matrix)).run(pool, ctx)).items
     assert hydrated.positions.tolist() == [3, 1, 0]
     assert hydrated.found.tolist() == [0, 2]
     assert hydrated.blobs.tolist() == [[9, 10, 11], [0, 1, 2]]

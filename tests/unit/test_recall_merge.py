@@ -1,6 +1,6 @@
 import numpy as np
 
-from app.pipeline.stages.recall import merge_popular
+from app.pipeline.sources.popular import merge_popular
 
 
 def _merge(found: list[int], popular: list[int], extra: int) -> list[int]:

@@ -15,7 +15,7 @@ from app.core.vocabulary import Scores, Variant
 from app.pipeline.context import RequestContext
 from app.pipeline.shadow import top_agreement
 from app.pipeline.stages.rank import Scorer
-from app.pipeline.stages.types import HydratedCandidates
+from app.pipeline.stages.types import Hydrated, HydratedCandidates, Packed
 from app.process.reload import _warm_new
 from app.release.plan import (
     ModelRouting,
@@ -26,7 +26,7 @@ from app.release.plan import (
     user_bucket,
     write_plan,
 )
-from tests.unit.fakes import FakeFallback, FakeModel, context
+from tests.unit.fakes import FakeFallback, FakeModel, asked, context
 
 USERS = [f"user-{n}" for n in range(20_000)]
 
@@ -123,10 +123,11 @@ def _routed_context(user_id: str) -> RequestContext:
     return ctx
 
 
-def _hydrated(rows: int) -> tuple[HydratedCandidates, npt.NDArray[np.float32]]:
+def _packed(rows: int) -> Packed:
     blobs = np.ones((rows, 3), np.float32)
     positions = np.arange(rows, dtype=np.int64)
-    return HydratedCandidates(positions, np.arange(rows), blobs), np.ones((rows, 15), np.float32)
+    items = HydratedCandidates(positions, np.arange(rows), blobs)
+    return Packed(Hydrated(asked(), items), np.ones((rows, 15), np.float32))
 
 
 async def test_the_rank_stage_routes_by_user_and_records_who_answered() -> None:
@@ -136,8 +137,8 @@ async def test_the_rank_stage_routes_by_user_and_records_who_answered() -> None:
     scorer = Scorer(model, None, 0.05, shadow)
     for user, expected in ((in_canary, (Variant.CANARY, "2")), (not_in, (Variant.STABLE, "1"))):
         ctx = _routed_context(user)
-        await scorer.score(*_hydrated(3), ctx)
-        assert (ctx.model_variant, ctx.model_version) == expected
+        ranked = await scorer.run(_packed(3), ctx)
+        assert (ranked.model.variant, ranked.model.version) == expected
         assert ctx.metrics.answer_count[expected[0]]._value.get() == 1
     assert model.versions == ["2", "1"]
     assert shadow.calls == [("3", "r1"), ("3", "r1")]
@@ -148,9 +149,9 @@ async def test_when_triton_fails_the_fallback_answers_and_nothing_is_shadowed() 
     shadow = RecordingShadow()
     scorer = Scorer(model, FakeFallback(), 0.05, shadow)
     ctx = _routed_context("someone")
-    scored = await scorer.score(*_hydrated(3), ctx)
-    assert not np.isnan(scored.scores).any()  # the in-process model scored them
-    assert (ctx.model_variant, ctx.model_version) == (Variant.FALLBACK, "")
+    ranked = await scorer.run(_packed(3), ctx)
+    assert not np.isnan(ranked.scored.scores).any()  # the in-process model scored them
+    assert (ranked.model.variant, ranked.model.version) == (Variant.FALLBACK, "")
     assert shadow.calls == []
 
 
@@ -161,10 +162,10 @@ async def test_a_failing_canary_is_replaced_by_the_stable_version_and_flagged() 
     )
     scorer = Scorer(model, None, 0.05, RecordingShadow())
     ctx = _routed_context(in_canary)
-    scored = await scorer.score(*_hydrated(3), ctx)
-    assert not np.isnan(scored.scores).any()
+    ranked = await scorer.run(_packed(3), ctx)
+    assert not np.isnan(ranked.scored.scores).any()
     assert model.versions == ["2", "1"]
-    assert (ctx.model_variant, ctx.model_version) == (Variant.STABLE, "1")
+    assert (ranked.model.variant, ranked.model.version) == (Variant.STABLE, "1")
     assert ctx.degraded == ["rank:unavailable"]
 
 
@@ -174,7 +175,7 @@ async def test_only_the_stable_versions_calls_go_through_the_breaker() -> None:
     model = FakeModel()
     scorer = Scorer(model, None, 0.05)
     for user in (in_canary, not_in):
-        await scorer.score(*_hydrated(3), _routed_context(user))
+        await scorer.run(_packed(3), _routed_context(user))
     assert list(zip(model.versions, model.guarded, strict=True)) == [("2", False), ("1", True)]
 
 

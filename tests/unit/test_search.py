@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.core.errors import FailureKind, RecallError
-from app.pipeline.stages.recall import InlineSearch, PooledSearch
+from app.pipeline.sources.ann import InlineSearch, PooledSearch
 from app.release.catalog import Catalog
 
 

@@ -14,7 +14,7 @@ from app.core.errors import FailureKind, FeatureStoreError
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import encode_context
-from app.pipeline.stages.types import Moment, Query, UserFeatures
+from app.pipeline.stages.types import Asked, Moment, Query, UserFeatures
 from app.release.schema import FeatureSchema
 
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
@@ -36,6 +36,8 @@ class UserFeatureHydrator:
     flags the answer.
     """
 
+    stage = Stage.FEATURES
+
     def __init__(
         self, store: UserStore, timeout_s: float, clock: Callable[[], datetime] = _utc_now
     ) -> None:
@@ -49,7 +51,10 @@ class UserFeatureHydrator:
         weekday = now.weekday() if moment.weekday is None else moment.weekday
         return encode_context(schema, moment.device, moment.page, moment.locale, hour, weekday)
 
-    async def hydrate(self, query: Query, ctx: RequestContext) -> UserFeatures:
+    async def run(self, query: Query, ctx: RequestContext) -> Asked:
+        return Asked(query, await self._user(query, ctx))
+
+    async def _user(self, query: Query, ctx: RequestContext) -> UserFeatures:
         encoded = self.encode(ctx.artifacts.schema, query.moment)
         default_blob = ctx.artifacts.catalog.default_user_blob
         try:

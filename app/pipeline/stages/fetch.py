@@ -12,7 +12,7 @@ from app.clients.item_memory import ItemMatrix
 from app.core.errors import FailureKind, FeatureStoreError
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import HydratedCandidates
+from app.pipeline.stages.types import Hydrated, HydratedCandidates, Pool
 
 # A few items without features is a catalog ahead of its feature store; more is an incident.
 MISSING_SHARE_FLAGGED = 0.1
@@ -21,12 +21,6 @@ _NONE = np.empty(0, dtype=np.intp)
 
 class ItemStore(Protocol):
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs: ...
-
-
-class CandidateHydrator(Protocol):
-    """Gives candidates their item features; never fails, flags what it could not do."""
-
-    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates: ...
 
 
 class HeldMatrix(Protocol):
@@ -44,18 +38,21 @@ def _flag_missing(hydrated: HydratedCandidates, ctx: RequestContext) -> None:
         )
 
 
-class HeldItemFeatures:
+class HeldItemHydrator:
     """Candidates' rows gathered from the item matrix held in memory: one take, no I/O."""
+
+    stage = Stage.FETCH
 
     def __init__(self, held: HeldMatrix) -> None:
         self._held = held
 
-    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+    async def run(self, pool: Pool, ctx: RequestContext) -> Hydrated:
+        positions = pool.positions
         matrix = self._held.current  # one snapshot: never half old, half new
         found = np.flatnonzero(matrix.usable[positions])
         hydrated = HydratedCandidates(positions, found, np.take(matrix.blobs, positions[found], 0))
         _flag_missing(hydrated, ctx)
-        return hydrated
+        return Hydrated(pool.asked, hydrated)
 
 
 def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCandidates, int]:
@@ -79,11 +76,16 @@ class ItemFeatureHydrator:
     Keeps every candidate in recall order, with the blobs of those that have good ones.
     """
 
+    stage = Stage.FETCH
+
     def __init__(self, store: ItemStore, timeout_s: float) -> None:
         self._store = store
         self._timeout_s = timeout_s
 
-    async def hydrate(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
+    async def run(self, pool: Pool, ctx: RequestContext) -> Hydrated:
+        return Hydrated(pool.asked, await self._read(pool.positions, ctx))
+
+    async def _read(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
         artifacts = ctx.artifacts
         keys: list[bytes] = artifacts.item_keys[positions].tolist()
         try:

@@ -1,56 +1,43 @@
-"""Stage `filter`: every rule that removes a candidate, applied once, before any feature read.
-
-Removes blocked items (the rules' block list), items the user has seen and items the request
-excludes, and says how many went for each reason. When fewer than the answer needs are left,
-it backfills from the popular list, so a filter never makes the answer short while the
-catalog has items to give.
-"""
+"""Stage `filter`: the filters in turn, each removing candidates for its one reason, then the
+backfill. Runs before any feature is read, so no work is spent on a removed candidate."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Sequence
+from typing import Protocol
 
-import numpy as np
-
-from app.core.membership import member_mask
-from app.core.vocabulary import Positions, Removal
-from app.pipeline.stages.types import Filtered
-from app.release.artifacts import ServingArtifacts
+from app.core.vocabulary import Removal, Stage
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import Filtered, Pool
 
 
-def _backfill(
-    artifacts: ServingArtifacts, present: Positions, unwanted: Positions, count: int
-) -> Positions:
-    """Up to `count` popular items that are neither present nor unwanted (rarely needed)."""
-    reserve = artifacts.popular
-    reserve = reserve[~member_mask(reserve, np.concatenate([present, unwanted]))]
-    return reserve[:count]
+class Filter(Protocol):
+    @property
+    def reason(self) -> Removal: ...
+
+    async def filter(self, pool: Pool, ctx: RequestContext) -> Filtered: ...
+
+
+class Backfill(Protocol):
+    async def fill(self, recalled: Pool, kept: Pool, ctx: RequestContext) -> Pool:
+        """`kept`, topped up when it is shorter than the answer; `recalled` is what came in."""
+        ...
 
 
 class CandidateFilter:
-    def filter(
-        self,
-        positions: Positions,
-        seen_at: Positions,
-        excluded: Collection[str],
-        at_least: int,
-        artifacts: ServingArtifacts,
-    ) -> Filtered:
-        # Ids the catalog lacks cannot be candidates, so they drop out here.
-        excluded_at = artifacts.positions_of(excluded)
-        blocked = artifacts.blocked[positions]
-        was_seen = member_mask(positions, seen_at)
-        was_excluded = member_mask(positions, excluded_at) & ~was_seen
-        removed_mask = blocked | was_seen | was_excluded
-        kept = positions[~removed_mask]
-        removed = {
-            Removal.BLOCKED: int(blocked.sum()),
-            Removal.SEEN: int((was_seen & ~blocked).sum()),
-            Removal.EXCLUDED: int((was_excluded & ~blocked).sum()),
-        }
-        if len(kept) < at_least:
-            unwanted = np.concatenate([seen_at, excluded_at])
-            kept = np.concatenate(
-                [kept, _backfill(artifacts, positions, unwanted, at_least - len(kept))]
-            )
-        return Filtered(kept, removed)
+    """Each filter sees what the ones before it kept, so a candidate is counted once, under
+    the first reason that removed it."""
+
+    stage = Stage.FILTER
+
+    def __init__(self, filters: Sequence[Filter], backfill: Backfill) -> None:
+        self._filters = tuple(filters)
+        self._backfill = backfill
+
+    async def run(self, pool: Pool, ctx: RequestContext) -> Pool:
+        kept = pool
+        for candidate_filter in self._filters:
+            result = await candidate_filter.filter(kept, ctx)
+            ctx.metrics.removed_count[result.reason].inc(len(result.removed))
+            kept = Pool(pool.asked, result.kept)
+        return await self._backfill.fill(pool, kept, ctx)

@@ -10,11 +10,13 @@ import numpy.typing as npt
 from app.core.errors import FailureKind, RankingModelError
 from app.core.vocabulary import Scores, Stage, Variant
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import HydratedCandidates, Scored
+from app.pipeline.stages.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
 from app.release.plan import ModelAnswer, Routed
 
 # Left after a fallback for the rerank and the answer itself.
 ANSWER_S = 0.002
+FALLBACK = ModelUsed()
+_NO_SCORES: Scores = np.empty(0, dtype=np.float32)
 
 
 class RemoteModel(Protocol):
@@ -65,9 +67,11 @@ class Scorer:
     """Scores candidates' rows, keeping their order; falls back instead of failing.
 
     The routing in the request's artifacts picks the version by user: the stable one, or
-    the canary for the users in its share. The version that answered is recorded on the
-    context for the response and the metrics.
+    the canary for the users in its share. The answer says which variant and version scored
+    it (FALLBACK when Triton did not), for the response and the metrics.
     """
+
+    stage = Stage.RANK
 
     def __init__(
         self,
@@ -105,31 +109,28 @@ class Scorer:
             ctx.degrade(Stage.RANK, exc.kind, exc)
         return None
 
-    async def _values(self, rows: npt.NDArray[np.float32], ctx: RequestContext) -> Scores:
+    async def _values(
+        self, rows: npt.NDArray[np.float32], ctx: RequestContext
+    ) -> tuple[Scores, ModelUsed]:
         remote = await self._remote(rows, ctx)
         if remote is not None:
             variant, answer = remote
-            ctx.model_variant, ctx.model_version = variant, answer.version
             shadow = ctx.artifacts.routing.shadow
             if shadow is not None and self._shadow is not None:
                 self._shadow.compare(rows, answer.scores, shadow, ctx.request_id)
-            return answer.scores
+            return answer.scores, ModelUsed(variant, answer.version)
         if self._fallback is None:
-            return np.empty(0, dtype=np.float32)
+            return _NO_SCORES, FALLBACK
         try:
-            return await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S)
+            return await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S), FALLBACK
         except RankingModelError:
-            return np.empty(0, dtype=np.float32)
+            return _NO_SCORES, FALLBACK
 
-    async def score(
-        self,
-        hydrated: HydratedCandidates,
-        rows: npt.NDArray[np.float32],
-        ctx: RequestContext,
-    ) -> Scored:
-        values = await self._values(rows, ctx) if len(rows) else np.empty(0, np.float32)
-        ctx.metrics.answer_count[ctx.model_variant].inc()
-        scored, bad = scores_by_candidate(hydrated, values)
+    async def run(self, packed: Packed, ctx: RequestContext) -> Ranked:
+        rows = packed.rows
+        values, model = await self._values(rows, ctx) if len(rows) else (_NO_SCORES, FALLBACK)
+        ctx.metrics.answer_count[model.variant].inc()
+        scored, bad = scores_by_candidate(packed.hydrated.items, values)
         if bad:
             ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")
-        return scored
+        return Ranked(packed.hydrated.asked, scored, model)

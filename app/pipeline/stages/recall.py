@@ -1,122 +1,39 @@
-"""Stage `recall`: FAISS nearest neighbours of the user vector, merged with popular items."""
+"""Stage `recall`: the candidate sources, asked in turn, merged in their order."""
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import Executor, Future
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-from app.core.errors import FailureKind, RecallError
-from app.core.membership import member_mask
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import UserFeatures
-from app.release.catalog import Catalog
+from app.pipeline.stages.types import Asked, Pool, Recalling
 
 
-class VectorSearch(Protocol):
-    async def search(
-        self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int, timeout_s: float
-    ) -> Positions: ...
-
-
-def _search(index: Any, vector: npt.NDArray[np.float32], k: int) -> Positions:
-    _, ids = index.search(vector.reshape(1, -1), k)
-    found: Positions = ids[0]
-    return found[found >= 0]
-
-
-def _failed(exc: RuntimeError) -> RecallError:  # faiss reports every failure as RuntimeError
-    return RecallError(FailureKind.ERROR, str(exc))
-
-
-class InlineSearch:
-    """Inner-product search on the catalog's FAISS index, on the event loop itself.
-
-    A search of a few hundred microseconds costs less than handing it to a thread and back
-    (measured: the API's CPU per request about 15% lower on the demo world); the event loop
-    is busy for that long, which is why slow indexes use a pool (PooledSearch) instead.
-    """
-
-    async def search(
-        self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int, timeout_s: float
+class CandidateSource(Protocol):
+    async def candidates(
+        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
     ) -> Positions:
-        if timeout_s <= 0:
-            raise RecallError(FailureKind.TIMEOUT, "no time left before the deadline")
-        try:
-            return _search(catalog.index, np.ascontiguousarray(vector, dtype=np.float32), k)
-        except RuntimeError as exc:
-            raise _failed(exc) from exc
-
-
-class PooledSearch:
-    """Inner-product search on the catalog's FAISS index, in a thread pool off the event loop.
-
-    At most `max_pending` searches wait or run at once: a search that cannot start soon
-    would only finish after its request gave up, so beyond that recall falls back at once.
-    """
-
-    def __init__(self, executor: Executor, max_pending: int) -> None:
-        self._executor = executor
-        self._max_pending = max_pending
-        self._pending = 0
-
-    def _release(self, _: Future[Positions]) -> None:
-        self._pending -= 1
-
-    async def search(
-        self, catalog: Catalog, vector: npt.NDArray[np.float32], k: int, timeout_s: float
-    ) -> Positions:
-        if timeout_s <= 0:
-            raise RecallError(FailureKind.TIMEOUT, "no time left before the deadline")
-        if self._pending >= self._max_pending:
-            raise RecallError(FailureKind.OVERLOADED, f"{self._pending} searches queued")
-        loop = asyncio.get_running_loop()
-        query = np.ascontiguousarray(vector, dtype=np.float32)
-        future = self._executor.submit(_search, catalog.index, query, k)
-        self._pending += 1
-        # Released when the search really ends (or is cancelled before it starts), not when
-        # its request stops waiting, so the bound counts the pool's actual backlog.
-        future.add_done_callback(lambda done: loop.call_soon_threadsafe(self._release, done))
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.wrap_future(future)
-        except TimeoutError as exc:
-            raise RecallError(FailureKind.TIMEOUT, f"search took over {timeout_s:.3f}s") from exc
-        except RuntimeError as exc:
-            raise _failed(exc) from exc
-
-
-def merge_popular(found: Positions, popular_order: Positions, extra: int) -> Positions:
-    """Append the `extra` most popular items that `found` lacks, keeping `found`'s order."""
-    if extra <= 0:
-        return found
-    head = popular_order[: extra + len(found)]
-    fresh = head[~member_mask(head, found)][:extra]
-    return np.concatenate([found, fresh])
+        """Candidates absent from `so_far`, in this source's order; none rather than fail."""
+        ...
 
 
 class CandidateRecall:
-    """Merges the ANN source with popular items, and tops up when ANN returns too few."""
+    """Asks each source in turn, so a later one can make up what the earlier ones missed."""
 
-    def __init__(self, ann: VectorSearch, candidate_count: int, popular_count: int) -> None:
-        self._ann = ann
+    stage = Stage.RECALL
+
+    def __init__(self, sources: Sequence[CandidateSource], candidate_count: int) -> None:
+        self._sources = tuple(sources)
         self._candidate_count = candidate_count
-        self._popular_count = popular_count
 
-    async def recall(self, user: UserFeatures, at_least: int, ctx: RequestContext) -> Positions:
-        """Candidates in recall order: ANN hits first, then popular ones."""
-        artifacts = ctx.artifacts
-        k = min(max(self._candidate_count, at_least), len(artifacts.popular))
-        embedding = user.blob[: artifacts.schema.embedding_dim]
-        try:
-            found = await self._ann.search(artifacts.catalog, embedding, k, ctx.time_for())
-        except RecallError as exc:
-            ctx.degrade(Stage.RECALL, exc.kind, exc)
-            found = np.empty(0, dtype=np.int64)
-        found = found.astype(np.int64, copy=False)
-        extra = min(self._popular_count + max(0, k - len(found)), len(artifacts.popular))
-        return merge_popular(found, artifacts.popular, extra)
+    async def run(self, asked: Asked, ctx: RequestContext) -> Pool:
+        catalog_size = len(ctx.artifacts.popular)
+        recalling = Recalling(asked, min(max(self._candidate_count, asked.at_least), catalog_size))
+        so_far: Positions = np.empty(0, dtype=np.int64)
+        for source in self._sources:
+            fresh = await source.candidates(recalling, so_far, ctx)
+            so_far = np.concatenate([so_far, fresh]) if len(so_far) else fresh
+        return Pool(asked, so_far)

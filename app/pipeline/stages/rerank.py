@@ -6,20 +6,29 @@ import math
 import time
 from collections.abc import Callable
 
+from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import RankedItem, Scored
+from app.pipeline.stages.types import Ranked, RankedItem, Recommendation
 from app.release.rules import rerank
 
 SECONDS_PER_DAY = 86_400.0
 
 
 class Reranker:
+    """The top N after boosting and capping: the answer."""
+
+    stage = Stage.RERANK
+
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
 
-    def select(self, scored: Scored, n_items: int, ctx: RequestContext) -> list[RankedItem]:
-        """The top n_items after boosting and capping."""
+    async def run(self, ranked: Ranked, ctx: RequestContext) -> Recommendation:
+        items = self._select(ranked, ctx)
+        return Recommendation(items, ranked.asked.user.cold_start, ranked.model)
+
+    def _select(self, ranked: Ranked, ctx: RequestContext) -> list[RankedItem]:
         catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
+        scored, n_items = ranked.scored, ranked.asked.query.num_items
         positions = scored.positions
         age_days = (self._clock() - catalog.published_at[positions]) / SECONDS_PER_DAY
         selection = rerank(

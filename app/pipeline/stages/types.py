@@ -1,4 +1,9 @@
-"""Values handed from one stage to the next."""
+"""Values handed from one stage to the next.
+
+Query -features-> Asked -recall-> Pool -filter-> Pool -fetch-> Hydrated -pack-> Packed
+-rank-> Ranked -rerank-> Recommendation. Each says how many candidates it carries, which the
+pipeline's runner counts for the stage that made it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.core.vocabulary import Indices, Positions, Removal, Scores
+from app.core.vocabulary import Indices, Positions, Removal, Scores, Variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +39,56 @@ class Query:
 @dataclass(frozen=True, slots=True)
 class UserFeatures:
     blob: npt.NDArray[np.float32]
-    context: npt.NDArray[np.float32]
+    context_row: npt.NDArray[np.float32]  # the request's Moment, encoded as the schema's block
     seen: Positions  # every item the user has seen, by catalog position
     cold_start: bool
 
 
 @dataclass(frozen=True, slots=True)
+class Asked:
+    """The request and what is known of its user: what every later stage reads."""
+
+    query: Query
+    user: UserFeatures
+
+    @property
+    def candidates(self) -> int:
+        return 0  # none yet: recall makes them
+
+    @property
+    def at_least(self) -> int:
+        """Candidates recall must find for the answer to be full after the filters."""
+        query = self.query
+        return query.num_items + len(self.user.seen) + len(query.exclude_item_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Recalling:
+    """What the candidate sources are asked for: `wanted` candidates for this request."""
+
+    asked: Asked
+    wanted: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """Candidates in recall order (after the filters: those kept, then any backfill)."""
+
+    asked: Asked
+    positions: Positions
+
+    @property
+    def candidates(self) -> int:
+        return len(self.positions)
+
+
+@dataclass(frozen=True, slots=True)
 class Filtered:
-    """The candidates a filter kept, in order, and how many it removed for each reason."""
+    """What one filter kept, in order, what it removed, and why."""
 
     kept: Positions
-    removed: dict[Removal, int]
+    removed: Positions
+    reason: Removal
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +106,56 @@ class HydratedCandidates:
 
 
 @dataclass(frozen=True, slots=True)
+class Hydrated:
+    """The candidates with their item features, for the request they belong to."""
+
+    asked: Asked
+    items: HydratedCandidates
+
+    @property
+    def candidates(self) -> int:
+        return len(self.items.found)
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """The model's input: one fixed-width FP32 row per candidate with features, in order."""
+
+    hydrated: Hydrated
+    rows: npt.NDArray[np.float32]
+
+    @property
+    def candidates(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsed:
+    """Which model scored the answer: FALLBACK (and no version) when Triton did not."""
+
+    variant: Variant = Variant.FALLBACK
+    version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Scored:
     """Candidates in recall order and their scores; NaN marks one that was not scored."""
 
     positions: Positions
     scores: Scores
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """The candidates and their scores, and the model that scored them."""
+
+    asked: Asked
+    scored: Scored
+    model: ModelUsed
+
+    @property
+    def candidates(self) -> int:
+        return int(np.count_nonzero(~np.isnan(self.scored.scores)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +168,8 @@ class RankedItem:
 class Recommendation:
     items: list[RankedItem]
     cold_start: bool
+    model: ModelUsed = ModelUsed()
+
+    @property
+    def candidates(self) -> int:
+        return len(self.items)

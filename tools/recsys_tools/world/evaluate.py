@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
-from app.pipeline.stages.recall import merge_popular
+from app.pipeline.sources.popular import merge_popular
 from app.release.catalog import set_search_breadth
 from app.release.schema import FeatureSchema
 from recsys_tools.world.index import build_index

@@ -1,0 +1,1 @@
+"""Candidate filters, one reason each, and the backfill that follows them."""

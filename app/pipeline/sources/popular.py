@@ -1,0 +1,40 @@
+"""Source `popular`: the most popular items, more of them when the sources before fell short."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.core.membership import member_mask
+from app.core.vocabulary import Positions
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import Recalling
+
+
+def fresh_popular(found: Positions, popular_order: Positions, extra: int) -> Positions:
+    """The `extra` most popular items that `found` lacks, most popular first."""
+    if extra <= 0:
+        return popular_order[:0]
+    head = popular_order[: extra + len(found)]
+    fresh: Positions = head[~member_mask(head, found)][:extra]
+    return fresh
+
+
+def merge_popular(found: Positions, popular_order: Positions, extra: int) -> Positions:
+    """`found`, in its order, then the `extra` most popular items it lacks."""
+    if extra <= 0:
+        return found
+    return np.concatenate([found, fresh_popular(found, popular_order, extra)])
+
+
+class PopularSource:
+    """`count` popular items, plus as many as the sources before fell short of `wanted`."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+
+    async def candidates(
+        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+    ) -> Positions:
+        popular = ctx.artifacts.popular
+        extra = min(self._count + max(0, recalling.wanted - len(so_far)), len(popular))
+        return fresh_popular(so_far, popular, extra)

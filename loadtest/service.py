@@ -107,10 +107,14 @@ def api_on(stack: LocalStack, log_path: Path, **settings: str) -> Iterator[ApiPr
 
 
 def start_api(
-    env: dict[str, str], log_path: Path, port: int | None = None, args: Sequence[str] = ()
+    env: dict[str, str],
+    log_path: Path,
+    port: int | None = None,
+    args: Sequence[str] = (),
+    checkout: Path | None = None,
 ) -> ApiProcess:
     """`python -m app` with RECSYS_* settings from `env` and command-line `args`; returns
-    once it is spawned."""
+    once it is spawned. `checkout`: run the app of that tree instead (its root, as cwd)."""
     chosen = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
@@ -120,5 +124,6 @@ def start_api(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=checkout,
         )
     return ApiProcess(process, chosen, log_path)

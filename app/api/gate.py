@@ -36,6 +36,9 @@ _CLOSE = [(b"connection", b"close")]
 # Whole answers are the ones whose service time says how loaded the worker is: a degraded
 # one may have waited out a slow or absent dependency's timeout, which no concurrency of
 # the worker's causes (and cutting concurrency would not cure), or skipped work it had.
+# Except one that ran out of its whole budget (the route marks it `exhausted`): every
+# dependency call is bounded well inside the budget, so that is queueing in the worker,
+# the very thing the limit is for (an overload's first moments, a machine turned busy).
 _TELLING = frozenset({Outcome.OK})
 
 
@@ -142,7 +145,7 @@ class Gate:
         try:
             return await _run(self.app, scope, _replaying(body, receive), send)
         finally:
-            telling = state.get("outcome") in _TELLING
+            telling = state.get("outcome") in _TELLING or state.get("exhausted", False)
             self._admission.leave(time.perf_counter() - admitted if telling else None)
 
 

@@ -131,6 +131,9 @@ async def recommend(
         error = error_body("internal_error", "the request failed", ctx.request_id)
         return JSONResponse(error.model_dump(), status_code=500)
     state.outcome = Outcome.DEGRADED if ctx.degraded else Outcome.OK
+    # Out of budget on the service's own budget (not one its caller shortened): the gate
+    # lets this answer's service time teach the admission limit (app/api/gate.py).
+    state.exhausted = ctx.time_for() <= 0.0 and not caller_shortened.get()
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
     return RecommendResponse(
         request_id=ctx.request_id,

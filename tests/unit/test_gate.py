@@ -19,6 +19,7 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     message = await receive()
     body = message.get("body", b"")
     scope["state"]["outcome"] = Outcome.DEGRADED if b"degrade" in body else Outcome.OK
+    scope["state"]["exhausted"] = b"out of time" in body
     headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -185,6 +186,16 @@ async def test_only_whole_answers_teach_the_limit_their_service_time() -> None:
     assert len(observed) == 1
     assert 0 <= observed[0] < 1.0
     assert admission.in_flight == 0
+
+
+async def test_a_degraded_answer_that_ran_out_of_its_budget_teaches_the_limit_too() -> None:
+    admission = _admission()
+    observed: list[float] = []
+    admission.limit.observe = observed.append  # type: ignore[method-assign,assignment]
+    async with _client(admission, ServiceMetrics()) as client:
+        # Degraded for want of time, not for a dependency: queueing in the worker.
+        await client.post("/recommend", json={"user_id": "degrade, out of time"})
+    assert len(observed) == 1
 
 
 def _large_client(metrics: ServiceMetrics) -> AsyncClient:

@@ -14,9 +14,7 @@ It is AIMD whose decrease is scaled by how far latency overshoots, as gradient l
 - over the target in two windows running while demand reached the limit, it shrinks by
   target / median (at most halved at once): one noisy window is not overload, and latency
   that rose while slots stood free (a slow dependency, a busier machine) is not caused by
-  admitting too much, nor cured by admitting less. One window over SEVERE times the
-  target is no noise: the limit shrinks at once, so a limit far too high for a sudden
-  overload (or a machine that turned busy) stops degrading answers within a window;
+  admitting too much, nor cured by admitting less;
 - within it, and when demand reached the limit during the window, it grows by one.
 
 The baseline remembers BASELINE_S: long enough that an overload burst cannot talk it up,
@@ -37,7 +35,6 @@ MIN_SAMPLES = 20
 BASELINE_S = 5.0
 TOLERANCE = 3.0
 MAX_DECREASE = 0.5
-SEVERE = 2.0
 
 
 class AdaptiveLimit:
@@ -111,7 +108,7 @@ class AdaptiveLimit:
             self._medians.popleft()
         target = self.target_s()
         over = median > target
-        if over and (self._over_last or median > SEVERE * target) and self._demand:
+        if over and self._over_last and self._demand:
             factor = max(MAX_DECREASE, target / median)
             self._set(max(self._floor, math.floor(self.current * factor + 1e-9)))
         elif not over and self._demand:

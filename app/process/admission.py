@@ -2,9 +2,10 @@
 
 A request is taken at once while fewer than the limit (app.process.concurrency_limit, adapted to
 latency) are in flight. Beyond it, it waits in line for a slot, first come first served,
-for at most `max_queue_s`; a full line, or a wait that runs out, refuses it. So a burst
-far below capacity (the requests a one-off stall left unread, say) is served a few
-milliseconds late instead of refused. When most requests of the limit's last window found
+for at most what is left of `max_queue_s` once the time it waited unread is counted; a
+full line, or a wait that runs out, refuses it. So a burst far below capacity (the
+requests a one-off stall left unread, say) is served a few milliseconds late instead of
+refused. When most requests of the limit's last window found
 every slot taken, the worker is past capacity, not in a burst: a request that finds them
 taken is refused at once, so refusals under sustained overload cost no wait, and nobody
 waits in vain for a slot that will not come in time.
@@ -67,7 +68,13 @@ class Admission:
         if self.limit.saturated or waiting >= self._line_length():
             message = f"{self.in_flight} requests in flight and {waiting} waiting"
             raise OverloadedError(Refusal.FULL, message)
-        await self._wait_for_slot()
+        # The line's wait and the time unread share one allowance: a request the loop read
+        # late has less left to spend in line.
+        allowance_s = self._max_queue_s - self._lag.lag_s
+        if allowance_s <= 0:
+            message = f"requests wait {self._lag.lag_s * 1000:.0f} ms before they are read"
+            raise OverloadedError(Refusal.NO_SLOT, message)
+        await self._wait_for_slot(allowance_s)
 
     def _line_length(self) -> int:
         """How many can wait: as many as slots are likely to come free in `max_queue_s` (a
@@ -77,16 +84,16 @@ class Admission:
             return limit
         return max(1, min(limit, int(self._max_queue_s * limit / latency_s)))
 
-    async def _wait_for_slot(self) -> None:
+    async def _wait_for_slot(self, allowance_s: float) -> None:
         turn = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         try:
-            async with asyncio.timeout(self._max_queue_s):
+            async with asyncio.timeout(allowance_s):
                 await turn
         except TimeoutError:
             if turn.done() and not turn.cancelled():
                 return  # handed a slot just as the time ran out: it is this request's
-            message = f"no slot came free within {self._max_queue_s * 1000:.0f} ms"
+            message = f"no slot came free within {allowance_s * 1000:.0f} ms"
             raise OverloadedError(Refusal.NO_SLOT, message) from None
         except BaseException:
             if turn.done() and not turn.cancelled():

@@ -114,16 +114,19 @@ def served_p99_ms(api: ApiProcess) -> float:
 def _assert_full_answers_in_time(outcome: FaultReport, api: ApiProcess) -> str:
     """Every answer a full 200 within the budget; returns the context for further asserts.
 
-    The budget is the service's to keep, so it is checked on the service's own clock; as
-    clients see them, answers also carry this machine's pace (the generator's lateness on
-    a busy machine), so the clients' p99 gets a margin that grows with it.
+    The budget is the service's to keep, so it is checked on the service's own clock. On a
+    machine whose cores are all taken (a reload and a busy neighbour beside the stack) the
+    worker's loop itself runs late by about one request's pace, so the service's p99 gets
+    that much on top; as clients see them, answers also carry the generator's lateness, so
+    the clients' p99 gets twice that. A dependency's timeout waited out on top of the
+    budget still fails both.
     """
     context = f"{outcome}\n{api.log_tail()}"
     assert outcome.server_errors == 0, context
     assert outcome.other_statuses == 0, context
     assert outcome.short_answers == 0, context
-    assert served_p99_ms(api) <= BUDGET_MS + MARGIN_MS, context
     pace_ms = outcome.before_p50_ms or 0.0
+    assert served_p99_ms(api) <= BUDGET_MS + MARGIN_MS + pace_ms, context
     assert outcome.p99_ms <= BUDGET_MS + MARGIN_MS + 2 * pace_ms, context
     return context
 

@@ -184,3 +184,16 @@ async def test_a_loop_that_stays_behind_refuses_new_requests() -> None:
     with pytest.raises(OverloadedError, match="requests wait 50 ms before they are read"):
         await admission.enter()
     assert 0.02 < admission.queued_s <= 0.05
+
+
+async def test_time_spent_unread_comes_out_of_the_wait_in_line() -> None:
+    lag = LoopLag()
+    admission = _admission(limit=1, max_queue_s=0.05, lag=lag)
+    await admission.enter()
+    lag.lag_s = 0.04  # requests are read 40 ms late: 10 ms of the allowance is left
+    with pytest.raises(OverloadedError, match="no slot came free within 10 ms"):
+        await admission.enter()
+    lag.lag_s = 0.06  # read later than the whole allowance: refused without waiting
+    with pytest.raises(OverloadedError, match="requests wait 60 ms before they are read"):
+        await asyncio.wait_for(admission.enter(), 0.001)
+    assert admission.in_flight == 1

@@ -5,7 +5,7 @@ TRITON_ENV := .venv-triton
 # Every install is hashed from a lock (make lock refreshes them): nothing resolved afresh.
 LOCK := --generate-hashes --python-version 3.11 --quiet
 
-.PHONY: setup lock demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload world-large clean
+.PHONY: setup lock demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -75,6 +75,11 @@ bench-faults: setup
 # Capacity (a full worker), then three times it offered open loop: what admission does.
 bench-overload: setup
 	$(VENV)/bin/python -m loadtest.overload
+
+# Real time: one consumer's ingest rate, the API's CPU beside events, and freshness (click
+# to an answer without the item), recorded under "realtime" in docs/benchmarks.json.
+bench-realtime: setup
+	$(VENV)/bin/python -m loadtest.realtime --out docs/benchmarks.json
 
 world-large: setup
 	$(VENV)/bin/recsys build-demo --large --world var/world-1m

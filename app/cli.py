@@ -17,23 +17,9 @@ from types import FrameType
 from typing import Any
 
 from app.core.errors import ConfigError, RecsysError
+from app.core.log_setup import configure_logging
 
 log = logging.getLogger("recsys")
-
-
-# The process id tells the workers' lines apart (several write to one journal).
-LOG_FORMAT = "%(asctime)s [%(process)d] %(name)s %(message)s"
-
-
-def configure_logging() -> None:
-    """The service's own log lines at INFO, unless logging is set up already.
-
-    Called in the supervisor and again in each worker: a worker is a new interpreter, and
-    uvicorn configures only its own loggers there, so reloads and start-up reports would
-    otherwise go unlogged with several workers.
-    """
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -14,10 +14,12 @@ from fastapi_offline import FastAPIOffline
 
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
-from app.api.gate import Gate
+from app.api.events import router as events_router
+from app.api.gate import Gate, Gated
+from app.api.models import EventsRequest, RecommendRequest
 from app.api.routes import COMMON_ERRORS, router
-from app.cli import configure_logging
 from app.core.errors import RecsysError
+from app.core.log_setup import configure_logging
 from app.core.metrics import ServiceMetrics
 from app.core.settings import Settings, load_settings
 from app.process.admission import Admission
@@ -106,6 +108,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         resolved.max_queue_s,
         on_change=metrics.in_flight.set,
     )
+    # A fixed limit, no line: a batch of events can wait for its sender's retry, and a
+    # burst of them must not take the worker from /recommend.
+    most = resolved.events_max_in_flight
+    events_admission = Admission(
+        AdaptiveLimit(most, most, most, max_latency_s=resolved.event_append_timeout_s),
+        lag,
+        max_queue_s=resolved.max_queue_s,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,6 +140,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.freeze()
         metrics.workers.set(1)
         background = [asyncio.create_task(lag.run(), name="loop-lag")]
+        trending = services.trending.keep_current(
+            resolved.trending_refresh_s, resolved.redis_timeout_s
+        )
+        if resolved.trending_candidates:
+            background.append(asyncio.create_task(trending, name="trending"))
+        else:
+            trending.close()
         if services.item_memory is not None:
             refreshing = services.item_memory.keep_current(resolved.item_refresh_s)
             background.append(asyncio.create_task(refreshing, name="item-features"))
@@ -158,12 +175,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(router)
+    app.include_router(events_router)
     if resolved.admin_token is not None:
         app.include_router(admin_router)
     install_error_handlers(app)
     app.add_middleware(
         Gate,
-        admission=admission,
+        routes={
+            "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
+            "/events": Gated(events_admission, EventsRequest),
+        },
         metrics=metrics,
         max_body_bytes=resolved.max_body_bytes,
         body_timeout_s=resolved.body_timeout_s,

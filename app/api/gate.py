@@ -1,7 +1,8 @@
 """The gate in front of the routes, as plain ASGI so that refusing costs next to nothing.
 
 For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
-response header and kept in the scope for error bodies. For POST /recommend, in order:
+response header and kept in the scope for error bodies. For POST /recommend and POST
+/events, each with an admission of its own, in order:
 the content type (415); the body, read whole under a deadline (408) and a size limit (413)
 before the request holds anything a slow sender could keep from others; a large body that
 would make many validation errors (422, app.api.precheck); admission (503
@@ -15,9 +16,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.errors import error_body, summary
@@ -74,22 +77,30 @@ def _outcome_of(status: int) -> Outcome:
     return Outcome.INVALID if 400 <= status < 500 else Outcome.ERROR
 
 
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """A POST route behind the gate: its own admission, its body's model for the precheck,
+    and where its outcome and duration are counted (None: the route counts its own)."""
+
+    admission: Admission
+    model: type[BaseModel]
+    observe: Callable[[Outcome, float], None] | None = None
+
+
 class Gate:
     def __init__(
         self,
         app: ASGIApp,
-        admission: Admission,
+        routes: Mapping[str, Gated],
         metrics: ServiceMetrics,
         max_body_bytes: int,
         body_timeout_s: float,
-        path: str = "/recommend",
     ) -> None:
         self.app = app
-        self._admission = admission
+        self._routes = routes
         self._metrics = metrics
         self._max_body_bytes = max_body_bytes
         self._body_timeout_s = body_timeout_s
-        self._path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,27 +110,30 @@ class Gate:
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = rid
         tagged = _tagging(send, rid)
-        if scope["path"] != self._path or scope["method"] != "POST":
+        gated = self._routes.get(scope["path"]) if scope["method"] == "POST" else None
+        if gated is None:
             await self.app(scope, receive, tagged)
             return
         started = time.perf_counter()
         status = 500  # what an exception escaping the route becomes
         try:
-            status = await self._recommend(scope, receive, tagged, state)
+            status = await self._gated(gated, scope, receive, tagged, state)
         finally:
-            outcome = state.get("outcome") or _outcome_of(status)
-            self._metrics.observe_request(outcome, time.perf_counter() - started)
+            if gated.observe is not None:
+                outcome = state.get("outcome") or _outcome_of(status)
+                gated.observe(outcome, time.perf_counter() - started)
 
-    async def _recommend(
-        self, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
+    async def _gated(
+        self, gated: Gated, scope: Scope, receive: Receive, send: Send, state: dict[str, Any]
     ) -> int:
-        """Run POST /recommend through the checks; return the status it was answered with."""
+        """Run a gated POST through the checks; return the status it was answered with."""
         rid = state["request_id"]
+        admission = gated.admission
         if not is_json(_header(scope["headers"], b"content-type")):
             message = "send the body as application/json"
             return await _refuse(send, 415, "unsupported_media_type", message, rid)
         # Deadlines count from when the request probably arrived, its unread wait included.
-        arrived = time.monotonic() - self._admission.queued_s
+        arrived = time.monotonic() - admission.queued_s
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await _read_body(receive, self._max_body_bytes)
@@ -129,12 +143,12 @@ class Gate:
         if body is None:
             message = f"the body is over {self._max_body_bytes} bytes"
             return await _refuse(send, 413, "body_too_large", message, rid, _CLOSE)
-        fields, total = many_errors(body)
+        fields, total = many_errors(body, gated.model)
         if fields:
             message = summary(fields, total)
             return await _refuse(send, 422, "invalid_request", message, rid, fields=fields)
         try:
-            await self._admission.enter()
+            await admission.enter()
         except OverloadedError as exc:
             self._metrics.refusal_count[exc.reason].inc()
             refusals.warning(exc.reason, "refused a request (%s): %s", exc.reason, exc)
@@ -146,7 +160,7 @@ class Gate:
             return await _run(self.app, scope, _replaying(body, receive), send)
         finally:
             telling = state.get("outcome") in _TELLING or state.get("exhausted", False)
-            self._admission.leave(time.perf_counter() - admitted if telling else None)
+            admission.leave(time.perf_counter() - admitted if telling else None)
 
 
 def _tagging(send: Send, rid: str) -> Send:

@@ -6,10 +6,20 @@ integer belongs, or a string where a boolean belongs, is refused rather than con
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+from pydantic.config import JsonDict
 
+from app.core.events import EventType
 from app.core.vocabulary import Variant
 from app.pipeline.stages.types import Moment, Query
 
@@ -72,6 +82,66 @@ class RecommendRequest(BaseModel):
                 context.device, context.page, context.locale, context.hour, context.weekday
             ),
         )
+
+
+MAX_EVENTS = 500
+
+
+# A rating carries its value: said in the schema too, so a client generated from it knows.
+_RATING_HAS_A_VALUE: JsonDict = {
+    "if": {"properties": {"type": {"const": "rating"}}, "required": ["type"]},
+    "then": {"properties": {"value": {"type": "number"}}, "required": ["value"]},
+}
+
+
+class EventIn(BaseModel):
+    """One thing a user did. A retried event with the same `event_id` changes nothing."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_RATING_HAS_A_VALUE)
+    event_id: Identifier = Field(description="unique per user; a repeat is applied once")
+    user_id: Identifier
+    item_id: Identifier
+    # Not strict: the body is parsed JSON, where an enum's value is a string.
+    type: EventType = Field(strict=False)
+    value: float | None = Field(
+        default=None, description="the rating, for `rating` (4 or more counts as a positive)"
+    )
+    ts: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**53,
+        description="when it happened, ms since the epoch; default: now. Further ahead than "
+        "RECSYS_EVENT_MAX_FUTURE_MS is not applied: listed in `future`",
+    )
+    request_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="the answer the item was in: credits that answer's variant"
+    )
+
+    @model_validator(mode="after")
+    def _value_fits_the_type(self) -> EventIn:
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError("value must be a finite number")
+        if self.type is EventType.RATING and self.value is None:
+            raise ValueError("a rating needs its value")
+        return self
+
+
+class EventsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS)
+
+
+class EventsAccepted(BaseModel):
+    request_id: str
+    accepted: int = Field(description="events appended to the event log, durable in Redis")
+    unknown_items: list[int] = Field(
+        description="positions in `events` of those whose item the catalog lacks: counted, "
+        "never applied"
+    )
+    future: list[int] = Field(
+        description="positions in `events` of those stamped too far ahead of this host's "
+        "clock: counted, never applied"
+    )
 
 
 class RecommendedItem(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.api.models import ClientContext, ErrorField, RecommendRequest
+from app.api.models import ClientContext, ErrorField, EventIn, EventsRequest, RecommendRequest
 
 # Below this a body holds too few keys or items to make validation expensive.
 LOOK_OVER_BYTES = 4096
@@ -39,9 +39,9 @@ def _unknown_keys(value: Any, model: type[BaseModel], prefix: str) -> list[Error
     ]
 
 
-def _long_lists(body: dict[str, Any]) -> list[ErrorField]:
+def _long_lists(body: dict[str, Any], model: type[BaseModel]) -> list[ErrorField]:
     problems = []
-    for name, field in RecommendRequest.model_fields.items():
+    for name, field in model.model_fields.items():
         value = body.get(name)
         limit = next((m.max_length for m in field.metadata if hasattr(m, "max_length")), None)
         if isinstance(value, list) and limit is not None and len(value) > limit:
@@ -50,9 +50,32 @@ def _long_lists(body: dict[str, Any]) -> list[ErrorField]:
     return problems
 
 
-def many_errors(body: bytes) -> tuple[list[ErrorField], int]:
+# Each body's nested objects: one object under a key, or a list of them.
+NESTED: dict[type[BaseModel], dict[str, type[BaseModel]]] = {
+    RecommendRequest: {"context": ClientContext},
+    EventsRequest: {"events": EventIn},
+}
+
+
+def _nested_unknown_keys(body: dict[str, Any], model: type[BaseModel]) -> list[ErrorField]:
+    unknown: list[ErrorField] = []
+    for key, inner in NESTED.get(model, {}).items():
+        value = body.get(key)
+        if isinstance(value, list):
+            for n, element in enumerate(value):
+                unknown += _unknown_keys(element, inner, f"{key}.{n}.")
+                if len(unknown) > MAX_REPORTED:
+                    break
+        else:
+            unknown += _unknown_keys(value, inner, f"{key}.")
+    return unknown
+
+
+def many_errors(
+    body: bytes, model: type[BaseModel] = RecommendRequest
+) -> tuple[list[ErrorField], int]:
     """For a large body that would make many errors, the first MAX_REPORTED and how many
-    there are; ([], 0) when validation should look at it."""
+    there are (at least); ([], 0) when validation should look at it."""
     if len(body) < LOOK_OVER_BYTES:
         return [], 0
     try:
@@ -61,9 +84,9 @@ def many_errors(body: bytes) -> tuple[list[ErrorField], int]:
         return [], 0  # validation reports it as invalid JSON, one error
     if not isinstance(parsed, dict):
         return [], 0
-    long_lists = _long_lists(parsed)
-    unknown = _unknown_keys(parsed, RecommendRequest, "")
-    unknown += _unknown_keys(parsed.get("context"), ClientContext, "context.")
+    long_lists = _long_lists(parsed, model)
+    unknown = _unknown_keys(parsed, model, "")
+    unknown += _nested_unknown_keys(parsed, model)
     if not long_lists and len(unknown) <= MAX_REPORTED:
         return [], 0
     problems = long_lists + unknown

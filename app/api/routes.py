@@ -134,6 +134,9 @@ async def recommend(
     # Out of budget on the service's own budget (not one its caller shortened): the gate
     # lets this answer's service time teach the admission limit (app/api/gate.py).
     state.exhausted = ctx.time_for() <= 0.0 and not caller_shortened.get()
+    services.events.remember_answer(
+        ctx.request_id, result.model.variant.value, services.settings.answer_ttl_s
+    )
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
     return RecommendResponse(
         request_id=ctx.request_id,

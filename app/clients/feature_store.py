@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from app.clients.breaker import CircuitBreaker
 from app.core.errors import FailureKind, FeatureStoreError, SchemaError
 from app.core.vocabulary import Positions
-from app.release.keyspace import KeySpace
+from app.release.keyspace import USER_KEYS_FORMAT, KeySpace
 from app.release.schema import FeatureSchema
 
 FLOAT32 = np.dtype("<f4")
@@ -56,6 +56,7 @@ def layout_meta(schema: FeatureSchema) -> dict[str, str]:
         "user_dense": ",".join(schema.user_dense),
         "item_dense": ",".join(schema.item_dense),
         "seen_format": SEEN_FORMAT,
+        "user_keys": USER_KEYS_FORMAT,
     }
 
 
@@ -175,6 +176,11 @@ class FeatureStore:
     @property
     def keys(self) -> KeySpace:
         return self._keys
+
+    @property
+    def client(self) -> RedisClient:
+        """The pooled client, for the event log and the trending reader beside the store."""
+        return self._client
 
     async def user(self, user_id: str, timeout_s: float) -> UserRecord:
         """The user's blob and every item they have seen, in one round trip."""

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.clients.feature_store import ItemBlobs
+from app.core.cancelling import cancel_requested
 from app.core.errors import FeatureStoreError
 from app.release.world import same_world
 
@@ -65,17 +66,6 @@ async def read_item_matrix(
         blobs[rows] = got.matrix[finite]
         usable[rows] = True
     return ItemMatrix(version, blobs, usable)
-
-
-def _cancelled() -> bool:
-    """Whether this task was asked to stop, even when the CancelledError itself got lost.
-
-    A cancel that lands inside a Redis call while its timeout is also due (as when the
-    event loop resumes after standing still) can be swallowed on the way out; the task
-    would then refresh forever and shutdown, which waits for it, would never end.
-    """
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class ItemMemory:
@@ -140,7 +130,7 @@ class ItemMemory:
     async def keep_current(self, every_s: float) -> None:
         """Refresh every `every_s` until cancelled; `on_refresh` hears of each swap (the new
         matrix) and each failure (None). A failure keeps what is held."""
-        while not _cancelled():
+        while not cancel_requested():
             await asyncio.sleep(every_s)
             try:
                 swapped = await self.refresh()

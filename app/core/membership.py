@@ -34,3 +34,17 @@ def positions_of(
     found: Positions = id_order[at].astype(np.int64, copy=False)
     kept: Positions = found[ids[found] == query]
     return kept
+
+
+def lookup(
+    ids: npt.NDArray[np.str_], id_order: npt.NDArray[np.intp], wanted: list[str]
+) -> Positions:
+    """The catalog position of each of `wanted`, in its order; -1 for an id it lacks."""
+    if not wanted or len(ids) == 0:
+        return np.full(len(wanted), -1, dtype=np.int64)
+    query = np.array(wanted, dtype=np.str_)
+    at = np.searchsorted(ids, query, sorter=id_order)
+    np.minimum(at, len(ids) - 1, out=at)
+    found: Positions = id_order[at].astype(np.int64, copy=False)
+    result: Positions = np.where(ids[found] == query, found, -1)
+    return result

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.errors import FailureKind
+from app.core.events import EventOutcome, EventType, IngestOutcome
 from app.core.vocabulary import Removal, Stage, Variant
 
 
@@ -228,6 +229,18 @@ DECLARED: dict[str, Declared] = {
         "Reloads of the release (index, catalog, rules, model versions), by outcome.",
         ("outcome",),
     ),
+    "events": Declared(
+        Counter,
+        "recsys_events",
+        "Events posted to /events, by outcome (accepted: appended to the event log).",
+        ("outcome",),
+    ),
+    "trending_refreshes": Declared(
+        Counter,
+        "recsys_trending_refreshes",
+        "Reads of the trending items from Redis, by result.",
+        ("result",),
+    ),
     "release_generation": Declared(
         Gauge,
         "recsys_release_generation",
@@ -262,6 +275,8 @@ class ServiceMetrics:
     shadow_agreement: Histogram
     reloads: Counter
     release_generation: Gauge
+    events: Counter
+    trending_refreshes: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -283,6 +298,11 @@ class ServiceMetrics:
         self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
         self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
         self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
+        self.event_count = {o: self.events.labels(o) for o in EventOutcome}
+        self.trending_count = {
+            read: self.trending_refreshes.labels("read" if read else "failed")
+            for read in (True, False)
+        }
         self.degraded_count = {
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES
@@ -292,3 +312,66 @@ class ServiceMetrics:
     def observe_request(self, outcome: Outcome, seconds: float) -> None:
         self.request_count[outcome].inc()
         self.request_timer[outcome].observe(seconds)
+
+
+# The ingest consumer's collectors (its own process, its own /metrics).
+INGEST_DECLARED: dict[str, Declared] = {
+    "events": Declared(
+        Counter,
+        "recsys_ingest_events",
+        "Events the consumer read, by what became of them.",
+        ("outcome",),
+    ),
+    "dead_letters": Declared(
+        Counter,
+        "recsys_ingest_dead_letters",
+        "Events moved to the dead-letter stream, by reason.",
+        ("reason",),
+    ),
+    "lag": Declared(
+        Gauge,
+        "recsys_ingest_lag_seconds",
+        "Age of the oldest event not yet applied (0 when caught up), over this consumer's "
+        "partitions.",
+    ),
+    "batch_duration": Declared(
+        Histogram,
+        "recsys_ingest_batch_duration_seconds",
+        "Time to apply one batch read from a partition.",
+        buckets=LATENCY_BUCKETS,
+    ),
+    "outcomes": Declared(
+        Counter,
+        "recsys_outcomes",
+        "Clicks, likes and purchases on an answer, credited to the variant that made it.",
+        ("variant", "type"),
+    ),
+}
+
+
+class DeadLetter(StrEnum):
+    """Why an event could not be applied (a metric label: a fixed set)."""
+
+    MALFORMED = "malformed"  # not an event this service wrote
+    UNKNOWN_ITEM = "unknown_item"  # the world being served has no such item
+    BAD_STATE = "bad_state"  # the user's stored state is damaged (a blob of the wrong size...)
+
+
+class IngestMetrics:
+    events: Counter
+    dead_letters: Counter
+    lag: Gauge
+    batch_duration: Histogram
+    outcomes: Counter
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        for attribute, declared in INGEST_DECLARED.items():
+            setattr(self, attribute, declared.make(self.registry))
+        self.event_count = {o: self.events.labels(o) for o in IngestOutcome}
+        self.dead_letter_count = {r: self.dead_letters.labels(r) for r in DeadLetter}
+        self.outcome_count = {
+            (variant, kind): self.outcomes.labels(variant, kind)
+            for variant in Variant
+            for kind in (EventType.CLICK, EventType.LIKE, EventType.PURCHASE)
+        }

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
         description="its password (best as the secret file recsys_redis_password); "
         "default: the one in RECSYS_REDIS_URL, if any",
     )
-    redis_key_prefix: str = Field(default="recsys", min_length=1)
+    redis_key_prefix: str = Field(default="recsys", min_length=1, pattern=r"^[^{}]+$")
     redis_max_connections: int = Field(default=64, ge=1)
     redis_timeout_ms: float = Field(
         default=25.0, gt=0, description="the most one Redis call may take, budget permitting"
@@ -178,6 +178,81 @@ class Settings(BaseSettings):
         default=8, ge=1, description="with a pool: searches waiting or running; more fall back"
     )
 
+    # Real time: the events API and the ingest consumer (recsys-ingest)
+    event_partitions: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="event streams, by user; each is applied in order by one consumer, so "
+        "this is the most consumers that share the work. API and consumers must agree",
+    )
+    event_stream_max: int = Field(
+        default=1_000_000,
+        ge=1000,
+        description="events kept per stream (trimmed approximately, oldest first)",
+    )
+    events_max_in_flight: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="POST /events batches one worker takes at once; more get a 503, so a "
+        "burst of events never starves /recommend",
+    )
+    event_append_timeout_ms: float = Field(
+        default=500.0, gt=0, description="the most appending one batch of events may take"
+    )
+    event_max_future_ms: float = Field(
+        default=300_000.0,
+        ge=0,
+        description="an event stamped further ahead of this host's clock is refused",
+    )
+    impressions_to_seen: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description="impressions of one item without a click or like before it counts as "
+        "seen and is no longer recommended; 0: impressions never make an item seen",
+    )
+    trending_half_life_s: float = Field(
+        default=3600.0, gt=0, description="how fast the trending counters of items decay"
+    )
+    trending_candidates: int = Field(
+        default=50,
+        ge=0,
+        le=5000,
+        description="the most trending items the popular source puts first; 0: none",
+    )
+    trending_refresh_ms: float = Field(
+        default=1000.0, gt=0, description="how often each worker reads the trending items"
+    )
+    answer_ttl_s: int = Field(
+        default=3600,
+        ge=0,
+        description="how long an answer's variant is kept, for clicks that name its request "
+        "id; 0: not kept (outcomes are not credited to variants)",
+    )
+    event_dedupe_s: int = Field(
+        default=86_400,
+        ge=60,
+        description="how long the ids of a user's applied events are kept (the last 1024 at "
+        "most), so a retried event within it changes nothing",
+    )
+    ingest_batch: int = Field(default=500, ge=1, le=10_000, description="events read at once")
+    ingest_consumer: str = Field(
+        default="0/1",
+        pattern=r"^[0-9]+/[1-9][0-9]*$",
+        description="i/n: this consumer applies the partitions p with p % n == i",
+    )
+    ingest_metrics_port: int = Field(
+        default=9108, ge=0, le=65535, description="the consumer's /metrics; 0: none"
+    )
+    ingest_claim_idle_ms: float = Field(
+        default=30_000.0,
+        gt=0,
+        description="an event another consumer read and left unacknowledged this long is "
+        "taken over",
+    )
+
     # Start-up and shutdown
     startup_timeout_s: float = Field(default=60.0, gt=0)
     drain_s: float = Field(
@@ -217,6 +292,24 @@ class Settings(BaseSettings):
         return seconds(self.breaker_open_ms)
 
     @property
+    def event_append_timeout_s(self) -> float:
+        return seconds(self.event_append_timeout_ms)
+
+    @property
+    def trending_refresh_s(self) -> float:
+        return seconds(self.trending_refresh_ms)
+
+    @property
+    def ingest_claim_idle_s(self) -> float:
+        return seconds(self.ingest_claim_idle_ms)
+
+    @property
+    def ingest_share(self) -> tuple[int, int]:
+        """(i, n) of `ingest_consumer`: this consumer's index among n."""
+        index, count = (int(part) for part in self.ingest_consumer.split("/"))
+        return index, count
+
+    @property
     def triton_urls(self) -> list[str]:
         return self.triton_url.split(",")
 
@@ -246,6 +339,9 @@ class Settings(BaseSettings):
             raise ValueError("reserve_ms must be below min_budget_ms, or no stage has time")
         if self.min_in_flight > self.max_in_flight:
             raise ValueError("min_in_flight must not exceed max_in_flight")
+        index, count = self.ingest_share
+        if index >= count:
+            raise ValueError(f"ingest_consumer {self.ingest_consumer}: i must be below n")
         return self
 
 

@@ -12,8 +12,12 @@ sources/ and a line in `build_pipeline`; a filter, a file in filters/ and a line
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
 from app.pipeline.filters.backfill import PopularBackfill
 from app.pipeline.filters.blocked import BlockedFilter
@@ -21,6 +25,7 @@ from app.pipeline.filters.excluded import ExcludedFilter
 from app.pipeline.filters.seen import SeenFilter
 from app.pipeline.sources.ann import AnnSource, VectorSearch
 from app.pipeline.sources.popular import PopularSource
+from app.pipeline.sources.trending import TrendingSource
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.filter import CandidateFilter, Filter
 from app.pipeline.stages.pack import RowPacker
@@ -29,6 +34,8 @@ from app.pipeline.stages.recall import CandidateRecall, CandidateSource
 from app.pipeline.stages.rerank import Reranker
 from app.pipeline.stages.types import Asked, Hydrated, Pool, Query, Recommendation
 from app.pipeline.step import Step, run_step
+
+NOTHING: Positions = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +67,13 @@ def build_pipeline(
     fetch: Step[Pool, Hydrated],
     rank: Scorer,
     rerank: Reranker,
+    trending: Callable[[], Positions] = lambda: NOTHING,
+    trending_count: int = 0,
 ) -> RecommendPipeline:
     """The pipeline with its candidate sources and filters, in the order they run."""
     sources: list[CandidateSource] = [
         AnnSource(search),
+        TrendingSource(trending, trending_count),
         PopularSource(popular_count),
     ]
     filters: list[Filter] = [

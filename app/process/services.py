@@ -14,11 +14,13 @@ from typing import Protocol
 import faiss
 
 from app.clients.breaker import BreakerState, CircuitBreaker
+from app.clients.event_log import EventLog
 from app.clients.feature_store import FeatureStore, connect_redis
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.clients.local_ranker import LocalRanker, load_local_ranker
 from app.clients.ranking_model import TritonPool, connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
+from app.clients.trending import TrendingItems
 from app.core.cached import CachedCall
 from app.core.errors import (
     ConfigError,
@@ -68,6 +70,8 @@ class Services:
     shadow: ShadowCalls
     # Closes what start-up opened, in the reverse order (shadow calls first, Redis last).
     closing: AsyncExitStack
+    events: EventLog
+    trending: TrendingItems
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
     draining: bool = field(default=False)
@@ -295,6 +299,17 @@ async def start_services(
             if item_memory is not None
             else ItemFeatureHydrator(store, settings.redis_timeout_s)
         )
+        trending = TrendingItems(
+            store.client,
+            store.keys,
+            settings.trending_candidates,
+            lambda: artifacts.current.catalog.size,
+            lambda read: metrics.trending_count[read].inc(),
+        )
+        events = EventLog(
+            store.client, store.keys, settings.event_partitions, settings.event_stream_max
+        )
+        stack.push_async_callback(events.aclose)
         pipeline = build_pipeline(
             features=UserFeatureHydrator(store, settings.redis_timeout_s),
             search=search,
@@ -303,6 +318,8 @@ async def start_services(
             fetch=fetch,
             rank=Scorer(model, local_ranker, settings.triton_timeout_s, shadow),
             rerank=Reranker(),
+            trending=lambda: trending.current,
+            trending_count=settings.trending_candidates,
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(
@@ -325,6 +342,8 @@ async def start_services(
             reloader=reloader,
             shadow=shadow,
             closing=stack.pop_all(),
+            events=events,
+            trending=trending,
             world=stamp,
             item_memory=item_memory,
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.core.membership import positions_of
+from app.core.membership import lookup, positions_of
 from app.core.vocabulary import Positions
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
@@ -45,6 +45,10 @@ class ServingArtifacts:
     def positions_of(self, ids: Collection[str]) -> Positions:
         """The positions of those of `ids` that the catalog has, in no particular order."""
         return positions_of(self.catalog.item_ids, self.id_order, list(ids))
+
+    def lookup(self, ids: list[str]) -> Positions:
+        """The position of each of `ids`, in order; -1 where the catalog lacks it."""
+        return lookup(self.catalog.item_ids, self.id_order, ids)
 
 
 def artifacts_label(world_files: str, rules: RerankRules) -> str:

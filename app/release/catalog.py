@@ -37,6 +37,8 @@ INDEX_FILE = "index.faiss"
 DEFAULT_USER_FILE = "default_user.npy"
 MODEL_FILE = "model.onnx"
 SEEN_FILE = "seen.npz"
+# Each user's positives, oldest first, repeats kept: what the consumer folds vectors in from.
+POSITIVES_FILE = "positives.npz"
 HOLDOUT_FILE = "holdout.npz"
 SCHEMA_FILE = "feature_schema.json"
 MANIFEST_FILE = "manifest.json"

@@ -1,7 +1,11 @@
-"""Where a world's data lives in Redis: the keys of users, items, seen lists and the layout.
+"""Where a world's data lives in Redis: the keys of users, items, seen lists and the layout,
+and of the real-time state the ingest consumer keeps beside them.
 
 Part of the release: the loader writes these keys and the service reads them, and a prefix
-lets two worlds share one Redis.
+lets two worlds share one Redis. Every key about one user carries the user id as its hash
+tag (`recsys:u:{alice}`, `recsys:seen:{alice}`...), so on a Redis Cluster they share a slot
+and the consumer can change them in one transaction. The event stream's partitions carry
+their number as theirs.
 """
 
 from __future__ import annotations
@@ -11,19 +15,54 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+# The layout record's value for user keys as they are named now (hash-tagged by user).
+USER_KEYS_FORMAT = "tagged"
+
 
 @dataclass(frozen=True, slots=True)
 class KeySpace:
     prefix: str
 
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"a key prefix cannot hold braces (hash tags): {self.prefix!r}")
+
     def user(self, user_id: str) -> str:
-        return f"{self.prefix}:u:{user_id}"
+        return f"{self.prefix}:u:{{{user_id}}}"
+
+    def seen(self, user_id: str) -> str:
+        return f"{self.prefix}:seen:{{{user_id}}}"
+
+    def positives(self, user_id: str) -> str:
+        """The user's positives as uint32 catalog positions, oldest first (for the fold-in)."""
+        return f"{self.prefix}:pos:{{{user_id}}}"
+
+    def impressions(self, user_id: str) -> str:
+        """A hash: item position -> impressions without a click so far."""
+        return f"{self.prefix}:imp:{{{user_id}}}"
+
+    def applied(self, user_id: str) -> str:
+        """A hash of the ids of the user's applied events, expiring: a retried event
+        changes nothing."""
+        return f"{self.prefix}:ev:{{{user_id}}}"
 
     def item(self, item_id: str) -> str:
         return f"{self.prefix}:i:{item_id}"
 
-    def seen(self, user_id: str) -> str:
-        return f"{self.prefix}:seen:{user_id}"
+    def events(self, partition: int) -> str:
+        return f"{self.prefix}:events:{{{partition}}}"
+
+    def dead_letters(self, partition: int) -> str:
+        return f"{self.prefix}:dead:{{{partition}}}"
+
+    def answer(self, request_id: str) -> str:
+        """What one answer was (its variant), expiring: clicks on it credit that variant."""
+        return f"{self.prefix}:ans:{request_id}"
+
+    @property
+    def trending(self) -> str:
+        """A sorted set: item position -> decayed count of positives (app.ingest.trending)."""
+        return f"{self.prefix}:trending"
 
     @property
     def meta(self) -> str:

@@ -35,7 +35,7 @@ QUADLET_DIR = ROOT / "deploy" / "quadlet"
 PLAIN_DIR = ROOT / "deploy" / "systemd"
 HEALTH_CHECK = QUADLET_DIR / "triton-model-ready.py"
 
-CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api", "recsys-prometheus")
+CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api", "recsys-ingest", "recsys-prometheus")
 HOST_ENV = ROOT / "deploy" / "host.env"
 # Registry images: named by tag, pinned by the digest host.env holds for each.
 PINNED = {
@@ -284,7 +284,7 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 9  # four containers, three volumes, two networks
+    assert len(expected) == 10  # five containers, three volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -406,7 +406,7 @@ def test_registry_images_are_pinned_by_the_digests_in_one_file(units: dict[str, 
 
 def test_every_container_runs_unprivileged_on_a_read_only_root(units: dict[str, Unit]) -> None:
     users = {"recsys-triton": "1000:1000", "recsys-redis": "999:999", "recsys-api": "10001"}
-    users["recsys-prometheus"] = "65534:65534"
+    users |= {"recsys-ingest": "10001", "recsys-prometheus": "65534:65534"}
     for name in CONTAINERS:
         run = podman_run(units, name)
         assert run.value("--user") == users[name], name
@@ -421,6 +421,7 @@ def test_redis_and_triton_reach_nothing_but_the_internal_network(units: dict[str
         "recsys-triton": ["recsys-internal"],
         "recsys-redis": ["recsys-internal"],
         "recsys-api": ["recsys-internal", "recsys"],
+        "recsys-ingest": ["recsys-internal"],
         "recsys-prometheus": ["recsys-internal", "recsys"],
     }
     quadlet = parse_unit((QUADLET_DIR / "recsys-internal.network").read_text())
@@ -435,6 +436,7 @@ def test_only_the_api_and_prometheus_publish_and_where(units: dict[str, Unit]) -
         "recsys-triton": [],
         "recsys-redis": [],
         "recsys-api": ["${RECSYS_API_ADDRESS}:8080:8080"],
+        "recsys-ingest": [],
         "recsys-prometheus": ["127.0.0.1:9090:9090"],
     }
     # The API's address until the operator sets it: loopback, nothing beyond the host.
@@ -489,6 +491,24 @@ def test_api_is_locked_down_and_serves_the_world_read_only(units: dict[str, Unit
     health = run.value("--health-cmd")
     assert "/healthz" in health
     assert "/readyz" not in health
+
+
+def test_the_consumer_runs_the_image_as_recsys_ingest_with_its_own_login(
+    units: dict[str, Unit],
+) -> None:
+    run = podman_run(units, "recsys-ingest")
+    assert run.value("--entrypoint") == "recsys-ingest"
+    assert "9108/metrics" in run.value("--health-cmd")  # the image's asks the API's port
+    assert run.value("--env-file") == "/etc/recsys/ingest.env"
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "Z"})
+    secret = run.value("--secret").split(",")
+    assert secret[0] == "recsys_redis_ingest_password"
+    assert "target=/run/secrets/recsys_redis_password" in secret
+    example = (QUADLET_DIR / "ingest.env.example").read_text()
+    assert "RECSYS_REDIS_USERNAME=recsys-ingest" in example
+    api = (QUADLET_DIR / "api.env.example").read_text()
+    partitions = re.findall(r"^RECSYS_EVENT_PARTITIONS=(\d+)", example + api, re.M)
+    assert len(set(partitions)) == 1  # the API and the consumers agree
 
 
 def test_api_starts_after_triton_and_redis_without_depending_on_them(

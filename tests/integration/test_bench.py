@@ -45,7 +45,7 @@ async def test_a_short_bench_run_measures_each_figure(stack: Stack, tmp_path: Pa
         overhead = await overhead_p50(api.url, 20, SMALL_WORLD.users)
     assert cpu["ok"] == cpu["requests"] > 0
     assert cpu["cpu_ms_per_request"]["api"] > 0
-    assert rate["max_rate_at_p99"] == 30.0  # both steps pass at these rates
+    assert rate["max_rate_at_p99"] == 30.0, rate  # both steps pass at these rates
     assert [point["rate"] for point in rate["points"]] == [20.0, 30.0]
     assert 0 < overhead["overhead_p50_ms"] < overhead["sequential_p50_ms"]
 

@@ -23,7 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
-from recsys_tools.localstack import TritonPorts, default_triton_env, free_port, start_triton
+from recsys_tools.localstack import (
+    TritonPorts,
+    default_triton_env,
+    free_port,
+    start_ingest,
+    start_triton,
+)
 
 from loadtest.service import ApiProcess, start_api
 from tests.debian_tools import debian_root
@@ -82,7 +88,7 @@ async def test_service_metrics_pass_promtool_lint(
     check_metrics(tools.promtool, response.text)
 
 
-def prometheus_config(rules_dir: Path, api: str, triton_metrics: str) -> str:
+def prometheus_config(rules_dir: Path, api: str, triton_metrics: str, ingest: str) -> str:
     """The project's prometheus.yml with 1 s intervals, the test's targets and rule path."""
     text = (PROMETHEUS_DIR / "prometheus.yml").read_text()
     for old, new in (
@@ -90,6 +96,7 @@ def prometheus_config(rules_dir: Path, api: str, triton_metrics: str) -> str:
         ("evaluation_interval: 15s", "evaluation_interval: 1s"),
         ('"recsys-api:8080"', f'"{api}"'),
         ('"recsys-triton:8002"', f'"{triton_metrics}"'),
+        ('"recsys-ingest:9108"', f'"{ingest}"'),
         ("- rules/*.yml", f"- {rules_dir}/*.yml"),
     ):
         assert text.count(old) == 1, f"prometheus.yml no longer has {old!r} once"
@@ -223,11 +230,12 @@ def test_prometheus_scrapes_the_service_and_triton(
     stack: Stack, tools: PrometheusTools, tmp_path: Path
 ) -> None:
     triton_ports = TritonPorts(grpc=free_port(), metrics=free_port())
-    api_port = free_port()
+    api_port, ingest_port = free_port(), free_port()
     config = prometheus_config(
         PROMETHEUS_DIR / "rules",
         api=f"127.0.0.1:{api_port}",
         triton_metrics=f"127.0.0.1:{triton_ports.metrics}",
+        ingest=f"127.0.0.1:{ingest_port}",
     )
     model = stack.schema.model_name
     triton_count = f'sum(nv_inference_request_success{{job="triton", model="{model}"}})'
@@ -249,6 +257,13 @@ def test_prometheus_scrapes_the_service_and_triton(
         )
         running.callback(triton.stop)
         api = running.enter_context(api_on(stack, triton_url, tmp_path / "api", api_port))
+        ingest_settings = {
+            "RECSYS_REDIS_URL": stack.redis_url,
+            "RECSYS_ARTIFACTS_DIR": str(stack.world),
+            "RECSYS_INGEST_METRICS_PORT": str(ingest_port),
+        }
+        consumer = start_ingest(ingest_settings, tmp_path / "ingest")
+        running.callback(consumer.stop)
 
         def context() -> str:
             targets = prometheus.get("/api/v1/targets")["activeTargets"]
@@ -256,13 +271,14 @@ def test_prometheus_scrapes_the_service_and_triton(
             values = {q: prometheus.query(q) for q in (triton_count, served, rank_p99)}
             return f"targets: {health}\nvalues: {values}\n{prometheus.log_tail()}"
 
-        def both_up() -> bool:
-            # Both targets scraped, under the project's job names, before any traffic: the
+        def all_up() -> bool:
+            # Every target scraped, under the project's job names, before any traffic: the
             # rates need a sample from before it.
             ups = {r["metric"]["job"]: float(r["value"][1]) for r in prometheus.query("up")}
-            return ups == {"recsys-api": 1.0, "triton": 1.0}
+            return ups == {"recsys-api": 1.0, "triton": 1.0, "recsys-ingest": 1.0}
 
-        wait_until(both_up, SETTLE_S, "scraping both targets", context)
+        wait_until(all_up, SETTLE_S, "scraping every target", context)
+        assert prometheus.number("recsys_ingest_lag_seconds") == 0.0  # the alert's series
         before = prometheus.number(triton_count)
 
         ranked = send_traffic(api)

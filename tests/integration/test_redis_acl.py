@@ -7,12 +7,14 @@ without a user.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
 import redis
-from recsys_tools.localstack import start_redis
+from recsys_tools.localstack import start_ingest, start_redis
 from recsys_tools.world.redis_loader import load_world_into_redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
@@ -22,7 +24,12 @@ from tests.integration.conftest import CONTEXT, Stack, serving
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 ACL_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "quadlet" / "redis-users.acl"
-PASSWORDS = {"API": "api-password", "LOADER": "loader-password", "HEALTH": "health-password"}
+PASSWORDS = {
+    "API": "api-password",
+    "LOADER": "loader-password",
+    "HEALTH": "health-password",
+    "INGEST": "ingest-password",
+}
 # What a stolen login of the service's, or of the loader's, must not be able to do.
 FORBIDDEN = [
     ("FLUSHALL",),
@@ -76,7 +83,11 @@ async def test_each_user_can_do_its_job_and_nothing_more(stack: Stack, tmp_path:
         for command in FORBIDDEN:
             assert _refused(service, command), command
             assert _refused(loader, command), command
-        assert _refused(service, ("SET", "recsys:u:u3", "x"))  # the service only reads
+        # The service reads the features and appends events: it can delete, rewrite a
+        # layout or a list, or run a script on nothing (SET it has, for its answer notes).
+        for write in (("DEL", "recsys:u:{u3}"), ("HSET", "recsys:meta", "a", "b")):
+            assert _refused(service, write), write
+        assert _refused(service, ("APPEND", "recsys:seen:{u3}", "x"))
         assert _refused(service, ("GET", "elsewhere:key"))  # and only its own keys
         assert health.ping()
         assert _refused(health, ("GET", "recsys:meta"))
@@ -85,4 +96,45 @@ async def test_each_user_can_do_its_job_and_nothing_more(stack: Stack, tmp_path:
         for client in (loader, service, health, anyone):
             client.close()
     finally:
+        process.stop()
+
+
+async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_path: Path) -> None:
+    process, url = start_redis(tmp_path / "redis", extra=["--aclfile", str(acl_file(tmp_path))])
+    consumer = None
+    try:
+        loader = redis.Redis.from_url(url, username="recsys-loader", password=PASSWORDS["LOADER"])
+        load_world_into_redis(stack.world, loader, stack.schema, KeySpace("recsys"))
+        consumer = start_ingest(
+            {
+                "RECSYS_REDIS_URL": url,
+                "RECSYS_REDIS_USERNAME": "recsys-ingest",
+                "RECSYS_REDIS_PASSWORD": PASSWORDS["INGEST"],
+                "RECSYS_ARTIFACTS_DIR": str(stack.world),
+            },
+            tmp_path / "ingest",
+        )
+        settings = stack.settings(
+            redis_url=url, redis_username="recsys-api", redis_password=PASSWORDS["API"]
+        )
+        body = {"user_id": "u3", "num_items": 5, "context": CONTEXT}
+        async with serving(settings) as api:
+            first = (await api.post("/recommend", json=body)).json()["items"][0]["item_id"]
+            event = {"event_id": "e1", "user_id": "u3", "item_id": first, "type": "purchase"}
+            posted = await api.post("/events", json={"events": [event]})
+            assert posted.status_code == 202, posted.text
+            give_up = time.monotonic() + 20.0
+            while first in [
+                i["item_id"] for i in (await api.post("/recommend", json=body)).json()["items"]
+            ]:
+                assert time.monotonic() < give_up, consumer.log_tail()
+                await asyncio.sleep(0.05)
+        ingest = redis.Redis.from_url(url, username="recsys-ingest", password=PASSWORDS["INGEST"])
+        for command in FORBIDDEN:  # EVAL too: its own script runs by digest (EVALSHA)
+            assert _refused(ingest, command), command
+        ingest.close()
+        loader.close()
+    finally:
+        if consumer is not None:
+            consumer.stop()
         process.stop()

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # From the ground up: a package may import its own floor and those below, never above.
-FLOORS = ("core", "release", "clients", "pipeline", "process", "api", "")
+FLOORS = ("core", "release", "clients", "pipeline", "process", "ingest", "api", "")
 # Each top-level package, and the folder that holds it.
 PACKAGES = {"app": ROOT, "recsys_tools": ROOT / "tools", "loadtest": ROOT}
 

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from app.clients.feature_store import (
     BlobState,
@@ -62,11 +63,26 @@ def test_a_torn_seen_list_keeps_its_whole_entries_and_says_so() -> None:
 def test_key_space() -> None:
     keys = KeySpace("rs")
     assert (keys.user("u1"), keys.item("i2"), keys.seen("u1"), keys.meta) == (
-        "rs:u:u1",
+        "rs:u:{u1}",
         "rs:i:i2",
-        "rs:seen:u1",
+        "rs:seen:{u1}",
         "rs:meta",
     )
+
+
+def test_every_key_of_a_user_shares_a_slot_on_a_cluster() -> None:
+    from redis.crc import key_slot
+
+    keys = KeySpace("rs")
+    user = "alice:{odd}"
+    named = [keys.user(user), keys.seen(user), keys.positives(user)]
+    named += [keys.impressions(user), keys.applied(user)]
+    assert len({key_slot(key.encode()) for key in named}) == 1
+
+
+def test_a_prefix_with_braces_is_refused() -> None:
+    with pytest.raises(ValueError, match="braces"):
+        KeySpace("rs{x}")
 
 
 def test_item_keys_are_encoded_once_for_the_whole_catalog() -> None:
@@ -82,4 +98,5 @@ def test_layout_meta_names_the_blob_layout() -> None:
         "user_dense": "activity",
         "item_dense": "price",
         "seen_format": "positions-u32le",
+        "user_keys": "tagged",
     }

@@ -8,7 +8,8 @@ import pytest
 from httpx import ASGITransport, AsyncClient
 from starlette.types import Receive, Scope, Send
 
-from app.api.gate import Gate, is_json, request_id
+from app.api.gate import Gate, Gated, is_json, request_id
+from app.api.models import EventsRequest, RecommendRequest
 from app.core.metrics import Outcome, ServiceMetrics
 from app.process.admission import Admission
 from app.process.concurrency_limit import AdaptiveLimit
@@ -25,12 +26,20 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _routes(admission: Admission, metrics: ServiceMetrics) -> dict[str, Gated]:
+    events = Admission(AdaptiveLimit(1, 1, 1, max_latency_s=1.0), LoopLag(), max_queue_s=0.001)
+    return {
+        "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
+        "/events": Gated(events, EventsRequest),
+    }
+
+
 def _client(
     admission: Admission, metrics: ServiceMetrics, body_timeout_s: float = 1.0
 ) -> AsyncClient:
     gate = Gate(
         echo,
-        admission=admission,
+        _routes(admission, metrics),
         metrics=metrics,
         max_body_bytes=1024,
         body_timeout_s=body_timeout_s,
@@ -200,7 +209,11 @@ async def test_a_degraded_answer_that_ran_out_of_its_budget_teaches_the_limit_to
 
 def _large_client(metrics: ServiceMetrics) -> AsyncClient:
     gate = Gate(
-        echo, admission=_admission(), metrics=metrics, max_body_bytes=1 << 20, body_timeout_s=1.0
+        echo,
+        _routes(_admission(), metrics),
+        metrics=metrics,
+        max_body_bytes=1 << 20,
+        body_timeout_s=1.0,
     )
     return AsyncClient(transport=ASGITransport(app=gate), base_url="http://test")
 
@@ -240,3 +253,28 @@ async def test_a_large_body_with_a_few_problems_goes_on_to_validation() -> None:
     async with _large_client(ServiceMetrics()) as client:
         response = await client.post("/recommend", json=body)
     assert response.status_code == 200  # the echo stands for the route, which validates
+
+
+async def test_events_have_an_admission_of_their_own() -> None:
+    # /recommend's slots stay free while every /events slot is taken.
+    metrics = ServiceMetrics()
+    routes = _routes(_admission(), metrics)
+    gate = Gate(echo, routes, metrics, max_body_bytes=1024, body_timeout_s=1.0)
+    await routes["/events"].admission.enter()  # the one /events slot is busy
+    async with AsyncClient(transport=ASGITransport(app=gate), base_url="http://test") as client:
+        refused = await client.post("/events", json={"events": []})
+        served = await client.post("/recommend", json={"user_id": "u1"})
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    assert served.status_code == 200
+
+
+async def test_a_large_events_body_of_unknown_keys_is_refused_with_the_first_ones() -> None:
+    events = [{"event_id": str(n), **{f"x{k}": k for k in range(5)}} for n in range(400)]
+    metrics = ServiceMetrics()
+    async with _large_client(metrics) as client:
+        response = await client.post("/events", json={"events": events})
+    assert response.status_code == 422
+    fields = [field["field"] for field in response.json()["fields"]]
+    assert fields[:2] == ["events.0.x0", "events.0.x1"]
+    assert len(fields) == 20

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from app.cli import configure_logging
 from app.core.errors import RecsysError
+from app.core.log_setup import configure_logging
 from recsys_tools import doctor, plan, serving, tune
 from recsys_tools.commands import Register
 from recsys_tools.model import command as model

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from recsys_tools.localstack import (
     default_triton_env,
     free_port,
     project_root,
+    start_ingest,
     start_redis,
     start_triton,
 )
@@ -128,11 +130,13 @@ class LocalStack:
     settings: Settings
     redis: ManagedProcess
     triton: ManagedProcess
+    ingest: ManagedProcess | None = None
 
 
 @contextmanager
-def local_stack(options: StackOptions) -> Iterator[LocalStack]:
-    """Build the world if absent, start Redis and Triton, load Redis; yield the stack.
+def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalStack]:
+    """Build the world if absent, start Redis and Triton, load Redis, and with `ingest` the
+    event consumer; yield the stack.
 
     Ctrl-C or SIGTERM at any moment stops whatever was started.
     """
@@ -167,7 +171,19 @@ def local_stack(options: StackOptions) -> Iterator[LocalStack]:
         settings = load_settings(
             redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world
         )
-        yield LocalStack(settings, redis_process, triton_process)
+        consumer = None
+        if ingest:
+            consumer = start_ingest(
+                {
+                    "RECSYS_REDIS_URL": redis_url,
+                    "RECSYS_ARTIFACTS_DIR": str(options.world),
+                    "RECSYS_EVENT_PARTITIONS": str(settings.event_partitions),
+                },
+                options.run_dir / "ingest",
+            )
+            started.append(consumer)
+            log.info("recsys-ingest (pid %d) applies POST /events", consumer.pid)
+        yield LocalStack(settings, redis_process, triton_process, consumer)
     finally:
         for process in reversed(started):
             process.stop()
@@ -191,6 +207,30 @@ async def _first_answer(client: httpx.AsyncClient, request: dict[str, Any]) -> h
         await asyncio.sleep(0.1)
         answer = await client.post("/recommend", json=request)
     return answer
+
+
+async def _show_a_click(client: httpx.AsyncClient, request: dict[str, Any], item: str) -> None:
+    """Real time, shown: the user clicks the top item; their next answer no longer holds it."""
+    event = {
+        "event_id": "demo-click-1",
+        "user_id": request["user_id"],
+        "item_id": item,
+        "type": "click",
+    }
+    posted = await client.post("/events", json={"events": [event]})
+    print(f"\nPOST /events {json.dumps(event)} -> {posted.status_code}", flush=True)
+    started = time.monotonic()
+    while time.monotonic() - started < 5.0:
+        answer = await client.post("/recommend", json=request)
+        items = [entry["item_id"] for entry in answer.json().get("items", [])]
+        if item not in items:
+            waited_ms = (time.monotonic() - started) * 1000
+            print(
+                f"{waited_ms:.0f} ms later the answer no longer holds {item}: {items}", flush=True
+            )
+            return
+        await asyncio.sleep(0.02)
+    print(f"the click on {item} had not reached the answer after 5 s", flush=True)
 
 
 class _DemoServer(uvicorn.Server):
@@ -242,6 +282,9 @@ async def _serve_and_show(settings: Settings) -> None:
         return
     print(f"\nPOST {base}/recommend {json.dumps(request)}", flush=True)
     print(json.dumps(answer.json(), indent=2), flush=True)
+    if answer.status_code == 200 and answer.json()["items"]:
+        async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
+            await _show_a_click(client, request, answer.json()["items"][0]["item_id"])
     print(
         f"\nServing on {base} (metrics at {base}/metrics, readiness at {base}/readyz). "
         "Ctrl-C stops the API, Triton and Redis.\n",
@@ -256,7 +299,7 @@ def run_demo(options: StackOptions, host: str | None, port: int | None) -> None:
     address = load_settings(**chosen)
     ensure_port_free(address.host, address.port)
     try:
-        with local_stack(options) as stack:
+        with local_stack(options, ingest=True) as stack:
             served = stack.settings.model_copy(update={"host": address.host, "port": address.port})
             asyncio.run(_serve_and_show(served))
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
+from app.release.foldin import PLAIN, save_foldin
 from app.release.schema import FeatureSchema
 from recsys_tools.world.files import (
     ItemTable,
@@ -85,6 +86,8 @@ def build_demo_world(
     log.info("generated %d items, %d users", size.items, size.users)
     write_catalog(world, schema, generated.items, generated.users, index_factory)
     save_table(world, generated.seen)
+    # Its vectors are generated, not fitted: new ones are folded in with plain counts.
+    save_foldin(world, PLAIN)
     log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)

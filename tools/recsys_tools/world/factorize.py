@@ -16,6 +16,7 @@ from implicit.nearest_neighbours import bm25_weight
 from scipy.sparse import csr_matrix
 from threadpoolctl import threadpool_limits
 
+from app.release.foldin import FoldInParams, Weighting
 from recsys_tools.world.logs import InteractionLog
 
 FloatArray = npt.NDArray[np.float32]
@@ -35,8 +36,7 @@ class Embeddings:
     items: FloatArray
 
 
-def confidence_matrix(log: InteractionLog) -> csr_matrix:
-    """Users by items; repeated positives on one item add up before weighting."""
+def _counts(log: InteractionLog) -> csr_matrix:
     counts = csr_matrix(
         (
             np.ones(int(log.positive.sum()), dtype=np.float32),
@@ -45,7 +45,32 @@ def confidence_matrix(log: InteractionLog) -> csr_matrix:
         shape=(log.n_users, log.n_items),
     )
     counts.sum_duplicates()
-    return bm25_weight(counts, K1=BM25_K1, B=BM25_B).tocsr().astype(np.float32)
+    return counts
+
+
+def confidence_matrix(log: InteractionLog) -> csr_matrix:
+    """Users by items; repeated positives on one item add up before weighting."""
+    return bm25_weight(_counts(log), K1=BM25_K1, B=BM25_B).tocsr().astype(np.float32)
+
+
+def foldin_params(log: InteractionLog) -> FoldInParams:
+    """What the service needs to fold a user in as `factorize` fitted them: bm25_weight's
+    idf and mean row length over these counts, its K1 and B, and the ALS regularisation."""
+    counts = _counts(log)
+    users = float(counts.shape[0])
+    document_frequency = np.bincount(counts.indices, minlength=counts.shape[1])
+    idf = np.log(users) - np.log1p(document_frequency)
+    row_sums = np.asarray(counts.sum(axis=1)).ravel()
+    per_user = np.bincount(log.user[log.positive], minlength=log.n_users)
+    return FoldInParams(
+        weighting=Weighting.BM25,
+        regularization=REGULARIZATION,
+        idf=idf.astype(np.float32),
+        average_length=float(row_sums.mean()) if len(row_sums) else 1.0,
+        k1=BM25_K1,
+        b=BM25_B,
+        max_user_positives=int(per_user.max()) if len(per_user) else 0,
+    )
 
 
 def factorize(log: InteractionLog, dim: int, seed: int) -> Embeddings:

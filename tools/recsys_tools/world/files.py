@@ -17,6 +17,7 @@ from app.release.catalog import (
     HOLDOUT_FILE,
     ITEMS_FILE,
     MANIFEST_FILE,
+    POSITIVES_FILE,
     SEEN_FILE,
     USERS_FILE,
 )
@@ -73,6 +74,16 @@ class SeenLists:
     item_ids: npt.NDArray[np.str_]
 
 
+@dataclass(frozen=True, slots=True)
+class PositiveLists:
+    """Each user's positives, oldest first, an item as often as it was chosen; flattened
+    like SeenLists. The ingest consumer folds a user's vector in from these."""
+
+    user_ids: npt.NDArray[np.str_]
+    offsets: npt.NDArray[np.int64]
+    item_ids: npt.NDArray[np.str_]
+
+
 def _check_shapes(table: str, value: Any, expected: Mapping[str, tuple[int, ...]]) -> None:
     for name, shape in expected.items():
         actual = getattr(value, name).shape
@@ -80,12 +91,13 @@ def _check_shapes(table: str, value: Any, expected: Mapping[str, tuple[int, ...]
             raise ConfigError(f"{table}.{name} has shape {actual}, expected {shape}")
 
 
-Table = ItemTable | UserTable | SeenLists
-TableT = TypeVar("TableT", ItemTable, UserTable, SeenLists)
+Table = ItemTable | UserTable | SeenLists | PositiveLists
+TableT = TypeVar("TableT", ItemTable, UserTable, SeenLists, PositiveLists)
 _FILES: dict[type[Table], str] = {
     ItemTable: ITEMS_FILE,
     UserTable: USERS_FILE,
     SeenLists: SEEN_FILE,
+    PositiveLists: POSITIVES_FILE,
 }
 
 
@@ -113,6 +125,13 @@ def load_seen(world: Path) -> SeenLists | None:
     if not (world / SEEN_FILE).is_file():
         return None
     return _load_table(world, SeenLists)
+
+
+def load_positives(world: Path) -> PositiveLists | None:
+    """Only worlds built from an interaction log have them."""
+    if not (world / POSITIVES_FILE).is_file():
+        return None
+    return _load_table(world, PositiveLists)
 
 
 def save_default_user(world: Path, users: UserTable) -> None:

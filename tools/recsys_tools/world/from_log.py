@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.release.catalog import MODEL_FILE
+from app.release.foldin import save_foldin
 from app.release.schema import FeatureSchema
 from recsys_tools.world.blend import (
     Blend,
@@ -38,9 +39,10 @@ from recsys_tools.world.derive import (
     user_dense,
 )
 from recsys_tools.world.evaluate import ServedModel, evaluate, split_holdout
-from recsys_tools.world.factorize import Embeddings, factorize
+from recsys_tools.world.factorize import Embeddings, factorize, foldin_params
 from recsys_tools.world.files import (
     ItemTable,
+    PositiveLists,
     SeenLists,
     UserTable,
     save_holdout,
@@ -245,6 +247,15 @@ def _seen_lists(part: InteractionLog) -> SeenLists:
     return SeenLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
 
 
+def _positive_lists(part: InteractionLog) -> PositiveLists:
+    """Each user's positives, oldest first, repeats kept (the consumer's fold-in input)."""
+    rows = np.flatnonzero(part.positive)
+    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
+    users, counts = np.unique(part.user[rows], return_counts=True)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return PositiveLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
+
+
 def _tables(part: InteractionLog, learnt: _Learnt) -> tuple[ItemTable, UserTable, SeenLists]:
     served = np.flatnonzero(np.bincount(part.user[part.positive], minlength=part.n_users))
     items = ItemTable(
@@ -314,6 +325,8 @@ def _write(
     items, users, seen = _tables(part, learnt)
     write_catalog(world, schema, items, users, recipe.index_factory)
     save_table(world, seen)
+    save_table(world, _positive_lists(part))
+    save_foldin(world, foldin_params(part))
     (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
     save_holdout(world, learnt.ranker.holdout_rows, learnt.ranker.holdout_labels)
     return len(users.ids), seen

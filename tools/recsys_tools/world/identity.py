@@ -20,10 +20,12 @@ from app.release.catalog import (
     INDEX_FILE,
     ITEMS_FILE,
     MODEL_FILE,
+    POSITIVES_FILE,
     SCHEMA_FILE,
     SEEN_FILE,
     USERS_FILE,
 )
+from app.release.foldin import FOLDIN_FILE
 from app.release.schema import FeatureSchema
 from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp
 from recsys_tools.world.files import write_manifest
@@ -32,6 +34,8 @@ STAMPED_FILES = (
     ITEMS_FILE,
     USERS_FILE,
     SEEN_FILE,
+    POSITIVES_FILE,
+    FOLDIN_FILE,
     INDEX_FILE,
     DEFAULT_USER_FILE,
     MODEL_FILE,

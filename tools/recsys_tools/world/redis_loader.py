@@ -23,11 +23,19 @@ from app.clients.feature_store import (
     layout_meta,
 )
 from app.core.errors import RecsysError
+from app.core.membership import lookup
 from app.release.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
 from app.release.schema import FeatureSchema
 from app.release.world import read_stamp, verify_files
-from recsys_tools.world.files import SeenLists, load_items, load_seen, load_users
+from recsys_tools.world.files import (
+    PositiveLists,
+    SeenLists,
+    load_items,
+    load_positives,
+    load_seen,
+    load_users,
+)
 
 BATCH = 5_000
 # A progress line at most this often, so a large load shows it is moving.
@@ -78,6 +86,18 @@ def _seen_lists(
         start, end = seen.offsets[index], seen.offsets[index + 1]
         history = positions[start:end][known[start:end]]
         yield keys.seen(user_id), encode_seen(history[::-1])  # stored newest first
+
+
+def _positive_lists(
+    positives: PositiveLists, item_ids: npt.NDArray[np.str_], keys: KeySpace
+) -> Iterator[tuple[str, bytes]]:
+    """Each user's positives as the consumer reads them: positions, oldest first."""
+    id_order = np.argsort(item_ids, kind="stable")
+    at = lookup(item_ids, id_order, positives.item_ids.tolist())
+    for index, user_id in enumerate(positives.user_ids.tolist()):
+        start, end = positives.offsets[index], positives.offsets[index + 1]
+        history = at[start:end]
+        yield keys.positives(user_id), encode_seen(history[history >= 0])
 
 
 Client = redis.Redis | RedisCluster
@@ -139,6 +159,10 @@ def _load(world: Path, client: Client, schema: FeatureSchema, keys: KeySpace) ->
     if seen is not None:
         pairs = _seen_lists(seen, items.ids, keys)
         seen_lists = _write(client, pairs, "seen lists", len(seen.user_ids))
+    positives = load_positives(world)
+    if positives is not None:
+        lists = _positive_lists(positives, items.ids, keys)
+        _write(client, lists, "positives", len(positives.user_ids))
     meta = layout_meta(schema)
     # A new version on every load tells services holding the items in memory to re-read.
     meta[ITEMS_VERSION_FIELD] = f"{time.time_ns():x}-{secrets.token_hex(4)}"

@@ -1,0 +1,113 @@
+"""`recsys-ingest`: the consumer of the event log, configured by RECSYS_* variables.
+
+Its own process (a quadlet or unit beside the API's): it needs the world's files, for the
+items and their vectors, and the Redis the API reads. SIGTERM finishes the batch in hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from prometheus_client import start_http_server
+
+from app.clients.feature_store import connect_redis, layout_meta
+from app.core.errors import ConfigError, RecsysError, SchemaError
+from app.core.log_setup import configure_logging
+from app.core.metrics import IngestMetrics
+from app.core.settings import Settings, load_settings
+from app.ingest.consumer import Consumer
+from app.ingest.world import load_ingest_world
+from app.process.startup_checks import opened_world
+from app.release.keyspace import KeySpace
+
+log = logging.getLogger("recsys.ingest")
+# Generous: the consumer's calls are not on anyone's request path, and a blocking read
+# waits up to a second by design.
+REDIS_TIMEOUT_S = 5.0
+
+
+def owned_partitions(settings: Settings) -> list[int]:
+    index, count = settings.ingest_share
+    return [p for p in range(settings.event_partitions) if p % count == index]
+
+
+async def _check_layout(client: object, keys: KeySpace, expected: dict[str, str]) -> None:
+    stored = await client.hgetall(keys.meta)  # type: ignore[attr-defined]
+    text = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in stored.items()}
+    if not text:
+        raise SchemaError(f"Redis has no {keys.meta}: load the world first (recsys load-redis)")
+    differing = {k: (text.get(k), v) for k, v in expected.items() if text.get(k) != v}
+    if differing:
+        raise SchemaError(f"Redis holds another layout: {differing} (stored, expected)")
+
+
+async def consume(settings: Settings, stop: asyncio.Event) -> None:
+    _, schema = await asyncio.to_thread(opened_world, settings)
+    world = await asyncio.to_thread(load_ingest_world, settings.artifacts_dir, schema)
+    password = settings.redis_password
+    partitions = owned_partitions(settings)
+    client = connect_redis(
+        settings.redis_url,
+        len(partitions) + 8,
+        REDIS_TIMEOUT_S,
+        cluster=settings.redis_cluster,
+        username=settings.redis_username,
+        password=password.get_secret_value() if password is not None else None,
+    )
+    keys = KeySpace(settings.redis_key_prefix)
+    metrics = IngestMetrics()
+    if settings.ingest_metrics_port:
+        start_http_server(settings.ingest_metrics_port, settings.host, metrics.registry)
+    try:
+        await _check_layout(client, keys, layout_meta(schema))
+        index, _ = settings.ingest_share
+        consumer = Consumer(
+            client,
+            world,
+            keys,
+            metrics,
+            partitions=partitions,
+            name=f"consumer-{index}",
+            batch=settings.ingest_batch,
+            impressions_to_seen=settings.impressions_to_seen,
+            half_life_s=settings.trending_half_life_s,
+            dedupe_s=settings.event_dedupe_s,
+            claim_idle_s=settings.ingest_claim_idle_s,
+        )
+        log.info(
+            "ingesting partitions %s of %d as %s (%d items, fold-in %s)",
+            partitions,
+            settings.event_partitions,
+            f"consumer-{index}",
+            world.size,
+            world.params.weighting,
+        )
+        await consumer.run(stop)
+    finally:
+        await client.aclose()
+
+
+async def _main(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await consume(settings, stop)
+
+
+def main() -> None:
+    configure_logging()
+    try:
+        settings = load_settings()
+        asyncio.run(_main(settings))
+    except (ConfigError, RecsysError) as exc:
+        log.error("recsys-ingest cannot start: %s", exc)
+        sys.exit(2)
+    log.info("recsys-ingest stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""The ingest consumer: reads the event log and applies it to what /recommend reads.
+
+One task per partition this consumer owns (`p % n == i`), each reading its stream with the
+consumer group, so a user's events apply in order and several consumers share the work.
+A batch is applied in three steps, in this order:
+1. every user's change (seen list, positives, impression counts, vector, the ids of the
+   events applied) in one transaction: on one Redis one MULTI for the batch, on a Redis
+   Cluster one per user (a user's keys share a hash tag);
+2. the events that could not be applied appended to the dead-letter stream, with why;
+3. the batch acknowledged.
+A consumer killed anywhere in between reads its unacknowledged events again when it comes
+back (its pending list, by its stable name), and the ids it finds already applied change
+nothing. Trending counts and variant credits come after the transaction: a crash just
+then loses them for one batch (at most once), never doubles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
+
+from app.clients.feature_store import FLOAT32, RedisClient, decode_seen, encode_seen
+from app.core.events import Event, EventType, IngestOutcome, MalformedEventError, from_fields
+from app.core.metrics import DeadLetter, IngestMetrics
+from app.core.vocabulary import Variant
+from app.ingest.apply import UserChange, UserState, change_for
+from app.ingest.world import IngestWorld
+from app.release.keyspace import KeySpace
+
+log = logging.getLogger("recsys.ingest")
+GROUP = "ingest"
+BLOCK_MS = 1000
+# Event ids kept per user for spotting a retried event: past this many they start afresh.
+APPLIED_IDS_KEPT = 1024
+# Raises decayed trending scores, kept in log2 space, score = log2(sum of 2^(ts / half-life)),
+# so they stay small and compare as the decayed counts they stand for, at any moment; only
+# the 10,000 highest are kept.
+TRENDING_SCRIPT = """
+for n = 1, #ARGV, 2 do
+  local x = tonumber(ARGV[n + 1])
+  local old = redis.call('ZSCORE', KEYS[1], ARGV[n])
+  local new = x
+  if old then
+    old = tonumber(old)
+    local high, low = math.max(old, x), math.min(old, x)
+    new = high + math.log(1 + 2 ^ (low - high)) / math.log(2)
+  end
+  redis.call('ZADD', KEYS[1], new, ARGV[n])
+end
+local excess = redis.call('ZCARD', KEYS[1]) - 10000
+if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+
+    @property
+    def ms(self) -> int:
+        return int(self.entry_id.split(b"-", 1)[0])
+
+
+@dataclass(slots=True)
+class Sorted:
+    """A batch's entries: the events of each user in order, and those set aside."""
+
+    by_user: dict[str, list[tuple[Event, int]]]
+    dead: list[tuple[Entry, DeadLetter, str]]
+    entry_of: dict[int, Entry]  # by id() of each decoded event: to set a user's aside
+
+
+class Consumer:
+    def __init__(
+        self,
+        client: RedisClient,
+        world: IngestWorld,
+        keys: KeySpace,
+        metrics: IngestMetrics,
+        *,
+        partitions: Sequence[int],
+        name: str,
+        batch: int,
+        impressions_to_seen: int,
+        half_life_s: float,
+        dedupe_s: int,
+        claim_idle_s: float,
+    ) -> None:
+        self._client = client
+        self._world = world
+        self._keys = keys
+        self._metrics = metrics
+        self._partitions = list(partitions)
+        self._name = name
+        self._batch = batch
+        self._impressions_to_seen = impressions_to_seen
+        self._half_life_s = half_life_s
+        self._dedupe_s = dedupe_s
+        self._claim_idle_ms = int(claim_idle_s * 1000)
+        self._cluster = isinstance(client, RedisCluster)
+        self._lag_s: dict[int, float] = {p: 0.0 for p in self._partitions}
+        self._trending = client.register_script(TRENDING_SCRIPT)
+
+    async def ensure_groups(self) -> None:
+        for partition in self._partitions:
+            try:
+                await self._client.xgroup_create(
+                    self._keys.events(partition), GROUP, id="0", mkstream=True
+                )
+            except redis_errors.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume every owned partition until `stop` is set (a batch in hand is finished)."""
+        await self.ensure_groups()
+        tasks = [asyncio.create_task(self._partition(p, stop)) for p in self._partitions]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _partition(self, partition: int, stop: asyncio.Event) -> None:
+        stream = self._keys.events(partition)
+        # First what this consumer read before and never acknowledged (it died mid-batch).
+        cursor = "0"
+        next_claim = time.monotonic() + self._claim_idle_ms / 1000.0
+        while not stop.is_set():
+            try:
+                if time.monotonic() >= next_claim:
+                    await self._claim(partition)
+                    next_claim = time.monotonic() + self._claim_idle_ms / 1000.0
+                entries = await self._read(stream, cursor)
+                if cursor == "0" and not entries:
+                    cursor = ">"
+                    continue
+                await self.apply(partition, entries)
+            except (redis_errors.RedisError, OSError) as exc:
+                log.warning(
+                    "partition %d: %s: %s; retrying in 1 s", partition, type(exc).__name__, exc
+                )
+                await asyncio.sleep(1.0)
+
+    async def _read(self, stream: str, cursor: str) -> list[Entry]:
+        block = None if cursor == "0" else BLOCK_MS
+        answer: Any = await self._client.xreadgroup(
+            GROUP, self._name, {stream: cursor}, count=self._batch, block=block
+        )
+        if not answer:
+            return []
+        _, messages = answer[0]
+        return [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
+
+    async def _claim(self, partition: int) -> None:
+        """Take over what another consumer of this partition read and left (it died)."""
+        await self._client.xautoclaim(
+            self._keys.events(partition),
+            GROUP,
+            self._name,
+            min_idle_time=self._claim_idle_ms,
+            start_id="0-0",
+            count=self._batch,
+            justid=True,
+        )
+
+    @property
+    def lag_s(self) -> float:
+        return max(self._lag_s.values(), default=0.0)
+
+    async def apply(self, partition: int, entries: list[Entry]) -> None:
+        """Apply one batch of a partition's entries, then acknowledge them."""
+        if not entries:
+            self._lag_s[partition] = 0.0
+            self._metrics.lag.set(self.lag_s)
+            return
+        started = time.perf_counter()
+        self._lag_s[partition] = max(0.0, time.time() - entries[0].ms / 1000.0)
+        self._metrics.lag.set(self.lag_s)
+        batch = self._sort(entries)
+        states = await self._states(batch.by_user)
+        changes: dict[str, UserChange] = {}
+        for user_id, events in batch.by_user.items():
+            state = states[user_id]
+            if isinstance(state, str):
+                batch.dead.extend(_set_aside(batch, events, state))
+                continue
+            change = change_for(state, events, self._impressions_to_seen, self._world.refold)
+            if change.blob is not None and not np.isfinite(change.blob).all():
+                reason = "the folded-in vector is not finite"
+                batch.dead.extend(_set_aside(batch, events, reason))
+                continue
+            changes[user_id] = change
+        await self._write(changes, states)
+        await self._dead_letters(partition, batch.dead)
+        stream = self._keys.events(partition)
+        await self._client.xack(stream, GROUP, *(entry.entry_id for entry in entries))
+        await self._after(changes)
+        self._count(changes, batch)
+        self._metrics.batch_duration.observe(time.perf_counter() - started)
+
+    def _sort(self, entries: list[Entry]) -> Sorted:
+        by_user: dict[str, list[tuple[Event, int]]] = {}
+        dead: list[tuple[Entry, DeadLetter, str]] = []
+        decoded: list[tuple[Entry, Event]] = []
+        for entry in entries:
+            try:
+                decoded.append((entry, from_fields(entry.fields)))
+            except MalformedEventError as exc:
+                dead.append((entry, DeadLetter.MALFORMED, str(exc)))
+        positions = self._world.lookup([event.item_id for _, event in decoded])
+        for (entry, event), position in zip(decoded, positions.tolist(), strict=True):
+            if position < 0:
+                dead.append((entry, DeadLetter.UNKNOWN_ITEM, "the catalog has no such item"))
+            else:
+                by_user.setdefault(event.user_id, []).append((event, position))
+        return Sorted(by_user, dead, {id(event): entry for entry, event in decoded})
+
+    async def _states(
+        self, by_user: dict[str, list[tuple[Event, int]]]
+    ) -> dict[str, UserState | str]:
+        """Each user's state, read in one pipeline; a string says why it cannot be used."""
+        keys = self._keys
+        pipe: Any = self._client.pipeline(transaction=False)
+        asked: list[tuple[str, list[int], list[str]]] = []
+        for user_id, events in by_user.items():
+            shown = sorted({p for e, p in events if e.type is EventType.IMPRESSION})
+            ids = [event.event_id for event, _ in events]
+            pipe.get(keys.positives(user_id))
+            pipe.get(keys.seen(user_id))
+            pipe.get(keys.user(user_id))
+            if shown:
+                pipe.hmget(keys.impressions(user_id), shown)
+            else:
+                pipe.exists(keys.impressions(user_id))  # a reply in its place, unread
+            pipe.hmget(keys.applied(user_id), ids)
+            asked.append((user_id, shown, ids))
+        replies = await pipe.execute()
+        states: dict[str, UserState | str] = {}
+        for n, (user_id, shown, ids) in enumerate(asked):
+            positives_raw, seen_raw, blob_raw, counts, applied = replies[5 * n : 5 * n + 5]
+            states[user_id] = self._state(
+                positives_raw, seen_raw, blob_raw, shown, counts, ids, applied
+            )
+        return states
+
+    def _state(
+        self,
+        positives_raw: bytes | None,
+        seen_raw: bytes | None,
+        blob_raw: bytes | None,
+        shown: list[int],
+        counts: Any,
+        ids: list[str],
+        applied: list[bytes | None],
+    ) -> UserState | str:
+        seen, seen_whole = decode_seen(seen_raw)
+        positives, positives_whole = decode_seen(positives_raw)
+        if not (seen_whole and positives_whole):
+            return "a seen list or positives list is torn (not whole uint32 positions)"
+        size = self._world.size
+        if (seen >= size).any() or (positives >= size).any():
+            return "a stored list names positions past the catalog"
+        blob = None
+        if blob_raw is not None:
+            if len(blob_raw) != self._world.blob_width * FLOAT32.itemsize:
+                return (
+                    f"the user blob is {len(blob_raw)} bytes, not {self._world.blob_width} floats"
+                )
+            blob = np.frombuffer(blob_raw, dtype=FLOAT32)
+            if not np.isfinite(blob).all():
+                return "the user blob holds NaN or Inf"
+        impressions = {}
+        if shown:
+            impressions = {p: int(c) for p, c in zip(shown, counts, strict=True) if c is not None}
+        return UserState(
+            positives=positives if positives_raw is not None else seen,
+            positives_stored=positives_raw is not None,
+            seen=seen,
+            blob=blob,
+            impressions=impressions,
+            applied=frozenset(i for i, hit in zip(ids, applied, strict=True) if hit is not None),
+        )
+
+    async def _write(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
+        writing = {user: change for user, change in changes.items() if change.writes}
+        if not writing:
+            return
+        if self._cluster:
+            await asyncio.gather(
+                *(self._transaction({user: change}, states) for user, change in writing.items())
+            )
+        else:
+            await self._transaction(writing, states)
+
+    async def _transaction(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
+        keys = self._keys
+        pipe: Any = self._client.pipeline(transaction=True)
+        for user_id, change in changes.items():
+            state: UserState = states[user_id]
+            if change.seen:
+                pipe.append(keys.seen(user_id), encode_seen(change.seen))
+            if change.positives and state.positives_stored:
+                pipe.append(keys.positives(user_id), encode_seen(change.positives))
+            elif change.positives:
+                whole = np.concatenate([state.positives, np.asarray(change.positives)])
+                pipe.set(keys.positives(user_id), encode_seen(whole))
+            if change.impressions:
+                pipe.hset(keys.impressions(user_id), mapping=change.impressions)
+            if change.blob is not None:
+                pipe.set(keys.user(user_id), change.blob.astype(FLOAT32).tobytes())
+            applied = keys.applied(user_id)
+            if len(state.applied) + len(change.applied) > APPLIED_IDS_KEPT:
+                pipe.delete(applied)
+            pipe.hset(applied, mapping={event_id: 1 for event_id in change.applied})
+            pipe.expire(applied, self._dedupe_s)
+        await pipe.execute()
+
+    async def _dead_letters(
+        self, partition: int, dead: list[tuple[Entry, DeadLetter, str]]
+    ) -> None:
+        if not dead:
+            return
+        pipe: Any = self._client.pipeline(transaction=False)
+        for entry, reason, why in dead:
+            fields = {**entry.fields, b"dead.reason": reason.value, b"dead.why": why}
+            fields[b"dead.entry"] = entry.entry_id
+            pipe.xadd(self._keys.dead_letters(partition), fields, maxlen=100_000, approximate=True)
+            log.warning("event %s set aside (%s): %s", entry.entry_id.decode(), reason, why)
+        await pipe.execute()
+        for _, reason, _ in dead:
+            self._metrics.dead_letter_count[reason].inc()
+
+    async def _after(self, changes: dict[str, UserChange]) -> None:
+        """Trending counts and variant credits: after the transaction, at most once."""
+        pairs = [pair for change in changes.values() for pair in change.trending]
+        if pairs:
+            args: list[Any] = []
+            for position, ts_ms in pairs:
+                args += [position, ts_ms / 1000.0 / self._half_life_s]
+            await self._trending(keys=[self._keys.trending], args=args)
+        credits = [credit for change in changes.values() for credit in change.credits]
+        if credits:
+            pipe: Any = self._client.pipeline(transaction=False)
+            for request_id, _ in credits:
+                pipe.get(self._keys.answer(request_id))
+            variants = await pipe.execute()
+            for (_, kind), variant in zip(credits, variants, strict=True):
+                known = _variant(variant)
+                if known is not None:
+                    self._metrics.outcome_count[(known, kind)].inc()
+
+    def _count(self, changes: dict[str, UserChange], batch: Sorted) -> None:
+        counted = self._metrics.event_count
+        counted[IngestOutcome.APPLIED].inc(sum(len(c.applied) for c in changes.values()))
+        counted[IngestOutcome.DUPLICATE].inc(sum(c.duplicates for c in changes.values()))
+        counted[IngestOutcome.DEAD_LETTER].inc(len(batch.dead))
+
+
+def _set_aside(
+    batch: Sorted, events: list[tuple[Event, int]], reason: str
+) -> list[tuple[Entry, DeadLetter, str]]:
+    return [(batch.entry_of[id(event)], DeadLetter.BAD_STATE, reason) for event, _ in events]
+
+
+def _variant(raw: bytes | None) -> Variant | None:
+    if raw is None:
+        return None
+    try:
+        return Variant(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None

@@ -1,0 +1,81 @@
+"""What the consumer knows of the world being served: its items, their vectors, its
+fold-in parameters and the user blob's layout. Loaded once; a new world means a restart
+(the world's reload script restarts the consumer with the API)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.membership import lookup
+from app.core.vocabulary import Positions
+from app.ingest.foldin import FoldIn
+from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE
+from app.release.foldin import PLAIN, FoldInParams, load_foldin
+from app.release.schema import FeatureSchema
+
+log = logging.getLogger("recsys.ingest")
+FloatArray = npt.NDArray[np.float32]
+# Dense user features the consumer keeps current, by the names the world build gives them
+# (tools' derive registry): activity from the count of positives, recency as "just now".
+ONLINE_FEATURES = ("activity", "recency")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestWorld:
+    schema: FeatureSchema
+    item_ids: npt.NDArray[np.str_]
+    id_order: npt.NDArray[np.intp]
+    fold: FoldIn
+    params: FoldInParams
+    default_blob: FloatArray
+
+    @property
+    def size(self) -> int:
+        return len(self.item_ids)
+
+    @property
+    def blob_width(self) -> int:
+        return self.schema.user_blob_width
+
+    def lookup(self, ids: list[str]) -> Positions:
+        return lookup(self.item_ids, self.id_order, ids)
+
+    def refold(self, positives: Positions, blob: FloatArray | None) -> FloatArray:
+        """The user's blob with their vector folded in from `positives`, and the activity
+        features that follow from them (worlds built from a log only: theirs are known)."""
+        k = self.schema.embedding_dim
+        new = (self.default_blob if blob is None else blob).astype(np.float32, copy=True)
+        new[:k] = self.fold.vector(positives)
+        most = self.params.max_user_positives
+        for offset, name in enumerate(self.schema.user_dense, start=k):
+            if most <= 0 or name not in ONLINE_FEATURES:
+                continue
+            if name == "activity":
+                new[offset] = min(1.0, float(np.log1p(len(positives)) / np.log1p(most)))
+            else:
+                new[offset] = 1.0
+        return new
+
+
+def load_ingest_world(world: Path, schema: FeatureSchema) -> IngestWorld:
+    with np.load(world / ITEMS_FILE) as items:
+        item_ids = items["ids"].astype(np.str_)
+        vectors = items["embeddings"].astype(np.float32)
+    default_blob = np.load(world / DEFAULT_USER_FILE).astype(np.float32)
+    params = load_foldin(world, len(item_ids))
+    if params is None:
+        log.warning("%s has no fold-in parameters: vectors are folded in with plain counts", world)
+        params = PLAIN
+    return IngestWorld(
+        schema=schema,
+        item_ids=item_ids,
+        id_order=np.argsort(item_ids, kind="stable"),
+        fold=FoldIn(vectors, params),
+        params=params,
+        default_blob=default_blob,
+    )

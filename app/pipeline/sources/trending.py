@@ -1,0 +1,25 @@
+"""Source `trending`: the items most chosen lately (decayed counts the ingest consumer keeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.core.membership import member_mask
+from app.core.vocabulary import Positions
+from app.pipeline.context import RequestContext
+from app.pipeline.stages.types import Recalling
+
+
+class TrendingSource:
+    """Up to `count` of the trending items the sources before did not find, hottest first."""
+
+    def __init__(self, trending: Callable[[], Positions], count: int) -> None:
+        self._trending = trending
+        self._count = count
+
+    async def candidates(
+        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+    ) -> Positions:
+        hot = self._trending()[: self._count]
+        fresh: Positions = hot[~member_mask(hot, so_far)]
+        return fresh

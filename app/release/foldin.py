@@ -1,0 +1,78 @@
+"""The world's fold-in parameters: how its user vectors were fitted, so new ones match.
+
+Written by the world build beside the catalog (`foldin.npz`). A user's vector is folded in
+from the item vectors with the build's own confidence weighting and regularisation (the
+implicit ALS user step, app.ingest.foldin); with other ones it would live in another space
+than the items it is searched against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import ConfigError
+
+FOLDIN_FILE = "foldin.npz"
+
+
+class Weighting(StrEnum):
+    COUNT = "count"  # confidence = how often the user chose the item
+    BM25 = "bm25"  # implicit's bm25_weight over those counts
+
+
+@dataclass(frozen=True, slots=True)
+class FoldInParams:
+    weighting: Weighting
+    regularization: float
+    # BM25 only: each item's idf over the build's users, the users' mean count, K1 and B.
+    idf: npt.NDArray[np.float32]
+    average_length: float = 1.0
+    k1: float = 100.0
+    b: float = 0.8
+    # The most positives any user had at the build: the `activity` feature's scale.
+    max_user_positives: int = 0
+
+
+# What a world without the file (built before it existed, or imported) is folded with.
+PLAIN = FoldInParams(Weighting.COUNT, 0.05, np.empty(0, dtype=np.float32))
+
+
+def save_foldin(world: Path, params: FoldInParams) -> None:
+    np.savez(
+        world / FOLDIN_FILE,
+        weighting=np.array(params.weighting.value),
+        regularization=np.float64(params.regularization),
+        idf=params.idf.astype(np.float32),
+        average_length=np.float64(params.average_length),
+        k1=np.float64(params.k1),
+        b=np.float64(params.b),
+        max_user_positives=np.int64(params.max_user_positives),
+    )
+
+
+def load_foldin(world: Path, n_items: int) -> FoldInParams | None:
+    """The world's parameters; None when it has no file; ConfigError when it is damaged."""
+    path = world / FOLDIN_FILE
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as stored:
+            params = FoldInParams(
+                weighting=Weighting(str(stored["weighting"])),
+                regularization=float(stored["regularization"]),
+                idf=stored["idf"].astype(np.float32),
+                average_length=float(stored["average_length"]),
+                k1=float(stored["k1"]),
+                b=float(stored["b"]),
+                max_user_positives=int(stored["max_user_positives"]),
+            )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if params.weighting is Weighting.BM25 and len(params.idf) != n_items:
+        raise ConfigError(f"{path} has {len(params.idf)} idf values for {n_items} items")
+    return params

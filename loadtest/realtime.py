@@ -1,0 +1,252 @@
+"""Real time on the demo world: how fast the consumer applies events, how fresh answers are,
+and what ingesting costs the API. `python -m loadtest.realtime [--out docs/benchmarks.json]`.
+
+Three measurements, side by side in one run on the local stack (real Redis, Triton, API and
+a real recsys-ingest process):
+- ingest rate: events appended straight to the streams while the consumer is stopped, then
+  the time one consumer takes to apply them all;
+- the API's CPU per /recommend at a steady rate, alone and beside a steady stream of events
+  posted to /events (the same process serves both, so the second figure includes them);
+- freshness: beside both loads, a user's click on an item of their answer, from the 202 to
+  the first answer that no longer holds the item.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from recsys_tools.localstack import start_ingest
+
+from app.clients.event_log import partition_of
+from app.core.events import Event, EventType
+from app.release.keyspace import KeySpace
+from loadtest.cpu import tree_cpu_seconds
+from loadtest.openloop import Load, demo_bodies, percentile, run
+from loadtest.service import local_service
+
+log = logging.getLogger("loadtest.realtime")
+KEYS = KeySpace("recsys")
+PARTITIONS = 4
+USERS = 20_000
+ITEMS = 100_000
+KINDS = (EventType.IMPRESSION,) * 3 + (EventType.CLICK, EventType.LIKE, EventType.PURCHASE)
+
+
+def _events(count: int, seed: int, prefix: str) -> list[Event]:
+    rng = random.Random(seed)
+    now_ms = int(time.time() * 1000)
+    return [
+        Event(
+            event_id=f"{prefix}{n}",
+            user_id=f"u{rng.randrange(USERS)}",
+            item_id=f"i{rng.randrange(ITEMS)}",
+            type=rng.choice(KINDS),
+            ts_ms=now_ms,
+        )
+        for n in range(count)
+    ]
+
+
+def _append(client: redis.Redis, events: list[Event]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for event in events:
+        stream = KEYS.events(partition_of(event.user_id, PARTITIONS))
+        pipe.xadd(stream, event.to_fields())  # type: ignore[arg-type]
+    pipe.execute()
+
+
+def _unapplied(client: redis.Redis) -> int:
+    left = 0
+    for partition in range(PARTITIONS):
+        stream = KEYS.events(partition)
+        if not client.exists(stream):
+            continue
+        newest = client.xinfo_stream(stream)["last-generated-id"]
+        for group in client.xinfo_groups(stream):
+            left += int(group["pending"]) + (group["last-delivered-id"] != newest)
+    return left
+
+
+def ingest_rate(
+    redis_url: str, settings: dict[str, str], workdir: Path, count: int
+) -> dict[str, Any]:
+    client = redis.Redis.from_url(redis_url)
+    _append(client, _events(count, seed=1, prefix="bulk-"))
+    started = time.monotonic()
+    consumer = start_ingest(settings, workdir)
+    try:
+        ready_s = time.monotonic() - started
+        begun = time.monotonic()
+        while _unapplied(client) > 0:
+            time.sleep(0.05)
+        took = time.monotonic() - begun
+    finally:
+        consumer.stop()
+        client.close()
+    return {
+        "events": count,
+        "seconds": round(took, 2),
+        "events_per_s": round(count / took),
+        "consumer_start_s": round(ready_s, 2),
+    }
+
+
+async def _cpu_per_request(
+    api_url: str, pid: int, rate: float, duration_s: float, events_rate: float
+) -> dict[str, float]:
+    recommend = Load(f"{api_url}/recommend", demo_bodies(USERS, 20), timeout_s=2.0)
+    tasks = []
+    before = tree_cpu_seconds(pid)
+    tasks.append(asyncio.create_task(run(recommend, rate, duration_s)))
+    if events_rate:
+        tasks.append(asyncio.create_task(run(_events_load(api_url), events_rate / 50, duration_s)))
+    results = await asyncio.gather(*tasks)
+    used = tree_cpu_seconds(pid) - before
+    answered = sum(1 for r in results[0].records if r.status == 200)
+    return {
+        "recommend_ok": answered,
+        "cpu_ms_per_recommend": round(1000 * used / max(answered, 1), 3),
+        "p99_ms": round(
+            percentile(sorted(r.latency for r in results[0].records if r.status == 200), 99) * 1000,
+            1,
+        ),
+    }
+
+
+def _events_load(api_url: str) -> Load:
+    bodies = []
+    for n in range(200):
+        batch = [
+            {
+                "event_id": e.event_id,
+                "user_id": e.user_id,
+                "item_id": e.item_id,
+                "type": e.type.value,
+            }
+            for e in _events(50, seed=100 + n, prefix=f"live{n}-")
+        ]
+        bodies.append(json.dumps({"events": batch}).encode())
+    return Load(f"{api_url}/events", bodies, timeout_s=2.0)
+
+
+async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    took = []
+    async with httpx.AsyncClient(base_url=api_url, timeout=5.0) as client:
+        for n in range(probes):
+            user = f"u{rng.randrange(USERS)}"
+            body = {"user_id": user, "num_items": 20}
+            items = [
+                i["item_id"] for i in (await client.post("/recommend", json=body)).json()["items"]
+            ]
+            event = {
+                "event_id": f"probe-{seed}-{n}",
+                "user_id": user,
+                "item_id": items[0],
+                "type": "click",
+            }
+            answer = await client.post("/events", json={"events": [event]})
+            accepted = time.monotonic()
+            assert answer.status_code == 202, answer.text
+            while True:
+                now = [
+                    i["item_id"]
+                    for i in (await client.post("/recommend", json=body)).json()["items"]
+                ]
+                if items[0] not in now:
+                    break
+                if time.monotonic() - accepted > 10:
+                    raise RuntimeError(f"probe {n}: the click never reached the answer")
+                await asyncio.sleep(0.01)
+            took.append(time.monotonic() - accepted)
+            await asyncio.sleep(0.1)
+    return took
+
+
+async def _fresh_under_load(
+    api_url: str, rate: float, events_rate: float, probes: int
+) -> list[float]:
+    recommend = Load(f"{api_url}/recommend", demo_bodies(USERS, 20), timeout_s=2.0)
+    stop = asyncio.Event()
+    background = [
+        asyncio.create_task(run(recommend, rate, 600, stop=stop)),
+        asyncio.create_task(run(_events_load(api_url), events_rate / 50, 600, stop=stop)),
+    ]
+    await asyncio.sleep(2.0)
+    try:
+        return await _freshness(api_url, probes, seed=7)
+    finally:
+        stop.set()
+        await asyncio.gather(*background)
+
+
+def measure(world: Path, args: argparse.Namespace) -> dict[str, Any]:
+    with local_service(world, event_partitions=str(PARTITIONS)) as (api, stack):
+        run_dir = Path(stack.settings.artifacts_dir).parent / "realtime"
+        settings = {
+            "RECSYS_REDIS_URL": stack.settings.redis_url,
+            "RECSYS_ARTIFACTS_DIR": str(stack.settings.artifacts_dir),
+            "RECSYS_EVENT_PARTITIONS": str(PARTITIONS),
+        }
+        rate = ingest_rate(stack.settings.redis_url, settings, run_dir / "bulk", args.bulk)
+        log.info("ingest: %s", rate)
+        consumer = start_ingest(settings, run_dir / "live")
+        try:
+            alone = asyncio.run(_cpu_per_request(api.url, api.pid, args.rate, args.duration, 0))
+            beside = asyncio.run(
+                _cpu_per_request(api.url, api.pid, args.rate, args.duration, args.events_rate)
+            )
+            log.info("cpu alone %s, beside events %s", alone, beside)
+            fresh = asyncio.run(
+                _fresh_under_load(api.url, args.rate, args.events_rate, args.probes)
+            )
+        finally:
+            consumer.stop()
+    fresh_sorted = sorted(fresh)
+    return {
+        "ingest": rate,
+        "recommend_rate": args.rate,
+        "events_rate": args.events_rate,
+        "cpu_alone": alone,
+        "cpu_beside_events": beside,
+        "cpu_ratio": round(beside["cpu_ms_per_recommend"] / alone["cpu_ms_per_recommend"], 3),
+        "freshness_s": {
+            "probes": len(fresh),
+            "p50": round(statistics.median(fresh_sorted), 3),
+            "p99": round(percentile(fresh_sorted, 99), 3),
+            "max": round(fresh_sorted[-1], 3),
+        },
+    }
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
+    parser.add_argument("--rate", type=float, default=200.0, help="/recommend per second")
+    parser.add_argument("--events-rate", type=float, default=500.0, help="events per second")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--bulk", type=int, default=50_000, help="events for the ingest rate")
+    parser.add_argument("--probes", type=int, default=40)
+    parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
+    args = parser.parse_args()
+    figures = measure(args.world, args)
+    print(json.dumps(figures, indent=2))
+    if args.out is not None:
+        recorded = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        recorded["realtime"] = figures
+        args.out.write_text(json.dumps(recorded, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

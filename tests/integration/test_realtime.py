@@ -1,0 +1,326 @@
+"""Real time, against real processes: POST /events into a real Redis, a real recsys-ingest
+process applying them, and the next /recommend reflecting them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+
+from app.clients.event_log import partition_of
+from app.clients.feature_store import decode_seen
+from app.release.keyspace import KeySpace
+from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+
+KEYS = KeySpace("recsys")
+PARTITIONS = 2
+# Generous: applying takes milliseconds; a slow, busy machine may take far longer.
+APPLIED_WITHIN_S = 20.0
+
+
+@pytest.fixture
+def own_redis(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        yield process, url
+    finally:
+        process.stop()
+
+
+def _ingest_settings(stack: Stack, url: str, **extra: str) -> dict[str, str]:
+    return {
+        "RECSYS_REDIS_URL": url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.world),
+        "RECSYS_EVENT_PARTITIONS": str(PARTITIONS),
+        **extra,
+    }
+
+
+@pytest.fixture
+def consumer(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> Iterator[ManagedProcess]:
+    process = start_ingest(_ingest_settings(stack, own_redis[1]), tmp_path / "ingest")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def _bytes(client: redis.Redis, key: str) -> bytes | None:
+    return cast(bytes | None, client.get(key))
+
+
+def _event(n: int, user: str, item: str, kind: str = "click", **extra: Any) -> dict[str, Any]:
+    return {"event_id": f"e{n}", "user_id": user, "item_id": item, "type": kind, **extra}
+
+
+def _pending_or_unread(url: str) -> int:
+    """Events the group has not acknowledged, over every partition; one more for each
+    partition that still has unread events (Redis 6 tells no count of those)."""
+    client = _redis(url)
+    try:
+        left = 0
+        for partition in range(PARTITIONS):
+            stream = KEYS.events(partition)
+            if not client.exists(stream):
+                continue
+            newest = client.xinfo_stream(stream)["last-generated-id"]
+            for group in client.xinfo_groups(stream):
+                left += int(group["pending"])
+                left += group["last-delivered-id"] != newest
+        return left
+    finally:
+        client.close()
+
+
+def _applied_so_far(url: str) -> int:
+    """Events whose effects are in Redis: the users' applied-id sets, added up."""
+    client = _redis(url)
+    try:
+        return sum(client.hlen(key) for key in client.scan_iter(match="recsys:ev:*"))
+    finally:
+        client.close()
+
+
+def _drained(url: str, within_s: float = APPLIED_WITHIN_S) -> None:
+    give_up = time.monotonic() + within_s
+    while _pending_or_unread(url) > 0:
+        assert time.monotonic() < give_up, "the consumer did not apply the events in time"
+        time.sleep(0.05)
+
+
+async def _items(api: httpx.AsyncClient, user: str) -> list[str]:
+    body = {"user_id": user, "num_items": 20, "context": CONTEXT}
+    answer = (await api.post("/recommend", json=body)).json()
+    return [item["item_id"] for item in answer["items"]]
+
+
+async def test_a_click_reaches_the_next_answer(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], consumer: ManagedProcess
+) -> None:
+    url = own_redis[1]
+    client = _redis(url)
+    before_blob = client.get(KEYS.user("u5"))
+    async with serving(stack.settings(redis_url=url, event_partitions=PARTITIONS)) as api:
+        first = await _items(api, "u5")
+        clicked = first[0]
+        posted = await api.post("/events", json={"events": [_event(1, "u5", clicked)]})
+        assert posted.status_code == 202, posted.text
+        assert posted.json()["accepted"] == 1
+        give_up = time.monotonic() + APPLIED_WITHIN_S
+        while clicked in await _items(api, "u5"):
+            assert time.monotonic() < give_up, consumer.log_tail()
+            await asyncio.sleep(0.05)
+    after_blob = client.get(KEYS.user("u5"))
+    client.close()
+    assert before_blob is not None
+    assert after_blob is not None
+    assert after_blob != before_blob  # the vector was folded in again
+
+
+async def test_a_new_user_is_personalised_after_their_first_like(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], consumer: ManagedProcess
+) -> None:
+    url = own_redis[1]
+    async with serving(stack.settings(redis_url=url, event_partitions=PARTITIONS)) as api:
+        body = {"user_id": "newcomer", "num_items": 20, "context": CONTEXT}
+        cold = (await api.post("/recommend", json=body)).json()
+        assert cold["cold_start"] is True
+        liked = [item["item_id"] for item in cold["items"]][:2]
+        events = [_event(n, "newcomer", item, "like") for n, item in enumerate(liked)]
+        assert (await api.post("/events", json={"events": events})).status_code == 202
+        _drained(url)
+        warm = (await api.post("/recommend", json=body)).json()
+    assert warm["cold_start"] is False
+    assert not set(liked) & {item["item_id"] for item in warm["items"]}
+    assert warm["items"] != cold["items"]
+
+
+async def test_bad_batches_are_refused_whole_naming_the_field(
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
+) -> None:
+    url = own_redis[1]
+    future_ms = int(time.time() * 1000) + 3_600_000
+    bad = {
+        "wrong type": [_event(1, "u1", "i1"), _event(2, "u1", "i2", "teleport")],
+        "rating without value": [_event(1, "u1", "i1", "rating")],
+        "unknown key": [{**_event(1, "u1", "i1"), "colour": "red"}],
+        "too many": [_event(n, "u1", "i1") for n in range(501)],
+    }
+    expected = {
+        "wrong type": "events.1.type",
+        "rating without value": "events.0",
+        "unknown key": "events.0.colour",
+        "too many": "events",
+    }
+    async with serving(stack.settings(redis_url=url, event_partitions=PARTITIONS)) as api:
+        for name, events in bad.items():
+            answer = await api.post("/events", json={"events": events})
+            assert answer.status_code == 422, name
+            fields = [field["field"] for field in answer.json()["fields"]]
+            assert expected[name] in fields, (name, fields)
+        text = await api.post("/events", content=b"{}", headers={"content-type": "text/plain"})
+        assert text.status_code == 415
+        mixed = [
+            _event(1, "u1", "i1"),
+            _event(2, "u1", "no-such-item"),
+            _event(3, "u1", "i2", ts=future_ms),
+        ]
+        answer = await api.post("/events", json={"events": mixed})
+        assert answer.status_code == 202
+        assert answer.json()["accepted"] == 1
+        assert answer.json()["unknown_items"] == [1]
+        assert answer.json()["future"] == [2]
+        metrics = (await api.get("/metrics")).text
+    assert 'recsys_events_total{outcome="unknown_item"} 1.0' in metrics
+    assert 'recsys_events_total{outcome="future"} 1.0' in metrics
+    client = _redis(url)
+    stored = sum(
+        client.xlen(KEYS.events(p)) for p in range(PARTITIONS) if client.exists(KEYS.events(p))
+    )
+    client.close()
+    assert stored == 1  # only the accepted event; none of the refused batches
+
+
+async def test_an_unreachable_event_log_is_a_503_and_nothing_is_written(
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
+) -> None:
+    process, url = own_redis
+    settings = stack.settings(
+        redis_url=url, event_partitions=PARTITIONS, event_append_timeout_ms=200.0
+    )
+    async with serving(settings) as api:
+        process.freeze()
+        try:
+            events = [_event(n, f"u{n}", "i1") for n in range(20)]
+            answer = await api.post("/events", json={"events": events})
+        finally:
+            process.resume()
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["error"] == "event_log_unavailable"
+    client = _redis(url)
+    lengths = [client.xlen(KEYS.events(p)) for p in range(PARTITIONS)]
+    client.close()
+    # The MULTI never reached EXEC, or EXEC wrote the whole batch: never part of it.
+    assert sum(lengths) in (0, 20)
+
+
+def _state(url: str, users: list[str]) -> dict[str, tuple[Any, ...]]:
+    client = _redis(url)
+    try:
+        return {
+            user: (
+                decode_seen(_bytes(client, KEYS.seen(user)))[0].tolist(),
+                decode_seen(_bytes(client, KEYS.positives(user)))[0].tolist(),
+                client.get(KEYS.user(user)),
+                client.hgetall(KEYS.impressions(user)),
+            )
+            for user in users
+        }
+    finally:
+        client.close()
+
+
+def _post_all(url: str, stack: Stack, events: list[dict[str, Any]]) -> None:
+    """Append straight to the streams, as the API would (the API is not under test here)."""
+    client = _redis(url)
+    try:
+        pipe = client.pipeline(transaction=True)
+        for event in events:
+            fields: dict[str | bytes, str | bytes] = {
+                "e": event["event_id"],
+                "u": event["user_id"],
+                "i": event["item_id"],
+                "t": event["type"],
+                "ts": str(event.get("ts", 1_700_000_000_000)),
+            }
+            stream = KEYS.events(partition_of(event["user_id"], PARTITIONS))
+            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+        pipe.execute()
+    finally:
+        client.close()
+
+
+def _log_of_events(n_users: int, per_user: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    kinds = ["impression", "impression", "click", "like", "dislike", "purchase"]
+    events = []
+    for n in range(n_users * per_user):
+        user = f"u{rng.integers(n_users)}"
+        item = f"i{rng.integers(300)}"
+        kind = kinds[rng.integers(len(kinds))]
+        events.append(_event(n, user, item, kind, ts=1_700_000_000_000 + n))
+    # Retried events: the same ids again, which must change nothing.
+    return events + events[:50]
+
+
+def test_a_consumer_killed_mid_stream_ends_where_a_clean_run_does(
+    stack: Stack, tmp_path: Path
+) -> None:
+    events = _log_of_events(n_users=40, per_user=60, seed=3)
+    users = sorted({event["user_id"] for event in events})
+    states = []
+    for run, killing in (("clean", False), ("killed", True)):
+        process, url = start_redis(tmp_path / run / "redis")
+        try:
+            load_redis(url, stack.world, stack.schema)
+            _post_all(url, stack, events)
+            # Small batches: many transactions, so a kill lands between some of them.
+            settings = _ingest_settings(stack, url, RECSYS_INGEST_BATCH="20")
+            consumer = start_ingest(settings, tmp_path / run / "ingest")
+            try:
+                if killing:
+                    total = len(events)
+                    give_up = time.monotonic() + APPLIED_WITHIN_S
+                    while _applied_so_far(url) < total * 0.4:
+                        assert time.monotonic() < give_up, consumer.log_tail()
+                        time.sleep(0.005)
+                    consumer.kill()
+                    assert _pending_or_unread(url) > 0, "all applied before the kill"
+                    consumer.restart()
+                _drained(url)
+            finally:
+                consumer.stop()
+            states.append(_state(url, users))
+        finally:
+            process.stop()
+    clean, killed = states
+    assert killed == clean
+
+
+async def test_poison_events_go_to_the_dead_letters_and_the_rest_applies(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], consumer: ManagedProcess
+) -> None:
+    url = own_redis[1]
+    client = _redis(url)
+    client.set(KEYS.user("u9"), b"\x00" * 7)  # a damaged blob: not the schema's width
+    stream = KEYS.events(partition_of("u8", PARTITIONS))
+    client.xadd(stream, {"junk": "1"})  # not an event at all
+    _post_all(url, stack, [_event(1, "u9", "i3"), _event(2, "u8", "i4")])
+    _drained(url)
+    dead = []
+    for partition in range(PARTITIONS):
+        if client.exists(KEYS.dead_letters(partition)):
+            entries = cast(
+                list[tuple[bytes, dict[bytes, bytes]]], client.xrange(KEYS.dead_letters(partition))
+            )
+            dead += [fields[b"dead.reason"] for _, fields in entries]
+    seen_u8 = decode_seen(_bytes(client, KEYS.seen("u8")))[0].tolist()
+    client.close()
+    assert sorted(dead) == [b"bad_state", b"malformed"]
+    assert 4 in seen_u8  # i4 is catalog position 4 in the demo world

@@ -1,0 +1,29 @@
+"""A real `recsys-ingest` process, for the demo and the tests, stopped by its pid."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from recsys_tools.localstack.processes import Launch, ManagedProcess, start_managed
+
+# What the consumer logs once its groups exist and it reads (app.ingest.cli).
+READY_LINE = "ingesting partitions"
+
+
+def start_ingest(settings: Mapping[str, str], workdir: Path) -> ManagedProcess:
+    """`python -m app.ingest.cli` with these RECSYS_* variables; returns once it consumes."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "ingest.log"
+
+    def ready() -> bool:
+        try:
+            return READY_LINE in log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    env = {**os.environ, "RECSYS_INGEST_METRICS_PORT": "0", **settings}
+    launch = Launch((sys.executable, "-m", "app.ingest.cli"), env, ready, ready_timeout_s=60.0)
+    return start_managed("recsys-ingest", launch, log_path)

@@ -4,8 +4,8 @@ One task per partition this consumer owns (`p % n == i`), each reading its strea
 consumer group, so a user's events apply in order and several consumers share the work.
 A batch is applied in three steps, in this order:
 1. every user's change (seen list, positives, impression counts, vector, the ids of the
-   events applied) in one transaction: on one Redis one MULTI for the batch, on a Redis
-   Cluster one per user (a user's keys share a hash tag);
+   events applied) in one script, atomic like a transaction: on one Redis one for the
+   batch, on a Redis Cluster one per user (a user's keys share a hash tag);
 2. the events that could not be applied appended to the dead-letter stream, with why;
 3. the batch acknowledged.
 A consumer killed anywhere in between reads its unacknowledged events again when it comes
@@ -61,6 +61,58 @@ return 0
 """
 
 
+# Each user's state, for users whose keys come five at a time (positives, seen, blob,
+# impressions, applied ids): the three strings, then the impression counts and the applied
+# marks asked for (ARGV: for each user, a count and the fields, twice). One command for a
+# batch instead of five per user: the client's per-command cost is what bounds the rate.
+READ_SCRIPT = """
+local out = {}
+local a = 1
+for k = 1, #KEYS, 5 do
+  for j = 0, 2 do out[#out + 1] = redis.call('GET', KEYS[k + j]) end
+  for j = 3, 4 do
+    local n = tonumber(ARGV[a])
+    a = a + 1
+    if n > 0 then
+      local got = redis.call('HMGET', KEYS[k + j], unpack(ARGV, a, a + n - 1))
+      for i = 1, n do out[#out + 1] = got[i] end
+      a = a + n
+    end
+  end
+end
+return out
+"""
+# Each user's change, atomically (a script runs whole or not at all). ARGV[1] is how long
+# applied ids are kept; then for each user: seen to append, how the positives change (A
+# append, S set, "" not) and with what, the new blob ("" none), the impression counts as a
+# count and pairs, whether the applied ids start afresh, and the ids applied now.
+WRITE_SCRIPT = """
+local ttl = ARGV[1]
+local a = 2
+for k = 1, #KEYS, 5 do
+  if ARGV[a] ~= '' then redis.call('APPEND', KEYS[k + 1], ARGV[a]) end
+  if ARGV[a + 1] == 'A' then redis.call('APPEND', KEYS[k], ARGV[a + 2])
+  elseif ARGV[a + 1] == 'S' then redis.call('SET', KEYS[k], ARGV[a + 2]) end
+  if ARGV[a + 3] ~= '' then redis.call('SET', KEYS[k + 2], ARGV[a + 3]) end
+  local n = tonumber(ARGV[a + 4])
+  a = a + 5
+  if n > 0 then
+    redis.call('HSET', KEYS[k + 3], unpack(ARGV, a, a + 2 * n - 1))
+    a = a + 2 * n
+  end
+  if ARGV[a] == '1' then redis.call('DEL', KEYS[k + 4]) end
+  n = tonumber(ARGV[a + 1])
+  a = a + 2
+  if n > 0 then
+    for i = a, a + n - 1 do redis.call('HSET', KEYS[k + 4], ARGV[i], 1) end
+    redis.call('EXPIRE', KEYS[k + 4], ttl)
+    a = a + n
+  end
+end
+return 0
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     entry_id: bytes
@@ -110,6 +162,8 @@ class Consumer:
         self._cluster = isinstance(client, RedisCluster)
         self._lag_s: dict[int, float] = {p: 0.0 for p in self._partitions}
         self._trending = client.register_script(TRENDING_SCRIPT)
+        self._read_script = client.register_script(READ_SCRIPT)
+        self._write_script = client.register_script(WRITE_SCRIPT)
 
     async def ensure_groups(self) -> None:
         for partition in self._partitions:
@@ -229,30 +283,45 @@ class Consumer:
     async def _states(
         self, by_user: dict[str, list[tuple[Event, int]]]
     ) -> dict[str, UserState | str]:
-        """Each user's state, read in one pipeline; a string says why it cannot be used."""
-        keys = self._keys
-        pipe: Any = self._client.pipeline(transaction=False)
+        """Each user's state (a string says why it cannot be used), read by one script per
+        group of users: the whole batch on one Redis, each user on a Cluster."""
         asked: list[tuple[str, list[int], list[str]]] = []
         for user_id, events in by_user.items():
             shown = sorted({p for e, p in events if e.type is EventType.IMPRESSION})
-            ids = [event.event_id for event, _ in events]
-            pipe.get(keys.positives(user_id))
-            pipe.get(keys.seen(user_id))
-            pipe.get(keys.user(user_id))
-            if shown:
-                pipe.hmget(keys.impressions(user_id), shown)
-            else:
-                pipe.exists(keys.impressions(user_id))  # a reply in its place, unread
-            pipe.hmget(keys.applied(user_id), ids)
-            asked.append((user_id, shown, ids))
-        replies = await pipe.execute()
+            asked.append((user_id, shown, [event.event_id for event, _ in events]))
+        groups = [[one] for one in asked] if self._cluster else [asked]
+        replies = await asyncio.gather(*(self._read_states(group) for group in groups))
         states: dict[str, UserState | str] = {}
-        for n, (user_id, shown, ids) in enumerate(asked):
-            positives_raw, seen_raw, blob_raw, counts, applied = replies[5 * n : 5 * n + 5]
-            states[user_id] = self._state(
-                positives_raw, seen_raw, blob_raw, shown, counts, ids, applied
-            )
+        for group, reply in zip(groups, replies, strict=True):
+            at = 0
+            for user_id, shown, ids in group:
+                positives_raw, seen_raw, blob_raw = reply[at : at + 3]
+                counts = reply[at + 3 : at + 3 + len(shown)]
+                applied = reply[at + 3 + len(shown) : at + 3 + len(shown) + len(ids)]
+                at += 3 + len(shown) + len(ids)
+                states[user_id] = self._state(
+                    positives_raw, seen_raw, blob_raw, shown, counts, ids, applied
+                )
         return states
+
+    async def _read_states(self, group: list[tuple[str, list[int], list[str]]]) -> list[Any]:
+        keys: list[str] = []
+        args: list[Any] = []
+        for user_id, shown, ids in group:
+            keys += self._user_keys(user_id)
+            args += [len(shown), *shown, len(ids), *ids]
+        return list(await self._read_script(keys=keys, args=args))
+
+    def _user_keys(self, user_id: str) -> list[str]:
+        """The keys both scripts take for a user, in their order."""
+        keys = self._keys
+        return [
+            keys.positives(user_id),
+            keys.seen(user_id),
+            keys.user(user_id),
+            keys.impressions(user_id),
+            keys.applied(user_id),
+        ]
 
     def _state(
         self,
@@ -293,38 +362,35 @@ class Consumer:
         )
 
     async def _write(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
-        writing = {user: change for user, change in changes.items() if change.writes}
+        """Every user's change in one script (atomic, as a transaction): the whole batch
+        on one Redis, one script per user on a Cluster."""
+        writing = [(user, change) for user, change in changes.items() if change.writes]
         if not writing:
             return
-        if self._cluster:
-            await asyncio.gather(
-                *(self._transaction({user: change}, states) for user, change in writing.items())
-            )
-        else:
-            await self._transaction(writing, states)
+        groups = [[one] for one in writing] if self._cluster else [writing]
+        await asyncio.gather(*(self._write_group(group, states) for group in groups))
 
-    async def _transaction(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
-        keys = self._keys
-        pipe: Any = self._client.pipeline(transaction=True)
-        for user_id, change in changes.items():
+    async def _write_group(
+        self, group: list[tuple[str, UserChange]], states: dict[str, Any]
+    ) -> None:
+        keys: list[str] = []
+        args: list[Any] = [self._dedupe_s]
+        for user_id, change in group:
             state: UserState = states[user_id]
-            if change.seen:
-                pipe.append(keys.seen(user_id), encode_seen(change.seen))
+            keys += self._user_keys(user_id)
+            mode, positives = "", b""
             if change.positives and state.positives_stored:
-                pipe.append(keys.positives(user_id), encode_seen(change.positives))
+                mode, positives = "A", encode_seen(change.positives)
             elif change.positives:
                 whole = np.concatenate([state.positives, np.asarray(change.positives)])
-                pipe.set(keys.positives(user_id), encode_seen(whole))
-            if change.impressions:
-                pipe.hset(keys.impressions(user_id), mapping=change.impressions)
-            if change.blob is not None:
-                pipe.set(keys.user(user_id), change.blob.astype(FLOAT32).tobytes())
-            applied = keys.applied(user_id)
-            if len(state.applied) + len(change.applied) > APPLIED_IDS_KEPT:
-                pipe.delete(applied)
-            pipe.hset(applied, mapping={event_id: 1 for event_id in change.applied})
-            pipe.expire(applied, self._dedupe_s)
-        await pipe.execute()
+                mode, positives = "S", encode_seen(whole)
+            blob = b"" if change.blob is None else change.blob.astype(FLOAT32).tobytes()
+            counts = [value for pair in change.impressions.items() for value in pair]
+            reset = len(state.applied) + len(change.applied) > APPLIED_IDS_KEPT
+            args += [encode_seen(change.seen) if change.seen else b"", mode, positives, blob]
+            args += [len(change.impressions), *counts]
+            args += [int(reset), len(change.applied), *change.applied]
+        await self._write_script(keys=keys, args=args)
 
     async def _dead_letters(
         self, partition: int, dead: list[tuple[Entry, DeadLetter, str]]

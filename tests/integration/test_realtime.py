@@ -13,7 +13,14 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+from recsys_tools.localstack import (
+    ManagedProcess,
+    start_ingest,
+    start_redis,
+    start_redis_cluster,
+)
+from recsys_tools.world.redis_loader import load_world_into_redis
+from redis.cluster import RedisCluster
 
 from app.clients.event_log import partition_of
 from app.clients.feature_store import decode_seen
@@ -324,3 +331,34 @@ async def test_poison_events_go_to_the_dead_letters_and_the_rest_applies(
     client.close()
     assert sorted(dead) == [b"bad_state", b"malformed"]
     assert 4 in seen_u8  # i4 is catalog position 4 in the demo world
+
+
+async def test_events_apply_on_a_redis_cluster(stack: Stack, tmp_path: Path) -> None:
+    # Partitions and users in many slots: the API appends per partition, the consumer
+    # reads and writes each user's keys in one slot (their hash tag).
+    nodes, url = start_redis_cluster(tmp_path / "cluster")
+    consumer = None
+    try:
+        writer = RedisCluster.from_url(url)
+        load_world_into_redis(stack.world, writer, stack.schema, KEYS)
+        settings = _ingest_settings(stack, url, RECSYS_REDIS_CLUSTER="true")
+        consumer = start_ingest(settings, tmp_path / "ingest")
+        users = [f"u{n}" for n in range(12)]
+        events = [_event(n, user, f"i{100 + n}", "like") for n, user in enumerate(users)]
+        served = stack.settings(redis_url=url, redis_cluster=True, event_partitions=PARTITIONS)
+        async with serving(served) as api:
+            posted = await api.post("/events", json={"events": events})
+            assert posted.status_code == 202, posted.text
+            give_up = time.monotonic() + APPLIED_WITHIN_S
+            while True:
+                lists = [decode_seen(cast(bytes, writer.get(KEYS.seen(u))))[0] for u in users]
+                if all(100 + n in seen.tolist() for n, seen in enumerate(lists)):
+                    break
+                assert time.monotonic() < give_up, consumer.log_tail()
+                await asyncio.sleep(0.05)
+        writer.close()
+    finally:
+        if consumer is not None:
+            consumer.stop()
+        for node in nodes:
+            node.stop()

@@ -1,0 +1,84 @@
+"""A generated ratings log whose users' tastes drift: what a static model cannot follow.
+
+Items fall in interest groups (each with a popular head). In the history, every known user
+rates a few items of one group highly. Later, most of them move to another group, some stay,
+and new users arrive: a model built on the history knows the old tastes only, while a
+service that folds each rating in follows the move after the first few. Two files:
+history.csv (build the world from it) and later.csv (replay it), columns
+user_id,item_id,rating,timestamp.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DAY = 86_400
+START = 1_700_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class DriftLog:
+    history: Path
+    later: Path
+    since: int  # the first second of the later part
+
+
+@dataclass(frozen=True, slots=True)
+class DriftShape:
+    groups: int = 20
+    items_per_group: int = 200
+    users: int = 1000
+    history_per_user: int = 6
+    later_per_user: int = 8
+    moving_share: float = 0.6  # known users who move to another group later
+    new_share: float = 0.3  # later users who were not in the history at all
+
+
+def _pick(rng: np.random.Generator, group: int, shape: DriftShape, count: int) -> list[int]:
+    """`count` distinct items of the group, popular ones more often (Zipf-like)."""
+    weights = 1.0 / np.arange(1, shape.items_per_group + 1) ** 0.8
+    chosen = rng.choice(shape.items_per_group, size=count, replace=False, p=weights / weights.sum())
+    return [group * shape.items_per_group + int(c) for c in chosen]
+
+
+def _write(path: Path, rows: list[tuple[str, str, float, int]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["user_id", "item_id", "rating", "timestamp"])
+        writer.writerows(rows)
+    return path
+
+
+def write_drift_log(folder: Path, seed: int = 5, shape: DriftShape | None = None) -> DriftLog:
+    shape = shape or DriftShape()
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    history: list[tuple[str, str, float, int]] = []
+    later: list[tuple[str, str, float, int]] = []
+    since = START + 30 * DAY
+    known = int(shape.users * (1 - shape.new_share))
+    for user in range(shape.users):
+        name = f"u{user}"
+        group = int(rng.integers(shape.groups))
+        if user < known:
+            for item in _pick(rng, group, shape, shape.history_per_user):
+                ts = START + int(rng.integers(30 * DAY))
+                history.append((name, f"i{item}", float(rng.choice([4.0, 5.0])), ts))
+            if rng.random() < shape.moving_share:
+                group = (group + 1 + int(rng.integers(shape.groups - 1))) % shape.groups
+        picked = _pick(rng, group, shape, shape.later_per_user)
+        times = np.sort(since + rng.integers(10 * DAY, size=len(picked)))
+        for item, ts in zip(picked, times.tolist(), strict=True):
+            later.append((name, f"i{item}", float(rng.choice([4.0, 5.0])), int(ts)))
+    # Every item rated at least once in the history, so the catalog holds all of them.
+    for item in range(shape.groups * shape.items_per_group):
+        history.append((f"c{item % 50}", f"i{item}", 3.0, START + int(rng.integers(30 * DAY))))
+    history.sort(key=lambda row: row[3])
+    later.sort(key=lambda row: row[3])
+    return DriftLog(
+        _write(folder / "history.csv", history), _write(folder / "later.csv", later), since
+    )

@@ -27,8 +27,8 @@ import httpx
 import redis
 from recsys_tools.localstack import start_ingest
 
-from app.clients.event_log import partition_of
-from app.core.events import Event, EventType
+from app.clients.event_log import by_partition
+from app.core.events import Event, EventType, encode_entry
 from app.release.keyspace import KeySpace
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies, percentile, run
@@ -57,11 +57,12 @@ def _events(count: int, seed: int, prefix: str) -> list[Event]:
     ]
 
 
-def _append(client: redis.Redis, events: list[Event]) -> None:
+def _append(client: redis.Redis, events: list[Event], per_entry: int = 50) -> None:
+    """As the API appends them: each posted batch's share of a partition one entry."""
     pipe = client.pipeline(transaction=False)
-    for event in events:
-        stream = KEYS.events(partition_of(event.user_id, PARTITIONS))
-        pipe.xadd(stream, event.to_fields())  # type: ignore[arg-type]
+    for start in range(0, len(events), per_entry):
+        for partition, part in by_partition(events[start : start + per_entry], PARTITIONS).items():
+            pipe.xadd(KEYS.events(partition), encode_entry(part))  # type: ignore[arg-type]
     pipe.execute()
 
 

@@ -1,13 +1,14 @@
 """The event log: what users did, appended to Redis Streams for the ingest consumer.
 
 Events are partitioned by user (a stable hash of the id), one stream per partition, so
-one consumer applies a user's events in the order they came. An append is durable once
+one consumer applies a user's events in the order they came; a batch's share of a
+partition is one stream entry. An append is durable once
 Redis has it: on one Redis every partition's XADD goes in one MULTI/EXEC, all or nothing;
 on a Redis Cluster the partitions live in different slots, so each partition's part is its
 own transaction, and a batch that failed half-way is retried by its sender (each event's
 id makes the second copy of an event a no-op when the consumer applies it). Streams are
 capped (`MAXLEN ~`): the consumer keeps far behind the cap, and a stalled one loses the
-oldest events rather than Redis its memory.
+oldest entries rather than Redis its memory.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from app.clients.feature_store import RedisClient
 from app.core.errors import FailureKind, FeatureStoreError
-from app.core.events import Event
+from app.core.events import Event, encode_entry
 from app.release.keyspace import KeySpace
 
 MAX_NOTES_IN_FLIGHT = 64
@@ -100,8 +101,9 @@ class EventLog:
             pass  # an uncredited answer: outcomes per variant are a sample, not a ledger
 
     async def _append(self, events: Sequence[Event]) -> None:
+        """One entry per partition (its share of the batch), in one MULTI/EXEC."""
         pipe: Any = self._client.pipeline(transaction=True)
-        for event in events:
-            stream = self._keys.events(partition_of(event.user_id, self._partitions))
-            pipe.xadd(stream, event.to_fields(), maxlen=self._max_length, approximate=True)
+        for partition, part in by_partition(events, self._partitions).items():
+            stream = self._keys.events(partition)
+            pipe.xadd(stream, encode_entry(part), maxlen=self._max_length, approximate=True)
         await pipe.execute()

@@ -1,13 +1,17 @@
 """What a user did, as the events API takes it and the event stream carries it.
 
 The API appends events to a Redis Stream; the ingest consumer (app.ingest) reads them back.
-Both sides speak these types, and a stream entry is the flat field map `to_fields` makes.
+Both sides speak these types; a stream entry is what `encode_entry` makes of a batch.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class EventType(StrEnum):
@@ -64,54 +68,84 @@ class Event:
         """The user has had the item (anything but a bare impression): it is seen at once."""
         return self.type is not EventType.IMPRESSION
 
-    def to_fields(self) -> dict[str, str]:
-        fields = {
+    def to_json(self) -> dict[str, Any]:
+        compact: dict[str, Any] = {
             "e": self.event_id,
             "u": self.user_id,
             "i": self.item_id,
             "t": self.type.value,
-            "ts": str(self.ts_ms),
+            "ts": self.ts_ms,
         }
         if self.value is not None:
-            fields["v"] = repr(self.value)
+            compact["v"] = self.value
         if self.request_id is not None:
-            fields["r"] = self.request_id
-        return fields
+            compact["r"] = self.request_id
+        return compact
 
 
 class MalformedEventError(ValueError):
     """A stream entry that is not an event this service wrote."""
 
 
-def _text(fields: dict[bytes, bytes], key: bytes) -> str:
-    value = fields.get(key)
-    if value is None:
-        raise MalformedEventError(f"no field {key.decode()}")
-    try:
-        return value.decode()
-    except UnicodeDecodeError as exc:
-        raise MalformedEventError(f"field {key.decode()} is not UTF-8") from exc
+# A stream entry holds a batch's events of one partition, as one JSON array: one XADD a
+# batch instead of one an event, where the client's cost per command is what counts.
+EVENTS_FIELD = b"events"
 
 
-def from_fields(fields: dict[bytes, bytes]) -> Event:
-    """The event a stream entry holds; MalformedEventError naming what is wrong."""
+def encode_entry(events: Sequence[Event]) -> dict[str, str]:
+    return {EVENTS_FIELD.decode(): json.dumps([e.to_json() for e in events], separators=(",", ":"))}
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedEventError(f"{name} is not a string")
+    return value
+
+
+def from_json(raw: Any) -> Event:
+    """One event of an entry; MalformedEventError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise MalformedEventError("an event is not an object")
     try:
-        kind = EventType(_text(fields, b"t"))
+        kind = EventType(_text(raw.get("t"), "t"))
     except ValueError as exc:
         raise MalformedEventError(f"unknown event type ({exc})") from exc
-    try:
-        ts_ms = int(_text(fields, b"ts"))
-        value = float(_text(fields, b"v")) if b"v" in fields else None
-    except ValueError as exc:
-        raise MalformedEventError(f"bad number ({exc})") from exc
-    if value is not None and value != value:
-        raise MalformedEventError("value is NaN")
+    ts_ms, value = raw.get("ts"), raw.get("v")
+    if not isinstance(ts_ms, int) or isinstance(ts_ms, bool):
+        raise MalformedEventError("ts is not an integer")
+    if value is not None and (
+        not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+    ):
+        raise MalformedEventError("value is not a finite number")
+    request_id = raw.get("r")
     return Event(
-        event_id=_text(fields, b"e"),
-        user_id=_text(fields, b"u"),
-        item_id=_text(fields, b"i"),
+        event_id=_text(raw.get("e"), "e"),
+        user_id=_text(raw.get("u"), "u"),
+        item_id=_text(raw.get("i"), "i"),
         type=kind,
         ts_ms=ts_ms,
-        value=value,
-        request_id=_text(fields, b"r") if b"r" in fields else None,
+        value=None if value is None else float(value),
+        request_id=None if request_id is None else _text(request_id, "r"),
     )
+
+
+def decode_entry(fields: dict[bytes, bytes]) -> list[Event | MalformedEventError]:
+    """The events a stream entry holds, each one or why it cannot be read; an entry that is
+    not one this service wrote is MalformedEventError itself."""
+    raw = fields.get(EVENTS_FIELD)
+    if raw is None:
+        raise MalformedEventError("no events field")
+    try:
+        batch = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedEventError(f"not JSON ({exc})") from exc
+    if not isinstance(batch, list):
+        raise MalformedEventError("events is not a list")
+    decoded: list[Event | MalformedEventError] = []
+    for each in batch:
+        try:
+            decoded.append(from_json(each))
+        except MalformedEventError as exc:
+            shown = json.dumps(each)[:300]
+            decoded.append(MalformedEventError(f"{exc}: {shown}"))
+    return decoded

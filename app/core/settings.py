@@ -187,9 +187,10 @@ class Settings(BaseSettings):
         "this is the most consumers that share the work. API and consumers must agree",
     )
     event_stream_max: int = Field(
-        default=1_000_000,
+        default=200_000,
         ge=1000,
-        description="events kept per stream (trimmed approximately, oldest first)",
+        description="entries kept per stream, each a posted batch's share of the partition "
+        "(trimmed approximately, oldest first)",
     )
     events_max_in_flight: int = Field(
         default=4,

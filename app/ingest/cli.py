@@ -18,7 +18,7 @@ from app.core.errors import ConfigError, RecsysError, SchemaError
 from app.core.log_setup import configure_logging
 from app.core.metrics import IngestMetrics
 from app.core.settings import Settings, load_settings
-from app.ingest.consumer import Consumer
+from app.ingest.consumer import CLUSTER_CALLS, Consumer
 from app.ingest.world import load_ingest_world
 from app.process.startup_checks import opened_world
 from app.release.keyspace import KeySpace
@@ -51,7 +51,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
     partitions = owned_partitions(settings)
     client = connect_redis(
         settings.redis_url,
-        len(partitions) + 8,
+        len(partitions) + CLUSTER_CALLS + 4,
         REDIS_TIMEOUT_S,
         cluster=settings.redis_cluster,
         username=settings.redis_username,

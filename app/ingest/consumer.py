@@ -17,18 +17,25 @@ then loses them for one batch (at most once), never doubles them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from app.clients.feature_store import FLOAT32, RedisClient, decode_seen, encode_seen
-from app.core.events import Event, EventType, IngestOutcome, MalformedEventError, from_fields
+from app.core.events import (
+    Event,
+    EventType,
+    IngestOutcome,
+    MalformedEventError,
+    decode_entry,
+)
 from app.core.metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
@@ -36,6 +43,7 @@ from app.ingest.world import IngestWorld
 from app.release.keyspace import KeySpace
 
 log = logging.getLogger("recsys.ingest")
+T = TypeVar("T")
 GROUP = "ingest"
 BLOCK_MS = 1000
 # Event ids kept per user for spotting a retried event: past this many they start afresh.
@@ -123,13 +131,23 @@ class Entry:
         return int(self.entry_id.split(b"-", 1)[0])
 
 
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """What goes to the dead letters: the entry it came from, what is kept of it, and why."""
+
+    entry_id: bytes
+    payload: dict[bytes, bytes]
+    reason: DeadLetter
+    why: str
+
+
 @dataclass(slots=True)
 class Sorted:
     """A batch's entries: the events of each user in order, and those set aside."""
 
     by_user: dict[str, list[tuple[Event, int]]]
-    dead: list[tuple[Entry, DeadLetter, str]]
-    entry_of: dict[int, Entry]  # by id() of each decoded event: to set a user's aside
+    dead: list[SetAside]
+    entry_of: dict[int, bytes]  # by id() of each decoded event: to set a user's aside
 
 
 class Consumer:
@@ -265,20 +283,28 @@ class Consumer:
 
     def _sort(self, entries: list[Entry]) -> Sorted:
         by_user: dict[str, list[tuple[Event, int]]] = {}
-        dead: list[tuple[Entry, DeadLetter, str]] = []
-        decoded: list[tuple[Entry, Event]] = []
+        dead: list[SetAside] = []
+        decoded: list[tuple[bytes, Event]] = []
         for entry in entries:
             try:
-                decoded.append((entry, from_fields(entry.fields)))
+                events = decode_entry(entry.fields)
             except MalformedEventError as exc:
-                dead.append((entry, DeadLetter.MALFORMED, str(exc)))
+                dead.append(SetAside(entry.entry_id, entry.fields, DeadLetter.MALFORMED, str(exc)))
+                continue
+            for event in events:
+                if isinstance(event, MalformedEventError):
+                    kept = {b"event": str(event).encode()}
+                    dead.append(SetAside(entry.entry_id, kept, DeadLetter.MALFORMED, str(event)))
+                else:
+                    decoded.append((entry.entry_id, event))
         positions = self._world.lookup([event.item_id for _, event in decoded])
-        for (entry, event), position in zip(decoded, positions.tolist(), strict=True):
+        for (entry_id, event), position in zip(decoded, positions.tolist(), strict=True):
             if position < 0:
-                dead.append((entry, DeadLetter.UNKNOWN_ITEM, "the catalog has no such item"))
+                why = "the catalog has no such item"
+                dead.append(SetAside(entry_id, _kept(event), DeadLetter.UNKNOWN_ITEM, why))
             else:
                 by_user.setdefault(event.user_id, []).append((event, position))
-        return Sorted(by_user, dead, {id(event): entry for entry, event in decoded})
+        return Sorted(by_user, dead, {id(event): entry_id for entry_id, event in decoded})
 
     async def _states(
         self, by_user: dict[str, list[tuple[Event, int]]]
@@ -290,7 +316,7 @@ class Consumer:
             shown = sorted({p for e, p in events if e.type is EventType.IMPRESSION})
             asked.append((user_id, shown, [event.event_id for event, _ in events]))
         groups = [[one] for one in asked] if self._cluster else [asked]
-        replies = await asyncio.gather(*(self._read_states(group) for group in groups))
+        replies = await _bounded(self._read_states(group) for group in groups)
         states: dict[str, UserState | str] = {}
         for group, reply in zip(groups, replies, strict=True):
             at = 0
@@ -368,7 +394,7 @@ class Consumer:
         if not writing:
             return
         groups = [[one] for one in writing] if self._cluster else [writing]
-        await asyncio.gather(*(self._write_group(group, states) for group in groups))
+        await _bounded(self._write_group(group, states) for group in groups)
 
     async def _write_group(
         self, group: list[tuple[str, UserChange]], states: dict[str, Any]
@@ -392,20 +418,23 @@ class Consumer:
             args += [int(reset), len(change.applied), *change.applied]
         await self._write_script(keys=keys, args=args)
 
-    async def _dead_letters(
-        self, partition: int, dead: list[tuple[Entry, DeadLetter, str]]
-    ) -> None:
+    async def _dead_letters(self, partition: int, dead: list[SetAside]) -> None:
         if not dead:
             return
         pipe: Any = self._client.pipeline(transaction=False)
-        for entry, reason, why in dead:
-            fields = {**entry.fields, b"dead.reason": reason.value, b"dead.why": why}
-            fields[b"dead.entry"] = entry.entry_id
+        for aside in dead:
+            fields = {**aside.payload, b"dead.reason": aside.reason.value, b"dead.why": aside.why}
+            fields[b"dead.entry"] = aside.entry_id
             pipe.xadd(self._keys.dead_letters(partition), fields, maxlen=100_000, approximate=True)
-            log.warning("event %s set aside (%s): %s", entry.entry_id.decode(), reason, why)
+            log.warning(
+                "event of entry %s set aside (%s): %s",
+                aside.entry_id.decode(),
+                aside.reason,
+                aside.why,
+            )
         await pipe.execute()
-        for _, reason, _ in dead:
-            self._metrics.dead_letter_count[reason].inc()
+        for aside in dead:
+            self._metrics.dead_letter_count[aside.reason].inc()
 
     async def _after(self, changes: dict[str, UserChange]) -> None:
         """Trending counts and variant credits: after the transaction, at most once."""
@@ -433,10 +462,30 @@ class Consumer:
         counted[IngestOutcome.DEAD_LETTER].inc(len(batch.dead))
 
 
-def _set_aside(
-    batch: Sorted, events: list[tuple[Event, int]], reason: str
-) -> list[tuple[Entry, DeadLetter, str]]:
-    return [(batch.entry_of[id(event)], DeadLetter.BAD_STATE, reason) for event, _ in events]
+# Scripts in flight at once on a Redis Cluster (one per user): within the client's pool.
+CLUSTER_CALLS = 16
+
+
+async def _bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """The calls' results in order, at most CLUSTER_CALLS running at once."""
+    gate = asyncio.Semaphore(CLUSTER_CALLS)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    return list(await asyncio.gather(*(one(call) for call in calls)))
+
+
+def _kept(event: Event) -> dict[bytes, bytes]:
+    return {b"event": json.dumps(event.to_json()).encode()}
+
+
+def _set_aside(batch: Sorted, events: list[tuple[Event, int]], reason: str) -> list[SetAside]:
+    return [
+        SetAside(batch.entry_of[id(event)], _kept(event), DeadLetter.BAD_STATE, reason)
+        for event, _ in events
+    ]
 
 
 def _variant(raw: bytes | None) -> Variant | None:

@@ -11,9 +11,14 @@ from recsys_tools.localstack.processes import Launch, ManagedProcess, start_mana
 
 # What the consumer logs once its groups exist and it reads (app.ingest.cli).
 READY_LINE = "ingesting partitions"
+# Below the API's CPU priority, as the deployment's CPUWeight puts it: events may wait tens
+# of milliseconds longer on a busy host, a /recommend must not.
+NICENESS = 10
 
 
-def start_ingest(settings: Mapping[str, str], workdir: Path) -> ManagedProcess:
+def start_ingest(
+    settings: Mapping[str, str], workdir: Path, niceness: int = NICENESS
+) -> ManagedProcess:
     """`python -m app.ingest.cli` with these RECSYS_* variables; returns once it consumes."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "ingest.log"
@@ -25,5 +30,6 @@ def start_ingest(settings: Mapping[str, str], workdir: Path) -> ManagedProcess:
             return False
 
     env = {**os.environ, "RECSYS_INGEST_METRICS_PORT": "0", **settings}
-    launch = Launch((sys.executable, "-m", "app.ingest.cli"), env, ready, ready_timeout_s=60.0)
+    argv = ("nice", "-n", str(niceness), sys.executable, "-m", "app.ingest.cli")
+    launch = Launch(argv, env, ready, ready_timeout_s=60.0)
     return start_managed("recsys-ingest", launch, log_path)

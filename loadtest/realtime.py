@@ -254,7 +254,7 @@ def main() -> None:
     print(json.dumps(figures, indent=2))
     if args.out is not None:
         recorded = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        recorded["realtime"] = figures
+        recorded["realtime"] = {"command": "python -m loadtest.realtime", "runs": [figures]}
         args.out.write_text(json.dumps(recorded, indent=2) + "\n")
 
 

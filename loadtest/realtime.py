@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 import redis
-from recsys_tools.localstack import start_ingest
+from recsys_tools.localstack import start_ingest, unapplied
 
 from app.clients.event_log import by_partition
 from app.core.events import Event, EventType, encode_entry
@@ -67,15 +67,7 @@ def _append(client: redis.Redis, events: list[Event], per_entry: int = 50) -> No
 
 
 def _unapplied(client: redis.Redis) -> int:
-    left = 0
-    for partition in range(PARTITIONS):
-        stream = KEYS.events(partition)
-        if not client.exists(stream):
-            continue
-        newest = client.xinfo_stream(stream)["last-generated-id"]
-        for group in client.xinfo_groups(stream):
-            left += int(group["pending"]) + (group["last-delivered-id"] != newest)
-    return left
+    return unapplied(client, KEYS, PARTITIONS)
 
 
 def ingest_rate(

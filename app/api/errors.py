@@ -20,6 +20,20 @@ MAX_FIELDS = 20
 MAX_MESSAGE_CHARS = 500
 
 
+def documented(description: str, **extra: Any) -> dict[str, Any]:
+    """An error status as a route's OpenAPI `responses` lists it, with the one error body."""
+    return {"model": ErrorBody, "description": description, **extra}
+
+
+# The statuses the gate answers for every gated route, before the route runs.
+GATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: documented("The body is not valid JSON."),
+    408: documented("The body did not arrive whole within RECSYS_BODY_TIMEOUT_MS."),
+    413: documented("The body is larger than RECSYS_MAX_BODY_BYTES."),
+    415: documented("The body is not sent as application/json."),
+}
+
+
 def error_body(
     code: str, message: str, request_id: str, fields: Sequence[ErrorField] = ()
 ) -> ErrorBody:

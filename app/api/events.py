@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
-from app.api.errors import error_body
-from app.api.models import ErrorBody, EventIn, EventsAccepted, EventsRequest
+from app.api.errors import GATE_ERRORS, documented, error_body
+from app.api.models import EventIn, EventsAccepted, EventsRequest
 from app.core.errors import FeatureStoreError
 from app.core.events import Event, EventOutcome
 from app.core.throttled_log import ThrottledLog
@@ -21,20 +21,13 @@ unavailable = ThrottledLog(logging.getLogger("recsys.events"))
 RETRY_AFTER_S = "1"
 
 
-def _error(description: str, **extra: Any) -> dict[str, Any]:
-    return {"model": ErrorBody, "description": description, **extra}
-
-
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("The body is not valid JSON."),
-    408: _error("The body did not arrive whole within RECSYS_BODY_TIMEOUT_MS."),
-    413: _error("The body is larger than RECSYS_MAX_BODY_BYTES."),
-    415: _error("The body is not sent as application/json."),
-    422: _error(
+    **GATE_ERRORS,
+    422: documented(
         "An event is invalid; the batch is refused whole and `fields` names each bad field "
         "(at most 20) as events.N.field."
     ),
-    503: _error(
+    503: documented(
         "The event log (Redis) did not take the batch, or this worker has as many batches "
         "in flight as it takes: nothing was written; send the batch again after the delay.",
         headers={"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},

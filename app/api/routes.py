@@ -11,11 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import ServicesDep
-from app.api.errors import error_body
+from app.api.errors import GATE_ERRORS, documented, error_body
 from app.api.models import (
     BUDGET_HEADER,
     REQUEST_ID_HEADER,
-    ErrorBody,
     ErrorField,
     Liveness,
     ModelInfo,
@@ -33,28 +32,21 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _error(description: str, **extra: Any) -> dict[str, Any]:
-    return {"model": ErrorBody, "description": description, **extra}
-
-
 RECOMMEND_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("The body is not valid JSON."),
-    408: _error("The body did not arrive whole within RECSYS_BODY_TIMEOUT_MS."),
-    413: _error("The body is larger than RECSYS_MAX_BODY_BYTES."),
-    415: _error("The body is not sent as application/json."),
-    422: _error("A field is invalid; `fields` names each one (at most 20)."),
-    503: _error(
+    **GATE_ERRORS,
+    422: documented("A field is invalid; `fields` names each one (at most 20)."),
+    503: documented(
         "Overloaded: the worker is past its capacity (its adaptive limit is reached and its "
         "short line full, or its event loop stays behind). Nothing was done; retry after "
         "the delay, on another instance if possible.",
         headers={"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
     ),
-    500: _error("An unexpected error; the request id is in the body and the log."),
+    500: documented("An unexpected error; the request id is in the body and the log."),
 }
 # Any path can answer these.
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: _error("No such path."),
-    405: _error("The path exists, not with this method; `Allow` lists the methods."),
+    404: documented("No such path."),
+    405: documented("The path exists, not with this method; `Allow` lists the methods."),
 }
 
 

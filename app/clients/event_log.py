@@ -21,8 +21,8 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from app.clients.feature_store import RedisClient
-from app.core.errors import FailureKind, FeatureStoreError
+from app.clients.feature_store import RedisClient, failure_kind
+from app.core.errors import FeatureStoreError
 from app.core.events import Event, encode_entry
 from app.release.keyspace import KeySpace
 
@@ -41,14 +41,6 @@ def by_partition(events: Sequence[Event], partitions: int) -> dict[int, list[Eve
     for event in events:
         split.setdefault(partition_of(event.user_id, partitions), []).append(event)
     return split
-
-
-def _failure_kind(exc: BaseException) -> FailureKind:
-    if isinstance(exc, redis_errors.TimeoutError | TimeoutError):
-        return FailureKind.TIMEOUT
-    if isinstance(exc, redis_errors.ConnectionError | OSError):
-        return FailureKind.UNAVAILABLE
-    return FailureKind.ERROR
 
 
 class EventLog:
@@ -76,7 +68,7 @@ class EventLog:
                 else:
                     await self._append([e for part in split.values() for e in part])
         except (redis_errors.RedisError, OSError, TimeoutError) as exc:
-            kind = _failure_kind(exc)
+            kind = failure_kind(exc)
             raise FeatureStoreError(kind, f"append events: {type(exc).__name__} {exc}") from exc
 
     def remember_answer(self, request_id: str, variant: str, ttl_s: int) -> None:

@@ -129,7 +129,8 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def _failure_kind(exc: BaseException) -> FailureKind:
+def failure_kind(exc: BaseException) -> FailureKind:
+    """What a Redis client error says about Redis (a metric label)."""
     if isinstance(exc, redis_errors.TimeoutError | TimeoutError):
         return FailureKind.TIMEOUT
     if isinstance(exc, redis_errors.ConnectionError | OSError):
@@ -145,7 +146,7 @@ async def _call(operation: str, timeout_s: float) -> AsyncIterator[None]:
             yield
     except (redis_errors.RedisError, OSError, TimeoutError) as exc:
         raise FeatureStoreError(
-            _failure_kind(exc), f"{operation}: {type(exc).__name__} {exc}"
+            failure_kind(exc), f"{operation}: {type(exc).__name__} {exc}"
         ) from exc
 
 

@@ -19,6 +19,7 @@ from recsys_tools.localstack import (
     start_ingest,
     start_redis,
     start_redis_cluster,
+    unapplied,
 )
 from recsys_tools.world.redis_loader import load_world_into_redis
 from redis.cluster import RedisCluster
@@ -89,20 +90,9 @@ def _event(n: int, user: str, item: str, kind: str = "click", **extra: Any) -> d
 
 
 def _pending_or_unread(url: str) -> int:
-    """Events the group has not acknowledged, over every partition; one more for each
-    partition that still has unread events (Redis 6 tells no count of those)."""
     client = _redis(url)
     try:
-        left = 0
-        for partition in range(PARTITIONS):
-            stream = KEYS.events(partition)
-            if not client.exists(stream):
-                continue
-            newest = client.xinfo_stream(stream)["last-generated-id"]
-            for group in client.xinfo_groups(stream):
-                left += int(group["pending"])
-                left += group["last-delivered-id"] != newest
-        return left
+        return unapplied(client, KEYS, PARTITIONS)
     finally:
         client.close()
 

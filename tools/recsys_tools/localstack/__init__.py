@@ -12,7 +12,7 @@ The rooms: processes.py (process groups, readiness, faults), redis_server.py,
 redis_cluster.py and triton_server.py. What the demo and the tests use is named here.
 """
 
-from recsys_tools.localstack.ingest_consumer import start_ingest
+from recsys_tools.localstack.ingest_consumer import start_ingest, unapplied
 from recsys_tools.localstack.processes import (
     LOOPBACK,
     Launch,
@@ -52,4 +52,5 @@ __all__ = [
     "start_redis_cluster",
     "start_triton",
     "triton_models_ready",
+    "unapplied",
 ]

@@ -7,6 +7,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import redis
+
+from app.release.keyspace import KeySpace
 from recsys_tools.localstack.processes import Launch, ManagedProcess, start_managed
 
 # What the consumer logs once its groups exist and it reads (app.ingest.cli).
@@ -33,3 +36,17 @@ def start_ingest(
     argv = ("nice", "-n", str(niceness), sys.executable, "-m", "app.ingest.cli")
     launch = Launch(argv, env, ready, ready_timeout_s=60.0)
     return start_managed("recsys-ingest", launch, log_path)
+
+
+def unapplied(client: redis.Redis, keys: KeySpace, partitions: int) -> int:
+    """Entries the consumer group has not acknowledged, over every partition, and one more
+    for each partition with entries still unread (Redis 6 tells no count of those)."""
+    left = 0
+    for partition in range(partitions):
+        stream = keys.events(partition)
+        if not client.exists(stream):
+            continue
+        newest = client.xinfo_stream(stream)["last-generated-id"]
+        for group in client.xinfo_groups(stream):
+            left += int(group["pending"]) + (group["last-delivered-id"] != newest)
+    return left

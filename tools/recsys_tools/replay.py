@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 
 from recsys_tools.commands import Commands
-from recsys_tools.world.logs import InteractionLog, LogColumns, read_log
+from recsys_tools.world.commands import add_log_flags, log_columns
+from recsys_tools.world.logs import InteractionLog, read_log
 
 log = logging.getLogger("recsys.replay")
 
@@ -118,14 +119,7 @@ async def replay(
 
 
 def _run(args: argparse.Namespace) -> None:
-    columns = LogColumns(
-        user=args.user_col,
-        item=args.item_col,
-        time=args.time_col,
-        weight=args.weight_col,
-        min_weight=args.min_weight,
-    )
-    rows = rows_in_time_order(read_log(args.interactions, columns), args.since)
+    rows = rows_in_time_order(read_log(args.interactions, log_columns(args)), args.since)
     if args.limit:
         rows = rows[: args.limit]
     report = asyncio.run(replay(args.url, rows, args.k, not args.no_events))
@@ -140,13 +134,7 @@ def register(commands: Commands) -> None:
     )
     replayed.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet")
     replayed.add_argument("--url", default="http://127.0.0.1:8080", help="the running API")
-    replayed.add_argument("--user-col", default="user_id", help="default: user_id")
-    replayed.add_argument("--item-col", default="item_id", help="default: item_id")
-    replayed.add_argument("--time-col", default="timestamp", help="default: timestamp")
-    replayed.add_argument("--weight-col", default=None, help="a rating or weight column")
-    replayed.add_argument(
-        "--min-weight", type=float, default=None, help="rows at or above it are positives"
-    )
+    add_log_flags(replayed)
     replayed.add_argument(
         "--since", type=int, default=None, help="replay rows from this unix second on"
     )

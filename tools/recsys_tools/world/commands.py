@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
+
+if TYPE_CHECKING:
+    from recsys_tools.world.logs import LogColumns
 
 
 def _build_demo(args: argparse.Namespace) -> None:
@@ -30,18 +33,12 @@ def _build_demo(args: argparse.Namespace) -> None:
 def _build_world(args: argparse.Namespace) -> None:
     from app.release.schema import load_schema
     from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-    from recsys_tools.world.logs import ItemColumns, LogColumns
+    from recsys_tools.world.logs import ItemColumns
 
     schema = load_schema(args.schema or _interactions_schema())
     recipe = WorldRecipe(
         interactions=args.interactions,
-        columns=LogColumns(
-            user=args.user_col,
-            item=args.item_col,
-            time=args.time_col,
-            weight=args.weight_col,
-            min_weight=args.min_weight,
-        ),
+        columns=log_columns(args),
         items=args.items,
         item_columns=ItemColumns(
             item_id=args.item_id_col, category=args.category_col, published=args.published_col
@@ -53,6 +50,32 @@ def _build_world(args: argparse.Namespace) -> None:
     report = build_world_from_log(recipe, args.world, schema)
     print(_evaluation_table(report))
     print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+
+
+def log_columns(args: argparse.Namespace) -> LogColumns:
+    """The interaction log's columns as add_log_flags named them (build-world, replay)."""
+    from recsys_tools.world.logs import LogColumns
+
+    return LogColumns(
+        user=args.user_col,
+        item=args.item_col,
+        time=args.time_col,
+        weight=args.weight_col,
+        min_weight=args.min_weight,
+    )
+
+
+def add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that name an interaction log's columns, the same for every command."""
+    parser.add_argument("--user-col", default="user_id", help="default: user_id")
+    parser.add_argument("--item-col", default="item_id", help="default: item_id")
+    parser.add_argument(
+        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+    )
+    parser.add_argument("--weight-col", default=None, help="a rating or weight column")
+    parser.add_argument(
+        "--min-weight", type=float, default=None, help="rows at or above it are positives"
+    )
 
 
 def _interactions_schema() -> Path:
@@ -216,15 +239,7 @@ def _add_build_world(
     built.add_argument("--world", type=Path, required=True, help="the world directory to write")
     built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
     built.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet log")
-    built.add_argument("--user-col", default="user_id", help="default: user_id")
-    built.add_argument("--item-col", default="item_id", help="default: item_id")
-    built.add_argument(
-        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
-    )
-    built.add_argument("--weight-col", default=None, help="a rating or weight column")
-    built.add_argument(
-        "--min-weight", type=float, default=None, help="rows at or above it are positives"
-    )
+    add_log_flags(built)
     built.add_argument("--items", type=Path, default=None, help="CSV or Parquet item table")
     built.add_argument("--item-id-col", default="item_id", help="default: item_id")
     built.add_argument("--category-col", default=None, help="categories, several as A|B|C")

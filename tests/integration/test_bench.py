@@ -45,8 +45,11 @@ async def test_a_short_bench_run_measures_each_figure(stack: Stack, tmp_path: Pa
         overhead = await overhead_p50(api.url, 20, SMALL_WORLD.users)
     assert cpu["ok"] == cpu["requests"] > 0
     assert cpu["cpu_ms_per_request"]["api"] > 0
-    assert rate["max_rate_at_p99"] == 30.0, rate  # both steps pass at these rates
-    assert [point["rate"] for point in rate["points"]] == [20.0, 30.0]
+    # Both steps are measured; the first passes at such a low rate, and the second does too
+    # unless one latency spike of this shared machine lands in its 1.5 s (a smoke run of the
+    # tools, not a figure).
+    assert [point["rate"] for point in rate["points"]] == [20.0, 30.0], rate
+    assert rate["max_rate_at_p99"] in (20.0, 30.0), rate
     assert 0 < overhead["overhead_p50_ms"] < overhead["sequential_p50_ms"]
 
 

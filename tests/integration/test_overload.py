@@ -46,12 +46,16 @@ async def test_three_times_capacity_is_shed_fast_and_the_rest_served_in_budget(
     assert not outcome.errors, outcome
     assert outcome.shed_with_retry_after == outcome.statuses["503"]
     # Admitted answers stay whole and in budget: admission let in only what the worker
-    # could finish in time (a late one would have degraded). As clients see them, the
-    # generator's lateness on a busy machine is in the figure, hence the margin. (The
-    # figures, against the targets, are the benchmark's: make bench-overload.)
+    # could finish in time (a late one would have degraded). The worker's loop runs late by
+    # about one request's pace on a saturated machine, and as clients see the answers the
+    # generator's own lateness is in the figure too: the bounds add one pace inside the
+    # service, two outside, as the fault tests do. (The figures, against the targets, are
+    # the benchmark's: make bench-overload.)
+    pace_ms = 2 * 1000.0 / capacity  # two connections, one request after the other
     assert (outcome.degraded_share or 0.0) <= 0.05, outcome
+    assert outcome.admitted_server_p99_ms <= BUDGET_MS + MARGIN_MS + pace_ms, outcome
     assert outcome.admitted_p99_ms is not None
-    assert outcome.admitted_p99_ms <= BUDGET_MS + MARGIN_MS, outcome
+    assert outcome.admitted_p99_ms <= BUDGET_MS + MARGIN_MS + 2 * pace_ms, outcome
     # Refusals come at once, not after a wait: inside the service, a few milliseconds (a
     # request may wait in line for up to 10); as clients see them, much faster than an
     # answer, though the generator's own lateness on a busy machine is in the figure.

@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=300)
     parser.add_argument("--model", default="ranking_model")
     parser.add_argument(
-        "--rows", type=int, default=1100, help="rows per request: 1000 recalled + 100 popular"
+        "--rows", type=int, default=500, help="rows per request: what pre-rank keeps"
     )
     parser.add_argument("--settings", nargs="*", default=[], help="NAME=VALUE for the API")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")

@@ -32,6 +32,7 @@ from app.core.events import Event, EventType, encode_entry
 from app.release.keyspace import KeySpace
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies, percentile, run
+from loadtest.record import record
 from loadtest.service import local_service
 
 log = logging.getLogger("loadtest.realtime")
@@ -245,9 +246,7 @@ def main() -> None:
     figures = measure(args.world, args)
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        recorded = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        recorded["realtime"] = {"command": "python -m loadtest.realtime", "runs": [figures]}
-        args.out.write_text(json.dumps(recorded, indent=2) + "\n")
+        record(args.out, "realtime", {"command": "python -m loadtest.realtime", "runs": [figures]})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
 from recsys_tools.world.logs import LogColumns, read_log
 
 from app.release.schema import load_schema
+from loadtest.record import record
 from loadtest.service import local_service
 
 log = logging.getLogger("loadtest.replay_drift")
@@ -69,9 +70,7 @@ def main() -> None:
     figures = measure(args.folder, args.k, args.seed)
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        recorded = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        recorded["replay"] = figures
-        args.out.write_text(json.dumps(recorded, indent=2) + "\n")
+        record(args.out, "replay", figures)
 
 
 if __name__ == "__main__":

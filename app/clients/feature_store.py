@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -89,6 +89,7 @@ class UserRecord:
     state: BlobState
     seen: Positions
     seen_whole: bool = True
+    recent: Positions = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +114,21 @@ def decode_item_blobs(values: Sequence[bytes | None], width: int) -> ItemBlobs:
     return ItemBlobs(np.asarray(valid, dtype=np.intp), matrix, np.asarray(malformed, dtype=np.intp))
 
 
-def decode_user(blob: bytes | None, seen: bytes | None, width: int) -> UserRecord:
-    """The user's record; a blob of the wrong size is MALFORMED, not a missing user."""
+def decode_user(
+    blob: bytes | None, seen: bytes | None, width: int, recent: bytes | None = None
+) -> UserRecord:
+    """The user's record; a blob of the wrong size is MALFORMED, not a missing user.
+
+    `recent` is the tail of the user's positives (oldest first), in the seen list's format.
+    """
     positions, whole = decode_seen(seen)
+    latest, _ = decode_seen(recent)
     if blob is None:
-        return UserRecord(None, BlobState.ABSENT, positions, whole)
+        return UserRecord(None, BlobState.ABSENT, positions, whole, latest)
     if len(blob) != width * FLOAT32.itemsize:
-        return UserRecord(None, BlobState.MALFORMED, positions, whole)
-    return UserRecord(np.frombuffer(blob, dtype=FLOAT32), BlobState.PRESENT, positions, whole)
+        return UserRecord(None, BlobState.MALFORMED, positions, whole, latest)
+    vector = np.frombuffer(blob, dtype=FLOAT32)
+    return UserRecord(vector, BlobState.PRESENT, positions, whole, latest)
 
 
 def _text(value: bytes | str) -> str:
@@ -168,11 +176,14 @@ class FeatureStore:
         schema: FeatureSchema,
         keys: KeySpace,
         breaker: CircuitBreaker,
+        recent_items: int = 0,
     ) -> None:
         self._client = client
         self._schema = schema
         self._keys = keys
         self._breaker = breaker
+        # The tail of the positives list read with the user: SEEN_POSITION bytes an item.
+        self._recent_bytes = recent_items * SEEN_POSITION.itemsize
 
     @property
     def keys(self) -> KeySpace:
@@ -184,16 +195,20 @@ class FeatureStore:
         return self._client
 
     async def user(self, user_id: str, timeout_s: float) -> UserRecord:
-        """The user's blob and every item they have seen, in one round trip."""
+        """The user's blob, every item they have seen and their latest positives, in one
+        round trip."""
         _require_time(timeout_s)
         with self._breaker.guard(FeatureStoreError):
             async with _call("read user", timeout_s):
-                # Two GETs, not an MGET: on a Redis Cluster the keys sit in different slots.
+                # One pipeline: one round trip, to a single Redis or a Cluster alike.
                 pipe = self._client.pipeline(transaction=False)
                 pipe.get(self._keys.user(user_id))
                 pipe.get(self._keys.seen(user_id))
-                blob, seen = await pipe.execute()
-        return decode_user(blob, seen, self._schema.user_blob_width)
+                if self._recent_bytes:
+                    pipe.getrange(self._keys.positives(user_id), -self._recent_bytes, -1)
+                answers = await pipe.execute()
+        recent = answers[2] if self._recent_bytes else None
+        return decode_user(answers[0], answers[1], self._schema.user_blob_width, recent)
 
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs:
         """Blobs for the given item keys: MGETs in chunks, sent as one pipeline.

@@ -41,8 +41,15 @@ class ReloadOutcome(StrEnum):
 
 
 # The stages that have something to fall back from.
-DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.FETCH, Stage.RANK)
-COUNTED_STAGES = (Stage.RECALL, Stage.FILTER, Stage.FETCH, Stage.RANK, Stage.RERANK)
+DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.PRERANK, Stage.FETCH, Stage.RANK)
+COUNTED_STAGES = (
+    Stage.RECALL,
+    Stage.FILTER,
+    Stage.PRERANK,
+    Stage.FETCH,
+    Stage.RANK,
+    Stage.RERANK,
+)
 
 # Sub-millisecond resolution where the cheap stages live, up to 1 s for a stuck dependency.
 LATENCY_BUCKETS = (

@@ -151,8 +151,40 @@ class Settings(BaseSettings):
     rules_file: Path | None = Field(default=None, description="default: the packaged rules")
 
     # Request path
-    candidate_count: int = Field(default=1000, ge=1, le=5000)
+    candidate_count: int = Field(
+        default=2500,
+        ge=1,
+        le=5000,
+        description="nearest items to the user's vector that recall asks the index for; with "
+        "the similar, trending and popular sources they make the pool pre-rank cuts down",
+    )
     popular_candidates: int = Field(default=100, ge=0, le=5000)
+    similar_candidates: int = Field(
+        default=400,
+        ge=0,
+        le=5000,
+        description="the most items recall takes from the neighbours of the user's latest "
+        "positives (a world built with neighbours); 0: none",
+    )
+    recent_items: int = Field(
+        default=20,
+        ge=0,
+        le=200,
+        description="the user's latest positives read with their features, for the similar "
+        "source and the pre-rank score",
+    )
+    recent_decay: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="how much less each older positive counts in the similar source's score",
+    )
+    prerank_keep: int = Field(
+        default=500,
+        ge=1,
+        le=5000,
+        description="candidates the in-process pre-rank keeps for the model to score",
+    )
     index_nprobe: int = Field(default=32, ge=1, le=65536)
     index_mmap: bool = Field(
         default=False,

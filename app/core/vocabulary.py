@@ -23,6 +23,7 @@ class Stage(StrEnum):
     FEATURES = "features"
     RECALL = "recall"
     FILTER = "filter"
+    PRERANK = "prerank"
     FETCH = "fetch"
     PACK = "pack"
     RANK = "rank"

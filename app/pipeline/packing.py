@@ -56,12 +56,14 @@ def pack_rows(
     item_blobs: FloatArray,
     context: FloatArray,
     out: FloatArray | None = None,
+    sequence: FloatArray | None = None,
 ) -> FloatArray:
     """Build the [n_items, schema.width] model input.
 
     item_blobs holds one [embedding | dense] row per candidate. user_blob ([embedding | dense])
     and context are one row shared by every candidate when serving, or one row per candidate
     when building training data; the same function packs both. Passing `out` reuses a buffer.
+    `sequence` ([n_items, len(schema.sequence)]) is required when the schema declares signals.
     """
     if item_blobs.ndim != 2 or item_blobs.shape[1] != schema.item_blob_width:
         raise ValueError(
@@ -80,4 +82,10 @@ def pack_rows(
     rows[:, blocks["item_dense"]] = item_blobs[:, dim:]
     rows[:, blocks["user_dense"]] = user_blob[..., dim:]
     rows[:, blocks["context"]] = context
+    if schema.sequence:
+        if sequence is None or sequence.shape != (n_items, len(schema.sequence)):
+            shape = None if sequence is None else sequence.shape
+            want = (n_items, len(schema.sequence))
+            raise ValueError(f"sequence has shape {shape}, want {want}")
+        rows[:, blocks["sequence"]] = sequence
     return rows

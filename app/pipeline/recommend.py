@@ -1,6 +1,8 @@
 """The /recommend pipeline. The order of the stages is written here and nowhere else.
 
-features -> recall -> filter -> fetch -> pack -> rank -> rerank. Each stage is a component
+features -> recall -> filter -> prerank -> fetch -> pack -> rank -> rerank: the seed's
+cascade, with recall casting a wide net, pre-rank keeping a few hundred in process and the
+model scoring only those. Each stage is a component
 of one shape (app/pipeline/step.py), run, timed and counted by `run_step`; recall's sources
 and the filters are lists, in `build_pipeline`. Every stage that calls a dependency falls back
 instead of failing and flags the answer (see the README's table), so `run` returns an answer
@@ -25,10 +27,12 @@ from app.pipeline.filters.excluded import ExcludedFilter
 from app.pipeline.filters.seen import SeenFilter
 from app.pipeline.sources.ann import AnnSource, VectorSearch
 from app.pipeline.sources.popular import PopularSource
+from app.pipeline.sources.similar import SimilarSource
 from app.pipeline.sources.trending import TrendingSource
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.filter import CandidateFilter, Filter
 from app.pipeline.stages.pack import RowPacker
+from app.pipeline.stages.prerank import PreRanker
 from app.pipeline.stages.rank import Scorer
 from app.pipeline.stages.recall import CandidateRecall, CandidateSource
 from app.pipeline.stages.rerank import Reranker
@@ -43,6 +47,7 @@ class RecommendPipeline:
     features: UserFeatureHydrator
     recall: CandidateRecall
     filter: CandidateFilter
+    prerank: PreRanker
     fetch: Step[Pool, Hydrated]
     pack: RowPacker
     rank: Scorer
@@ -52,7 +57,8 @@ class RecommendPipeline:
         asked: Asked = await run_step(self.features, query, ctx)
         recalled = await run_step(self.recall, asked, ctx)
         kept = await run_step(self.filter, recalled, ctx)
-        hydrated = await run_step(self.fetch, kept, ctx)
+        best = await run_step(self.prerank, kept, ctx)
+        hydrated = await run_step(self.fetch, best, ctx)
         packed = await run_step(self.pack, hydrated, ctx)
         ranked = await run_step(self.rank, packed, ctx)
         return await run_step(self.rerank, ranked, ctx)
@@ -69,10 +75,14 @@ def build_pipeline(
     rerank: Reranker,
     trending: Callable[[], Positions] = lambda: NOTHING,
     trending_count: int = 0,
+    similar_count: int = 0,
+    recent_decay: float = 0.9,
+    prerank_keep: int = 5000,
 ) -> RecommendPipeline:
     """The pipeline with its candidate sources and filters, in the order they run."""
     sources: list[CandidateSource] = [
         AnnSource(search),
+        SimilarSource(similar_count, recent_decay),
         TrendingSource(trending, trending_count),
         PopularSource(popular_count),
     ]
@@ -85,8 +95,9 @@ def build_pipeline(
         features=features,
         recall=CandidateRecall(sources, candidate_count),
         filter=CandidateFilter(filters, PopularBackfill()),
+        prerank=PreRanker(prerank_keep, recent_decay),
         fetch=fetch,
-        pack=RowPacker(),
+        pack=RowPacker(recent_decay),
         rank=rank,
         rerank=rerank,
     )

@@ -231,7 +231,9 @@ def _feature_store(
         username=settings.redis_username,
         password=password.get_secret_value() if password is not None else None,
     )
-    return FeatureStore(redis, schema, KeySpace(settings.redis_key_prefix), breaker)
+    return FeatureStore(
+        redis, schema, KeySpace(settings.redis_key_prefix), breaker, settings.recent_items
+    )
 
 
 def _triton_pool(
@@ -320,6 +322,9 @@ async def start_services(
             rerank=Reranker(),
             trending=lambda: trending.current,
             trending_count=settings.trending_candidates,
+            similar_count=settings.similar_candidates,
+            recent_decay=settings.recent_decay,
+            prerank_keep=settings.prerank_keep,
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(

@@ -17,9 +17,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from app.core.errors import SchemaError
 
 BlockName = Literal[
-    "user_embedding", "item_embedding", "user_item_product", "item_dense", "user_dense", "context"
+    "user_embedding",
+    "item_embedding",
+    "user_item_product",
+    "item_dense",
+    "user_dense",
+    "context",
+    "sequence",
 ]
-ALL_BLOCKS: frozenset[str] = frozenset(BlockName.__args__)  # type: ignore[attr-defined]
+# The sequence block is optional: a schema that declares signals names it in its layout.
+OPTIONAL_BLOCKS: frozenset[str] = frozenset({"sequence"})
+ALL_BLOCKS: frozenset[str] = (
+    frozenset(BlockName.__args__) - OPTIONAL_BLOCKS  # type: ignore[attr-defined]
+)
+# What relates a candidate to what the user did last (app.pipeline.signals computes them).
+SequenceSignal = Literal["similar", "recent"]
 
 
 class _ModelIO(BaseModel):
@@ -64,6 +76,8 @@ class _SchemaFile(BaseModel):
     user_dense: tuple[str | _DenseFeature, ...]
     item_dense: tuple[str | _DenseFeature, ...]
     context: _ContextSpec
+    # Signals relating each candidate to the user's latest positives, packed per row.
+    sequence: tuple[SequenceSignal, ...] = ()
     layout: tuple[BlockName, ...]
 
     @property
@@ -76,8 +90,14 @@ class _SchemaFile(BaseModel):
 
     @model_validator(mode="after")
     def _layout_names_every_block_once(self) -> _SchemaFile:
-        if sorted(self.layout) != sorted(ALL_BLOCKS):
-            raise ValueError(f"layout must name each of {sorted(ALL_BLOCKS)} exactly once")
+        wanted = ALL_BLOCKS | ({"sequence"} if self.sequence else frozenset())
+        if sorted(self.layout) != sorted(wanted):
+            raise ValueError(
+                f"layout must name each of {sorted(wanted)} exactly once (sequence only "
+                "when the schema declares sequence signals)"
+            )
+        if len(set(self.sequence)) != len(self.sequence):
+            raise ValueError(f"sequence names a signal twice: {list(self.sequence)}")
         for side, features in (("user", self.user_features), ("item", self.item_features)):
             names = [feature.name for feature in features]
             if len(set(names)) != len(names):
@@ -110,6 +130,7 @@ class FeatureSchema:
     pages: tuple[str, ...]
     locales: tuple[str, ...]
     time_features: tuple[str, ...]
+    sequence: tuple[str, ...]
     blocks: dict[str, slice]
     width: int
     # What each dense feature means and its scale, where the file says; not part of equality.
@@ -141,6 +162,7 @@ def _block_widths(spec: _SchemaFile) -> dict[str, int]:
         "item_dense": len(spec.item_dense),
         "user_dense": len(spec.user_dense),
         "context": spec.context.width,
+        "sequence": len(spec.sequence),
     }
 
 
@@ -164,6 +186,7 @@ def _from_spec(spec: _SchemaFile, source: str) -> FeatureSchema:
         pages=spec.context.page,
         locales=spec.context.locale,
         time_features=spec.context.time,
+        sequence=spec.sequence,
         blocks=blocks,
         width=offset,
         docs={

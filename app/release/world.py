@@ -23,12 +23,14 @@ from app.release.catalog import (
     MANIFEST_FILE,
     SCHEMA_FILE,
 )
+from app.release.neighbours import NEIGHBOURS_FILE
+from app.release.prerank import PRERANK_FILE
 from app.release.schema import FeatureSchema, load_schema
 
 log = logging.getLogger(__name__)
 
 # What the service itself reads from the world directory, checked against the manifest.
-SERVED_FILES = (ITEMS_FILE, INDEX_FILE, DEFAULT_USER_FILE)
+SERVED_FILES = (ITEMS_FILE, INDEX_FILE, DEFAULT_USER_FILE, NEIGHBOURS_FILE, PRERANK_FILE)
 WORLD_ID_PARAMETER = "world_id"
 
 

@@ -37,7 +37,7 @@ from app.release.keyspace import KeySpace
 from app.release.schema import FeatureSchema, load_schema
 
 SMALL_WORLD = DemoSize(items=3000, users=400, impressions=30_000)
-# Small enough that a request's 1000+ candidates go to Triton in several chunks.
+# Small enough that the 500 candidates pre-rank keeps go to Triton in several chunks.
 TEST_MAX_BATCH = 256
 PLAIN_RULES = "[diversity]\nmax_per_category = 0\n"
 # Fixed context so scores can be recomputed exactly outside the service.
@@ -174,7 +174,8 @@ async def client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest_asyncio.fixture(loop_scope="session", scope="session")
 async def plain_client(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    """Rules off and every catalog item a candidate: the answer is the model's own top N."""
-    settings = stack.settings(rules_file=stack.plain_rules, candidate_count=5000)
+    """Rules off and every catalog item a candidate, and pre-rank keeping them all: the
+    answer is the model's own top N."""
+    settings = stack.settings(rules_file=stack.plain_rules, candidate_count=5000, prerank_keep=5000)
     async with serving(settings) as api:
         yield api

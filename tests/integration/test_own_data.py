@@ -162,12 +162,18 @@ async def test_answers_hold_unseen_catalog_ids_as_given(movies: Movies) -> None:
 
 def test_the_report_has_the_evaluation_and_it_is_printed(movies: Movies) -> None:
     report = json.loads((movies.world / "report.json").read_text())
-    methods = report["evaluation"]["methods"]
-    assert set(methods) == {"recall", "recall_rank", "popularity"}
-    assert report["evaluation"]["users_evaluated"] == 120
+    evaluation = report["evaluation"]
+    methods, stages = evaluation["methods"], evaluation["stages"]
+    assert set(methods) == {"recall", "prerank", "recall_rank", "popularity", "item_knn"}
+    assert list(stages) == ["recall", "prerank", "rank"]
+    assert evaluation["users_evaluated"] == 120
     # Tastes are planted: what the model learnt beats handing everyone the popular items.
     assert methods["recall_rank"]["ndcg@10"] > methods["popularity"]["ndcg@10"]
-    for name, figures in methods.items():
+    # Each stage hands on part of what came in: the share held out can only fall.
+    shares = [figures["pool_share"] for figures in stages.values()]
+    assert shares == sorted(shares, reverse=True), stages
+    for name in ("item_knn", "popularity", *stages):
+        figures = methods[name] if name in methods else stages[name]
         assert f"{figures['recall@10']:.4f}" in movies.printed
         assert name in movies.printed
     stamp = read_stamp(movies.world)

@@ -76,6 +76,7 @@ async def test_answer_is_the_models_top_n(stack: Stack, plain_client: AsyncClien
         "features",
         "recall",
         "filter",
+        "prerank",
         "fetch",
         "pack",
         "rank",
@@ -187,7 +188,16 @@ async def test_every_stage_is_measured(client: AsyncClient) -> None:
         for sample in families["recsys_stage_duration_seconds"].samples
         if sample.name.endswith("_count")
     }
-    assert set(counts) == {"features", "recall", "filter", "fetch", "pack", "rank", "rerank"}
+    assert set(counts) == {
+        "features",
+        "recall",
+        "filter",
+        "prerank",
+        "fetch",
+        "pack",
+        "rank",
+        "rerank",
+    }
     assert all(count >= 1 for count in counts.values())
     requests = {
         s.labels["outcome"]: s.value

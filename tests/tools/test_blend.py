@@ -1,4 +1,4 @@
-"""The served ranker's blend of MLP and recall, and the candidate lists it is fitted on."""
+"""The served ranker's blend of MLP, recall and the sequence signals."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import onnxruntime as ort
 from recsys_tools.world.blend import (
     Blend,
     blended_onnx,
-    candidate_lists,
     fit_blend,
     recall_scores,
 )
 from recsys_tools.world.train import export_onnx, fit_ranker
 
-from tests.unit.tiny_schema import tiny_schema
+from tests.unit.tiny_schema import tiny_schema, tiny_sequence_schema
 
 
 def test_the_blended_model_computes_the_blend_on_the_packed_row() -> None:
@@ -41,13 +40,31 @@ def test_a_useless_model_gets_no_weight_and_recall_keeps_its_order() -> None:
     assert abs(blend.model) < 0.2
 
 
-def test_candidate_lists_skip_what_was_seen_and_label_what_was_liked() -> None:
-    users = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
-    items = np.array([[3, 0], [2, 0.1], [1, 0.2], [0, 3], [0, 2]], dtype=np.float32)
-    n_items = len(items)
-    seen = np.array([0 * n_items + 0, 1 * n_items + 3])  # user 0 saw item 0, user 1 item 3
-    liked = np.array([0 * n_items + 2, 1 * n_items + 4])
-    lists = candidate_lists(users, items, np.array([0, 1]), seen, liked, depth=2)
-    columns = (lists.users.tolist(), lists.items.tolist(), lists.labels.tolist())
-    listed = sorted(zip(*columns, strict=True))
-    assert listed == [(0, 1, 0), (0, 2, 1), (1, 2, 0), (1, 4, 1)]
+def test_the_sequence_signals_enter_the_blend_from_their_block() -> None:
+    schema = tiny_sequence_schema()
+    rng = np.random.default_rng(2)
+    rows = rng.standard_normal((300, schema.width)).astype(np.float32)
+    labels = (rows[:, 0] > 0).astype(np.int8)
+    mlp = fit_ranker(rows, labels, seed=1)
+    blend = Blend(recall=0.5, model=0.25, bias=0.1, sequence=(2.0, -1.0))
+    session = ort.InferenceSession(blended_onnx(export_onnx(mlp, schema), schema, blend))
+    (served,) = session.run([schema.output_name], {schema.input_name: rows[:20]})
+    p = np.clip(mlp.predict_proba(rows[:20])[:, 1], 1e-6, 1 - 1e-6)
+    sequence = rows[:20, schema.blocks["sequence"]]
+    z = (
+        0.5 * recall_scores(schema, rows[:20])
+        + 0.25 * np.log(p / (1 - p))
+        + sequence @ np.array([2.0, -1.0])
+        + 0.1
+    )
+    np.testing.assert_allclose(served[:, 0], 1 / (1 + np.exp(-z)), rtol=1e-4, atol=1e-5)
+
+
+def test_the_blend_learns_a_sequence_signal_that_tells_the_positives() -> None:
+    rng = np.random.default_rng(3)
+    recall = rng.standard_normal(4000)
+    similar = rng.standard_normal(4000)
+    labels = (rng.random(4000) < 1 / (1 + np.exp(-(3 * similar - 2)))).astype(np.int8)
+    blend = fit_blend(recall, rng.random(4000), labels, np.stack([similar], axis=1))
+    assert blend.sequence[0] > 2.0
+    assert abs(blend.recall) < 0.3

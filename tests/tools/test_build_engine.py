@@ -339,7 +339,7 @@ def test_the_shipped_gpu_config_has_the_profile_the_command_computes() -> None:
     source = model_config_pb2.ModelConfig()
     text_format.Parse((project_root() / engine.DEFAULT_CONFIG).read_text(), source)
     defaults = Settings.model_fields
-    request_rows = defaults["candidate_count"].default + defaults["popular_candidates"].default
+    request_rows = defaults["prerank_keep"].default
     profile = profile_for(source, request_rows)
 
     assert profile.max_rows == source.max_batch_size

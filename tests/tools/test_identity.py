@@ -11,7 +11,7 @@ import onnx
 import pytest
 from google.protobuf import text_format
 from recsys_tools.world.build import DemoSize, build_demo_world
-from recsys_tools.world.identity import install_model, with_world_parameter
+from recsys_tools.world.identity import install_model, with_input_width, with_world_parameter
 from recsys_tools.world.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
@@ -156,3 +156,25 @@ def test_reindex_beside_keeps_the_world_and_leaves_the_original_alone(
     assert after == before
     with pytest.raises(ConfigError, match="exists"):
         reindex_beside(world, out, "Flat")
+
+
+def _trt(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
+    return {
+        key: value for accelerator in accelerators for key, value in accelerator.parameters.items()
+    }
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["local", "gpu"])
+def test_a_wider_world_gets_its_width_in_every_shape_of_the_config(config: Path) -> None:
+    """A world whose schema packs the sequence block (123 columns) serves from the shipped
+    configs: the input's dims, its warmups and its TensorRT profile all take the width."""
+    text = with_input_width(config.read_text(), "features", 123)
+    parsed = _parsed(text)
+    assert list(parsed.input[0].dims) == [123]
+    assert list(parsed.output[0].dims) == [1]
+    for warmup in parsed.model_warmup:
+        assert list(warmup.inputs["features"].dims) == [123]
+    shapes = [value for key, value in _trt(parsed).items() if "profile" in key]
+    assert all(shape.endswith("x123") for shape in shapes)
+    assert with_input_width(text, "features", 123) == text

@@ -425,7 +425,7 @@ def test_the_rows_default_to_one_service_requests() -> None:
     args = _parse("--rate", "50", "--delays", "0, 500,2000", "--p99-ms", "20")
     fields = Settings.model_fields
     assert args.rows == ROWS
-    assert fields["candidate_count"].default + fields["popular_candidates"].default == ROWS
+    assert fields["prerank_keep"].default == ROWS
     options = options_from(args)
     assert options.delays == (0, 500, 2000)
     assert options.max_batch_sizes is None

@@ -23,3 +23,11 @@ TINY_SCHEMA_JSON = """
 
 def tiny_schema() -> FeatureSchema:
     return parse_schema(TINY_SCHEMA_JSON)
+
+
+def tiny_sequence_schema() -> FeatureSchema:
+    """The tiny schema with both sequence signals, packed last."""
+    raw = TINY_SCHEMA_JSON.replace(
+        '"layout": [', '"sequence": ["similar", "recent"],\n  "layout": ["sequence", '
+    )
+    return parse_schema(raw)

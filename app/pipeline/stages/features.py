@@ -63,7 +63,9 @@ class UserFeatureHydrator:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
             return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
         seen = record.seen
-        known = seen < ctx.artifacts.catalog.size
+        size = ctx.artifacts.catalog.size
+        recent = record.recent[record.recent < size]
+        known = seen < size
         if not record.seen_whole or not known.all():
             seen = seen[known]
             ctx.degrade(
@@ -73,8 +75,8 @@ class UserFeatureHydrator:
             )
         if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()
-            return UserFeatures(default_blob, encoded, seen, cold_start=True)
+            return UserFeatures(default_blob, encoded, seen, cold_start=True, recent=recent)
         if record.blob is None or not np.isfinite(record.blob).all():
             ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
-            return UserFeatures(default_blob, encoded, seen, cold_start=False)
-        return UserFeatures(record.blob, encoded, seen, cold_start=False)
+            return UserFeatures(default_blob, encoded, seen, cold_start=False, recent=recent)
+        return UserFeatures(record.blob, encoded, seen, cold_start=False, recent=recent)

@@ -1,18 +1,20 @@
 """Values handed from one stage to the next.
 
-Query -features-> Asked -recall-> Pool -filter-> Pool -fetch-> Hydrated -pack-> Packed
--rank-> Ranked -rerank-> Recommendation. Each says how many candidates it carries, which the
-pipeline's runner counts for the stage that made it.
+Query -features-> Asked -recall-> Pool -filter-> Pool -prerank-> Pool -fetch-> Hydrated
+-pack-> Packed -rank-> Ranked -rerank-> Recommendation. Each says how many candidates it
+carries, which the pipeline's runner counts for the stage that made it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Positions, Removal, Scores, Variant
+
+NOTHING: Positions = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class UserFeatures:
     context_row: npt.NDArray[np.float32]  # the request's Moment, encoded as the schema's block
     seen: Positions  # every item the user has seen, by catalog position
     cold_start: bool
+    recent: Positions = field(default_factory=lambda: NOTHING)  # latest positives, oldest first
 
 
 @dataclass(frozen=True, slots=True)

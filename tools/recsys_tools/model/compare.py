@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float32]
 
 PRECISIONS = ("fp16", "int8")
-CANDIDATES: int = Settings.model_fields["candidate_count"].default
+CANDIDATES: int = Settings.model_fields["prerank_keep"].default  # rows one request ranks
 INT8_AUC_BUDGET = 0.005  # the AUC loss the serving article accepted for INT8 after an A/B
 TIMED_RUNS = 30
 TENSORRT_NOTE = (
@@ -147,7 +147,10 @@ def requests_from(schema: FeatureSchema, rows: FloatArray, candidates: int) -> l
         items = np.concatenate(
             [chunk[:, blocks["item_embedding"]], chunk[:, blocks["item_dense"]]], axis=1
         )
-        packed.append(pack_rows(schema, user, items, chunk[0, blocks["context"]]))
+        sequence = chunk[:, blocks["sequence"]] if schema.sequence else None
+        packed.append(
+            pack_rows(schema, user, items, chunk[0, blocks["context"]], sequence=sequence)
+        )
     return packed
 
 

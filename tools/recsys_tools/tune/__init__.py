@@ -23,11 +23,8 @@ from recsys_tools.tune.files import write_outputs
 from recsys_tools.tune.report import render_text, report_json
 from recsys_tools.tune.sweep import TuneOptions, tune_batching
 
-# One service request's rows: its candidates and the popular items added to them.
-ROWS: int = (
-    Settings.model_fields["candidate_count"].default
-    + Settings.model_fields["popular_candidates"].default
-)
+# One service request's rows: what pre-rank keeps of the pool.
+ROWS: int = Settings.model_fields["prerank_keep"].default
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -4,12 +4,15 @@ Recall ranks by the user·item product of the embeddings, which on interaction d
 hard to beat; an MLP trained against sampled negatives learns what tells a positive from a
 random item, which is not quite what orders recall's best candidates. So the served score is
 
-    sigmoid(w_recall * user·item + w_model * logit(mlp) + bias)
+    sigmoid(w_recall * user·item + w_model * logit(mlp) + w_seq · sequence + bias)
 
 with the three weights fitted on examples the MLP did not learn from: where the MLP adds
 nothing its weight falls to zero and the answer keeps recall's order, where it knows better
-it moves items. The product is summed from the row's own user_item_product block, so the
-served model still takes exactly the packed row and nothing else.
+it moves items. The product is summed from the row's own user_item_product block, and the
+sequence signals (a schema that declares them) are the row's sequence block, so the served
+model still takes exactly the packed row and nothing else. With them the blend can always
+reproduce pre-rank's own order (a weighted sum of the same signals), and the MLP moves it
+only where it knows better.
 """
 
 from __future__ import annotations
@@ -31,9 +34,15 @@ class Blend:
     recall: float
     model: float
     bias: float
+    sequence: tuple[float, ...] = ()  # one weight per signal of the schema's sequence block
 
-    def as_dict(self) -> dict[str, float]:
-        return {"recall": self.recall, "model": self.model, "bias": self.bias}
+    def as_dict(self) -> dict[str, float | list[float]]:
+        return {
+            "recall": self.recall,
+            "model": self.model,
+            "bias": self.bias,
+            "sequence": list(self.sequence),
+        }
 
 
 def recall_scores(schema: FeatureSchema, rows: FloatArray) -> npt.NDArray[np.float64]:
@@ -54,14 +63,21 @@ def fit_blend(
     recall: npt.NDArray[np.float64],
     model_probability: npt.NDArray[np.floating],
     labels: npt.NDArray[np.int8],
+    sequence: FloatArray | None = None,
 ) -> Blend:
-    """The weights, by logistic regression on held-out examples."""
+    """The weights, by logistic regression on held-out examples (each input scaled by its
+    spread for the fit, the weights scaled back)."""
     from sklearn.linear_model import LogisticRegression
 
-    features = np.stack([recall, _logit(model_probability)], axis=1)
-    fitted = LogisticRegression(C=1.0, max_iter=1000).fit(features, labels)
-    w_recall, w_model = (float(w) for w in fitted.coef_[0])
-    return Blend(w_recall, w_model, float(fitted.intercept_[0]))
+    columns = [recall, _logit(model_probability)]
+    if sequence is not None:
+        columns.extend(sequence.astype(np.float64).T)
+    features = np.stack(columns, axis=1)
+    spread = features.std(axis=0)
+    spread[spread == 0] = 1.0
+    fitted = LogisticRegression(C=1.0, max_iter=1000).fit(features / spread, labels)
+    weights = [float(w) for w in fitted.coef_[0] / spread]
+    return Blend(weights[0], weights[1], float(fitted.intercept_[0]), tuple(weights[2:]))
 
 
 def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> bytes:
@@ -89,6 +105,25 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
     constant("blend_w_recall", blend.recall, np.float32)
     constant("blend_w_model", blend.model, np.float32)
     constant("blend_bias", blend.bias, np.float32)
+    sequence_steps: list[tuple[str, list[str], str]] = []
+    if blend.sequence:
+        block = schema.blocks["sequence"]
+        constant("blend_sequence_start", [block.start], np.int64)
+        constant("blend_sequence_end", [block.stop], np.int64)
+        graph.initializer.append(
+            numpy_helper.from_array(
+                np.array(blend.sequence, dtype=np.float32).reshape(-1, 1), "blend_w_sequence"
+            )
+        )
+        sequence_steps = [
+            (
+                "Slice",
+                [schema.input_name, "blend_sequence_start", "blend_sequence_end", "blend_axis"],
+                "blend_sequence",
+            ),
+            ("MatMul", ["blend_sequence", "blend_w_sequence"], "blend_c"),
+            ("Add", ["blend_abc_in", "blend_c"], "blend_abc"),
+        ]
     steps = [
         (
             "Slice",
@@ -102,8 +137,9 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
         ("Log", ["blend_odds"], "blend_logit"),
         ("Mul", ["blend_recall", "blend_w_recall"], "blend_a"),
         ("Mul", ["blend_logit", "blend_w_model"], "blend_b"),
-        ("Add", ["blend_a", "blend_b"], "blend_ab"),
-        ("Add", ["blend_ab", "blend_bias"], "blend_z"),
+        ("Add", ["blend_a", "blend_b"], "blend_abc_in" if sequence_steps else "blend_abc"),
+        *sequence_steps,
+        ("Add", ["blend_abc", "blend_bias"], "blend_z"),
         ("Sigmoid", ["blend_z"], out),
     ]
     for op, inputs, output in steps:
@@ -114,48 +150,41 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
     return bytes(model.SerializeToString())
 
 
-IntArray = npt.NDArray[np.int64]
-# Floats of user x item scores held at once while finding each user's best candidates.
-SCORE_CHUNK = 8_000_000
+def blend_scores(
+    blend: Blend,
+    recall: npt.NDArray[np.float64],
+    model_probability: npt.NDArray[np.floating],
+    sequence: FloatArray | None = None,
+) -> npt.NDArray[np.float64]:
+    """The blend's logit for each row, as the exported graph computes it (before the
+    sigmoid, which keeps the order)."""
+    z = blend.recall * recall + blend.model * _logit(model_probability) + blend.bias
+    if blend.sequence and sequence is not None:
+        z = z + sequence.astype(np.float64) @ np.asarray(blend.sequence, dtype=np.float64)
+    scores: npt.NDArray[np.float64] = z
+    return scores
 
 
-@dataclass(frozen=True, slots=True)
-class CandidateLists:
-    """Each listed user's best-recalled unseen items, and which of them the user went on to like."""
+def lists_ndcg(
+    owners: npt.NDArray[np.int64],
+    labels: npt.NDArray[np.int8],
+    scores: npt.NDArray[np.float64],
+    k: int = 10,
+) -> float:
+    """Binary NDCG@k of each owner's rows ordered by score, averaged over the owners."""
+    order = np.lexsort((-scores, owners))
+    owners, labels = owners[order], labels[order]
+    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))
+    values = []
+    for start, end in zip(starts, np.r_[starts[1:], len(owners)], strict=True):
+        hits = labels[start : min(end, start + k)].astype(np.float64)
+        ideal = discounts[: min(k, int(labels[start:end].sum()))].sum()
+        if ideal:
+            values.append(float((hits * discounts[: len(hits)]).sum() / ideal))
+    return float(np.mean(values)) if values else 0.0
 
-    users: IntArray
-    items: IntArray
-    labels: npt.NDArray[np.int8]
 
-
-def candidate_lists(
-    user_vectors: FloatArray,
-    item_vectors: FloatArray,
-    users: IntArray,
-    seen: IntArray,
-    liked: IntArray,
-    depth: int,
-) -> CandidateLists:
-    """The top `depth` items by user·item for each user, minus what they had seen.
-
-    `seen` and `liked` are sorted user * n_items + item keys: seen before the moment the
-    lists stand for, and liked after it. These are the lists the blend is fitted on: what
-    the served ranker reorders, not a random item against a positive.
-    """
-    n_items = len(item_vectors)
-    chunk = max(1, SCORE_CHUNK // max(n_items, 1))
-    parts_users, parts_items = [], []
-    for start in range(0, len(users), chunk):
-        block = users[start : start + chunk]
-        scores = user_vectors[block] @ item_vectors.T
-        keys = block[:, None] * n_items + np.arange(n_items)[None, :]
-        scores[np.isin(keys, seen)] = -np.inf
-        keep = min(depth, n_items)
-        top = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
-        fine = np.isfinite(np.take_along_axis(scores, top, axis=1))
-        parts_users.append(np.repeat(block, keep).reshape(len(block), keep)[fine])
-        parts_items.append(top[fine])
-    listed_users = np.concatenate(parts_users).astype(np.int64)
-    listed_items = np.concatenate(parts_items).astype(np.int64)
-    labels = np.isin(listed_users * n_items + listed_items, liked).astype(np.int8)
-    return CandidateLists(listed_users, listed_items, labels)
+def prerank_blend(recall: float, sequence: tuple[float, ...]) -> Blend:
+    """The blend that orders as pre-rank does: its weights, and none on the MLP."""
+    return Blend(recall=recall, model=0.0, bias=0.0, sequence=sequence)

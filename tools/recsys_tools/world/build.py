@@ -7,8 +7,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
 from app.release.foldin import PLAIN, save_foldin
+from app.release.neighbours import save_neighbours
 from app.release.schema import FeatureSchema
 from recsys_tools.world.files import (
     ItemTable,
@@ -19,6 +22,7 @@ from recsys_tools.world.files import (
 )
 from recsys_tools.world.identity import STAMPED_FILES, stamp_world
 from recsys_tools.world.index import build_index, save_index
+from recsys_tools.world.neighbours import item_neighbours
 from recsys_tools.world.synth import generate_world
 from recsys_tools.world.train import train_ranker
 
@@ -88,6 +92,19 @@ def build_demo_world(
     save_table(world, generated.seen)
     # Its vectors are generated, not fitted: new ones are folded in with plain counts.
     save_foldin(world, PLAIN)
+    # Items clicked by the same users are neighbours; the pre-rank weights stay the default
+    # (the user's vector alone): nothing here was held out to fit them on.
+    clicked = generated.interactions.clicked == 1
+    by_user = np.argsort(generated.interactions.users[clicked], kind="stable")
+    save_neighbours(
+        world,
+        item_neighbours(
+            generated.interactions.users[clicked][by_user],
+            generated.interactions.items[clicked][by_user],
+            size.users,
+            size.items,
+        ),
+    )
     log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)

@@ -84,10 +84,24 @@ def _interactions_schema() -> Path:
     return interactions_schema_path()
 
 
+def _figure(value: float | None) -> str:
+    return f"{value:>10.4f}" if value is not None else f"{'-':>10}"
+
+
 def _evaluation_table(report: dict[str, Any]) -> str:
-    lines = [f"{'method':<14}{'recall@10':>10}{'ndcg@10':>10}"]
-    for name, figures in report["evaluation"]["methods"].items():
-        lines.append(f"{name:<14}{figures['recall@10']:>10.4f}{figures['ndcg@10']:>10.4f}")
+    """Each stage of the cascade on the list it would serve, then the baselines."""
+    evaluation = report["evaluation"]
+    lines = [f"{'':<14}{'in pool':>10}{'recall@10':>10}{'ndcg@10':>10}"]
+    for name, figures in evaluation["stages"].items():
+        lines.append(
+            f"{name:<14}{_figure(figures['pool_share'])}"
+            f"{_figure(figures['recall@10'])}{_figure(figures['ndcg@10'])}"
+        )
+    for name in ("item_knn", "popularity"):
+        figures = evaluation["methods"][name]
+        lines.append(
+            f"{name:<14}{'':>10}{_figure(figures['recall@10'])}{_figure(figures['ndcg@10'])}"
+        )
     return "\n".join(lines)
 
 

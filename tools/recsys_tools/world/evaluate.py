@@ -1,15 +1,24 @@
-"""Offline evaluation on a per-user time holdout, with the service's own candidate path.
+"""Offline evaluation on a per-user time holdout, with the service's own cascade.
 
-Each user's latest share of positives (by time) is held out; everything is learned from the
-rest. Three methods then pick 10 unseen items per user: `recall` (the FAISS index alone),
-`recall_rank` (what the service does: recalled plus popular candidates, ranked by the ONNX
-model on rows packed as the service packs them) and `popularity`.
+Each user's latest share of positives (by time) is held out; everything is learnt from the
+rest. The service's pool is rebuilt for each user as it would serve them (the nearest items
+to their vector, the neighbours of their latest positives, popular items; minus what they
+have seen), then each stage of the cascade is scored on the list it would serve:
+
+- `recall`: the nearest items alone, in the index's order;
+- `prerank`: the pool in the pre-rank score's order (app.pipeline.signals), and what it keeps;
+- `rank`: what pre-rank kept, ranked by the ONNX model on rows packed as the service packs
+  them: the answer (`recall_rank` in `methods`, its name before the cascade).
+
+Beside them two baselines computed on the same split: `popularity`, and `item_knn`, the
+items closest (by co-occurrence neighbours) to everything the user liked. Each stage also
+reports `pool_share`, the share of held-out items still in what it hands on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,23 +26,35 @@ import numpy.typing as npt
 
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
+from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
 from app.pipeline.sources.popular import merge_popular
 from app.release.catalog import set_search_breadth
+from app.release.neighbours import Neighbours
+from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 from recsys_tools.world.index import build_index
 from recsys_tools.world.logs import BoolArray, IntArray, InteractionLog
+from recsys_tools.world.prerank_fit import (
+    DECAY,
+    SIMILAR,
+    Recent,
+    latest_positives,
+    service_pool,
+)
 from recsys_tools.world.train import utc_hour_weekday
 
 FloatArray = npt.NDArray[np.float32]
 K = 10
 CANDIDATES: int = Settings.model_fields["candidate_count"].default
 POPULAR_CANDIDATES: int = Settings.model_fields["popular_candidates"].default
+KEEP: int = Settings.model_fields["prerank_keep"].default
 NPROBE: int = Settings.model_fields["index_nprobe"].default
 # Enough users for figures to two decimals; a large log stays quick.
 MAX_USERS = 2000
 # Users ranked per onnxruntime call: one call over many rows beats many small ones.
 RANK_BATCH = 32
-METHODS = ("recall", "recall_rank", "popularity")
+METHODS = ("recall", "prerank", "recall_rank", "popularity", "item_knn")
+STAGES = {"recall": "recall", "prerank": "prerank", "rank": "recall_rank"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +82,8 @@ class ServedModel:
     item_blobs: FloatArray
     popularity: FloatArray
     onnx_model: bytes
+    neighbours: Neighbours | None = None
+    prerank: PrerankWeights = field(default_factory=PrerankWeights)
 
 
 def _ragged(owner: IntArray, size: int) -> IntArray:
@@ -158,6 +181,18 @@ class _Query:
     seen: IntArray
     relevant: IntArray
     context: FloatArray
+    recent: IntArray  # the latest positives, oldest first, as the service reads them
+    liked: IntArray  # every positive before the holdout, for the item-to-item baseline
+
+
+@dataclass(frozen=True, slots=True)
+class _Cascade:
+    """One user's lists, stage by stage: the pool each stage hands on and its best K."""
+
+    recall: IntArray
+    pool: IntArray
+    kept: IntArray  # pre-rank's choice, best first
+    ranked: IntArray
 
 
 class _Evaluator:
@@ -165,6 +200,7 @@ class _Evaluator:
         self.model = model
         self.schema = schema
         embeddings = np.ascontiguousarray(model.item_blobs[:, : schema.embedding_dim])
+        self.vectors = embeddings.astype(np.float32)  # as the service holds them
         self.index = build_index(embeddings, index_factory)
         set_search_breadth(self.index, NPROBE)
         self.popular = np.argsort(-model.popularity, kind="stable").astype(np.int64)
@@ -180,29 +216,46 @@ class _Evaluator:
         ids: IntArray = found.astype(np.int64)
         return ids
 
-    def candidates(self, found: IntArray, seen: IntArray) -> IntArray:
-        """The service's candidate set: recalled, then popular ones, minus seen, backfilled."""
+    def candidates(self, found: IntArray, q: _Query) -> IntArray:
+        """The service's pool: recalled, similar and popular candidates, minus seen,
+        backfilled."""
         k = min(CANDIDATES, len(self.popular))
-        recalled = found[:k]
-        recalled = recalled[recalled >= 0]
+        recalled = service_pool(found[:k], q.recent, self.model.neighbours, q.seen[:0])
         extra = min(POPULAR_CANDIDATES + max(0, k - len(recalled)), len(self.popular))
         merged = merge_popular(recalled, self.popular, extra)
-        kept = merged[~np.isin(merged, seen)]
+        kept = merged[~np.isin(merged, q.seen)]
         if len(kept) < K:
-            spare = self.popular[~np.isin(self.popular, kept) & ~np.isin(self.popular, seen)]
+            spare = self.popular[~np.isin(self.popular, kept) & ~np.isin(self.popular, q.seen)]
             kept = np.concatenate([kept, spare[: K - len(kept)]])
         return kept
 
-    def rank(self, queries: list[_Query], pools: list[IntArray]) -> list[IntArray]:
+    def prerank(self, q: _Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
+        """The pool's pre-rank order, as the stage computes it (all of it: the first KEEP
+        are what it hands on), and the pool's signals."""
+        signals = prerank_signals(
+            pool,
+            self.model.user_blobs[q.user, : self.schema.embedding_dim],
+            q.recent,
+            self.vectors,
+            self.model.neighbours,
+            DECAY,
+        )
+        return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
+
+    def rank(
+        self, queries: list[_Query], pools: list[IntArray], signals: list[FloatArray]
+    ) -> list[IntArray]:
+        schema = self.schema
         rows = np.concatenate(
             [
                 pack_rows(
-                    self.schema,
+                    schema,
                     self.model.user_blobs[q.user],
                     self.model.item_blobs[pool],
                     q.context,
+                    sequence=sequence_columns(schema, sequence) if schema.sequence else None,
                 )
-                for q, pool in zip(queries, pools, strict=True)
+                for q, pool, sequence in zip(queries, pools, signals, strict=True)
             ]
         )
         scores = self.ranker.score(rows)
@@ -211,6 +264,43 @@ class _Evaluator:
         for pool, part in zip(pools, np.split(scores, ends[:-1]), strict=True):
             ranked.append(pool[np.argsort(-part, kind="stable")[:K]])
         return ranked
+
+    def cascades(self, queries: list[_Query]) -> list[_Cascade]:
+        found = self.search(queries)
+        pools = [self.candidates(row, q) for row, q in zip(found, queries, strict=True)]
+        preranked = [self.prerank(q, pool) for q, pool in zip(queries, pools, strict=True)]
+        # A pool no larger than KEEP passes pre-rank as it came, as in the service.
+        chosen = [
+            order[:KEEP] if len(pool) > KEEP else np.arange(len(pool))
+            for (order, _), pool in zip(preranked, pools, strict=True)
+        ]
+        ranked = self.rank(
+            queries,
+            [pool[kept] for pool, kept in zip(pools, chosen, strict=True)],
+            [signals[kept] for (_, signals), kept in zip(preranked, chosen, strict=True)],
+        )
+        return [
+            _Cascade(_unseen(row, q.seen, K), pool, pool[order[:KEEP]], top)
+            for row, q, pool, (order, _), top in zip(
+                found, queries, pools, preranked, ranked, strict=True
+            )
+        ]
+
+    def item_knn(self, q: _Query) -> IntArray:
+        """The item-to-item baseline: neighbours of everything the user liked, summed."""
+        if self.model.neighbours is None or not len(q.liked):
+            return self.popular[:0]
+        near, _ = self.model.neighbours.around(q.liked, 1.0)
+        top: IntArray = _unseen(near, q.seen, K)
+        if len(top) < K:  # too few neighbours: popular items make up the list
+            spare = self.popular[~np.isin(self.popular, top) & ~np.isin(self.popular, q.seen)]
+            top = np.concatenate([top, spare[: K - len(top)]])
+        return top
+
+
+def _liked_lists(train: InteractionLog) -> Recent:
+    """Every positive of each user before their holdout, oldest first, repeats kept."""
+    return latest_positives(train, count=np.iinfo(np.int32).max)
 
 
 def _queries(
@@ -221,6 +311,7 @@ def _queries(
     if len(chosen) > MAX_USERS:
         chosen = np.sort(np.random.default_rng(seed).choice(chosen, MAX_USERS, replace=False))
     seen_offsets, seen_items = _seen_lists(train)
+    recent, liked = latest_positives(train), _liked_lists(train)
     # A request carries some context; the ranker learnt device, page and locale say nothing
     # here, and the hour and weekday are those of the moment the holdout begins.
     device, page, locale = schema.devices[0], schema.pages[0], schema.locales[0]
@@ -235,6 +326,8 @@ def _queries(
                 seen=seen_items[seen_offsets[user] : seen_offsets[user + 1]],
                 relevant=holdout.items[holdout.offsets[k] : holdout.offsets[k + 1]],
                 context=encode_context(schema, device, page, locale, hour, weekday),
+                recent=recent.of(user),
+                liked=liked.of(user),
             )
         )
         if len(batch) == RANK_BATCH:
@@ -242,6 +335,10 @@ def _queries(
             batch = []
     if batch:
         yield batch
+
+
+def _share(pool: IntArray, relevant: IntArray) -> float:
+    return float(np.isin(relevant, pool).mean()) if len(relevant) else 0.0
 
 
 def evaluate(
@@ -252,33 +349,47 @@ def evaluate(
     index_factory: str = "auto",
     seed: int = 7,
 ) -> dict[str, Any]:
-    """recall@10 and NDCG@10 of each method, averaged over (a sample of) held-out users."""
+    """recall@10 and NDCG@10 of each stage and baseline, and what share of the held-out
+    items each stage still holds, averaged over (a sample of) held-out users."""
     evaluator = _Evaluator(model, schema, index_factory)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
+    shares: dict[str, list[float]] = {stage: [] for stage in STAGES}
     for queries in _queries(holdout, train, schema, seed):
-        found = evaluator.search(queries)
-        pools = [evaluator.candidates(row, q.seen) for row, q in zip(found, queries, strict=True)]
-        ranked = evaluator.rank(queries, pools)
-        for q, row, top in zip(queries, found, ranked, strict=True):
-            figures["recall"].append(_scores(_unseen(row, q.seen, K), q.relevant))
-            figures["recall_rank"].append(_scores(top, q.relevant))
+        for q, cascade in zip(queries, evaluator.cascades(queries), strict=True):
+            figures["recall"].append(_scores(cascade.recall, q.relevant))
+            figures["prerank"].append(_scores(cascade.kept[:K], q.relevant))
+            figures["recall_rank"].append(_scores(cascade.ranked, q.relevant))
             popular = _unseen(evaluator.popular[: K + len(q.seen)], q.seen, K)
             figures["popularity"].append(_scores(popular, q.relevant))
+            figures["item_knn"].append(_scores(evaluator.item_knn(q), q.relevant))
+            shares["recall"].append(_share(cascade.pool, q.relevant))
+            shares["prerank"].append(_share(cascade.kept, q.relevant))
+            shares["rank"].append(_share(cascade.ranked, q.relevant))
     evaluated = len(figures["recall"])
+    methods = {
+        name: {
+            f"recall@{K}": _mean([r for r, _ in values]),
+            f"ndcg@{K}": _mean([n for _, n in values]),
+        }
+        for name, values in figures.items()
+    }
     return {
         "k": K,
         "holdout_share": holdout.share,
         "users_with_holdout": len(holdout.users),
         "users_evaluated": evaluated,
         "holdout_items": len(holdout.items),
-        "candidates": {"recalled": CANDIDATES, "popular": POPULAR_CANDIDATES},
-        "methods": {
-            name: {
-                f"recall@{K}": _mean([r for r, _ in values]),
-                f"ndcg@{K}": _mean([n for _, n in values]),
-            }
-            for name, values in figures.items()
+        "candidates": {
+            "recalled": CANDIDATES,
+            "similar": SIMILAR if model.neighbours is not None else 0,
+            "popular": POPULAR_CANDIDATES,
+            "prerank_keep": KEEP,
         },
+        "stages": {
+            stage: {"pool_share": _mean(shares[stage]), **methods[method]}
+            for stage, method in STAGES.items()
+        },
+        "methods": methods,
     }
 
 

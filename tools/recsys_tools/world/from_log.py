@@ -6,6 +6,7 @@ unless the holdout is kept out, learnt again on every interaction for the world 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -19,14 +20,19 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
+from app.pipeline.signals import sequence_columns
 from app.release.catalog import MODEL_FILE
 from app.release.foldin import save_foldin
+from app.release.neighbours import Neighbours, save_neighbours
+from app.release.prerank import PrerankWeights, save_prerank
 from app.release.schema import FeatureSchema
 from recsys_tools.world.blend import (
     Blend,
+    blend_scores,
     blended_onnx,
-    candidate_lists,
     fit_blend,
+    lists_ndcg,
+    prerank_blend,
     recall_scores,
 )
 from recsys_tools.world.build import REPORT_FILE, write_catalog
@@ -58,6 +64,14 @@ from recsys_tools.world.logs import (
     LogColumns,
     read_items,
     read_log,
+)
+from recsys_tools.world.neighbours import item_neighbours
+from recsys_tools.world.prerank_fit import (
+    example_signals,
+    fit_prerank,
+    latest_positives,
+    ranked_lists,
+    user_pools,
 )
 from recsys_tools.world.train import (
     Examples,
@@ -114,6 +128,7 @@ class _Ranker:
     rows: int
     positives: int
     blend: Blend
+    prerank: PrerankWeights
     # The blending users' examples: the MLP never learns from them.
     holdout_rows: FloatArray
     holdout_labels: npt.NDArray[np.int8]
@@ -127,6 +142,7 @@ class _Learnt:
     user_dense: FloatArray
     item_dense: FloatArray
     popularity: FloatArray
+    neighbours: Neighbours
     ranker: _Ranker
 
     def blobs(self) -> tuple[FloatArray, FloatArray]:
@@ -136,7 +152,14 @@ class _Learnt:
 
     def served(self) -> ServedModel:
         users, items = self.blobs()
-        return ServedModel(users, items, self.popularity, self.ranker.onnx_model)
+        return ServedModel(
+            users,
+            items,
+            self.popularity,
+            self.ranker.onnx_model,
+            self.neighbours,
+            self.ranker.prerank,
+        )
 
 
 def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe) -> _Ranker:
@@ -164,23 +187,38 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
     blending = _blending_users(part, targets, rng)
     examples = sample_examples(part, popularity(early), recipe.negatives, rng, targets)
     learning = ~np.isin(examples.users, blending)
-    rows = example_rows(schema, user_blobs, item_blobs, examples, rng)
+    # What the service knows of each user at the moment of their targets: their latest
+    # positives before it, and the neighbours learnt from the early part.
+    neighbours, recent = positive_neighbours(early), latest_positives(early)
+
+    def sequence(users: IntArray, items: IntArray) -> FloatArray | None:
+        if not schema.sequence:
+            return None
+        signals = example_signals(
+            users, items, embeddings.users, embeddings.items, neighbours, recent
+        )
+        return sequence_columns(schema, signals)
+
+    rows = example_rows(
+        schema, user_blobs, item_blobs, examples, rng, sequence(examples.users, examples.items)
+    )
     model = fit_ranker(rows[learning], examples.labels[learning], recipe.seed)
     liked = targets & part.positive
-    lists = candidate_lists(
-        embeddings.users,
-        embeddings.items,
-        blending,
-        before,
-        np.unique(part.user[liked] * part.n_items + part.item[liked]),
-        BLEND_DEPTH,
+    liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
+    # Pre-rank and the blend learn on the blending users' pools, as the service builds them.
+    pools = user_pools(
+        blending, embeddings.users, embeddings.items, neighbours, recent, before, liked_keys
     )
+    prerank = fit_prerank(pools)
+    lists = ranked_lists(pools, prerank, BLEND_DEPTH)
     first_target = np.full(part.n_users, part.time.max(), dtype=np.int64)
     np.minimum.at(first_target, part.user[targets], part.time[targets])
     moments = Examples(lists.users, lists.items, first_target[lists.users], lists.labels)
-    listed = example_rows(schema, user_blobs, item_blobs, moments, rng)
-    blend = fit_blend(
-        recall_scores(schema, listed), model.predict_proba(listed)[:, 1], lists.labels
+    listed_sequence = sequence_columns(schema, lists.signals) if schema.sequence else None
+    listed = example_rows(schema, user_blobs, item_blobs, moments, rng, listed_sequence)
+    recall, probability = recall_scores(schema, listed), model.predict_proba(listed)[:, 1]
+    blend = _choose_blend(
+        schema, prerank, lists.users, lists.labels, recall, probability, listed_sequence
     )
     onnx_model = blended_onnx(export_onnx(model, schema), schema, blend)
     return _Ranker(
@@ -188,8 +226,46 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
         int(learning.sum()),
         int(examples.labels[learning].sum()),
         blend,
+        prerank,
         holdout_rows=rows[~learning],
         holdout_labels=examples.labels[~learning],
+    )
+
+
+def _choose_blend(
+    schema: FeatureSchema,
+    prerank: PrerankWeights,
+    users: IntArray,
+    labels: npt.NDArray[np.int8],
+    recall: npt.NDArray[np.float64],
+    probability: npt.NDArray[np.floating],
+    sequence: FloatArray | None,
+) -> Blend:
+    """The blend fitted on half the listed users, if it orders the other half's lists better
+    than pre-rank's own weights do; else pre-rank's weights (the MLP left out). The MLP
+    earns its place only where it helps on users the blend did not see."""
+    plain = prerank_blend(prerank.user, tuple(getattr(prerank, name) for name in schema.sequence))
+    fitting = users % 2 == 0
+    if not labels[fitting].any() or labels[fitting].all() or not labels[~fitting].any():
+        return plain
+
+    def part(rows: BoolArray) -> FloatArray | None:
+        return None if sequence is None else sequence[rows]
+
+    fitted = fit_blend(recall[fitting], probability[fitting], labels[fitting], part(fitting))
+    checking = ~fitting
+
+    def quality(blend: Blend) -> float:
+        scores = blend_scores(blend, recall[checking], probability[checking], part(checking))
+        return lists_ndcg(users[checking], labels[checking], scores)
+
+    return fitted if quality(fitted) > quality(plain) else plain
+
+
+def positive_neighbours(part: InteractionLog) -> Neighbours:
+    """The item-to-item neighbours of the part's positives."""
+    return item_neighbours(
+        part.user[part.positive], part.item[part.positive], part.n_users, part.n_items
     )
 
 
@@ -218,6 +294,15 @@ def _learn(
         users, items = user_dense(part, schema), item_dense(part, schema)
         counts = popularity(part)
     log.info("%s: dense features %s", label, clock.took(f"{label}.features"))
+    with clock.step(f"{label}.neighbours"):
+        neighbours = positive_neighbours(part)
+    log.info(
+        "%s: %d neighbours of %s items %s",
+        label,
+        neighbours.k,
+        f"{int((neighbours.positions[:, 0] >= 0).sum()):,}",
+        clock.took(f"{label}.neighbours"),
+    )
     with clock.step(f"{label}.ranker"):
         ranker = _train_ranker(part, schema, recipe)
     log.info(
@@ -227,7 +312,7 @@ def _learn(
         f"{ranker.positives:,}",
         clock.took(f"{label}.ranker"),
     )
-    return _Learnt(embeddings, users, items, counts, ranker)
+    return _Learnt(embeddings, users, items, counts, neighbours, ranker)
 
 
 def _seen_lists(part: InteractionLog) -> SeenLists:
@@ -327,6 +412,8 @@ def _write(
     save_table(world, seen)
     save_table(world, _positive_lists(part))
     save_foldin(world, foldin_params(part))
+    save_neighbours(world, learnt.neighbours)
+    save_prerank(world, learnt.ranker.prerank)
     (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
     save_holdout(world, learnt.ranker.holdout_rows, learnt.ranker.holdout_labels)
     return len(users.ids), seen
@@ -384,6 +471,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
             "positives": learnt.ranker.positives,
             "negatives_per_positive": recipe.negatives,
             "blend": learnt.ranker.blend.as_dict(),
+            "prerank": dataclasses.asdict(learnt.ranker.prerank),
         },
         "seconds": {**clock.seconds, "total": round(time.perf_counter() - started, 2)},
     }

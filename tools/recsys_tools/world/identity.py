@@ -26,8 +26,10 @@ from app.release.catalog import (
     USERS_FILE,
 )
 from app.release.foldin import FOLDIN_FILE
+from app.release.neighbours import NEIGHBOURS_FILE
+from app.release.prerank import PRERANK_FILE
 from app.release.schema import FeatureSchema
-from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp
+from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
 from recsys_tools.world.files import write_manifest
 
 STAMPED_FILES = (
@@ -40,6 +42,8 @@ STAMPED_FILES = (
     DEFAULT_USER_FILE,
     MODEL_FILE,
     SCHEMA_FILE,
+    NEIGHBOURS_FILE,
+    PRERANK_FILE,
 )
 CONFIG_FILE = "config.pbtxt"
 
@@ -90,6 +94,21 @@ def with_world_parameter(config: str, world_id: str) -> str:
     return config.rstrip("\n") + "\n" + block + "\n"
 
 
+def with_input_width(config: str, input_name: str, width: int) -> str:
+    """The Triton config text with its input's width (dims, warmups, optimisation profile
+    shapes) set to `width`: a world whose schema packs more columns (sequence signals)
+    serves from the same config files."""
+    found = re.search(
+        rf'name:\s*"{re.escape(input_name)}"\s*data_type:\s*TYPE_FP32\s*dims:\s*\[\s*(\d+)\s*\]',
+        config,
+    )
+    if found is None or int(found.group(1)) == width:
+        return config
+    old = found.group(1)
+    config = re.sub(rf"dims:\s*\[\s*{old}\s*\]", f"dims: [ {width} ]", config)
+    return re.sub(rf"({re.escape(input_name)}:\d+x){old}\b", rf"\g<1>{width}", config)
+
+
 def install_model(world: Path, model_repository: Path, model_name: str, version: int = 1) -> Path:
     """Copy the world's model into a version (1 unless told) of its Triton model directory,
     under its id.
@@ -119,8 +138,12 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
     for code in (model_repository / model_name / "1").glob("*.py"):
         if not (target.parent / code.name).exists():
             copy_atomically(code, target.parent / code.name)
+    schema = world_schema(world, None)
+    original = config.read_text()
+    text = with_input_width(original, schema.input_name, schema.width)
     stamp = read_stamp(world)
     if stamp is not None:
-        text = with_world_parameter(config.read_text(), stamp.world_id)
+        text = with_world_parameter(text, stamp.world_id)
+    if text != original:
         write_atomically(config, text.encode())
     return target

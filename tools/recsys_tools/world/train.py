@@ -260,11 +260,14 @@ def example_rows(
     item_blobs: FloatArray,
     examples: Examples,
     rng: np.random.Generator,
+    sequence: FloatArray | None = None,
 ) -> FloatArray:
-    """The packed model input for each example, as the service would pack it."""
+    """The packed model input for each example, as the service would pack it; `sequence`,
+    one row per example, where the schema declares sequence signals."""
     return pack_rows(
         schema,
         user_blobs[examples.users],
         item_blobs[examples.items],
         context_rows(schema, examples.times, rng),
+        sequence=sequence,
     )

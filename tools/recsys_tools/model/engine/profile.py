@@ -12,11 +12,8 @@ from typing import Any
 
 from app.core.settings import Settings
 
-# A request ranks its recalled candidates plus the popular ones mixed in.
-REQUEST_ROWS: int = (
-    Settings.model_fields["candidate_count"].default
-    + Settings.model_fields["popular_candidates"].default
-)
+# A request's model rows: what pre-rank keeps of the pool.
+REQUEST_ROWS: int = Settings.model_fields["prerank_keep"].default
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,70 @@
+"""The pre-rank signals of candidates, computed in process: the service's pre-rank stage and
+the world build's evaluation and fit call the same code, so the weights fitted offline are
+applied to the very numbers they were fitted on."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.vocabulary import Positions
+from app.release.neighbours import Neighbours
+from app.release.prerank import PrerankWeights
+from app.release.schema import FeatureSchema
+
+SIGNALS = ("user", "similar", "recent")
+
+
+def prerank_signals(
+    positions: Positions,
+    user_vector: npt.NDArray[np.float32],
+    recent: Positions,
+    vectors: npt.NDArray[np.float32],
+    neighbours: Neighbours | None,
+    decay: float,
+) -> npt.NDArray[np.float32]:
+    """One row per candidate, one column per signal in SIGNALS' order."""
+    signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
+    if not len(positions):
+        return signals
+    candidate = vectors[positions]
+    signals[:, 0] = candidate @ user_vector.astype(np.float32)
+    if not len(recent):
+        return signals
+    if neighbours is not None:
+        near, score = neighbours.around(recent, decay)
+        if len(near):
+            order = np.argsort(near)
+            at = np.searchsorted(near, positions, sorter=order)
+            np.minimum(at, len(near) - 1, out=at)
+            hit = near[order[at]] == positions
+            signals[hit, 1] = score[order[at[hit]]]
+    weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
+    taste = (weights @ vectors[recent]) / weights.sum()
+    signals[:, 2] = candidate @ taste
+    return signals
+
+
+def sequence_columns(
+    schema: FeatureSchema, signals: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """The schema's sequence block from the signals: the columns it names, in its order."""
+    picked: npt.NDArray[np.float32] = signals[:, [SIGNALS.index(name) for name in schema.sequence]]
+    return picked
+
+
+def prerank_scores(
+    signals: npt.NDArray[np.float32], weights: PrerankWeights
+) -> npt.NDArray[np.float32]:
+    vector = np.array([weights.user, weights.similar, weights.recent], dtype=np.float32)
+    scores: npt.NDArray[np.float32] = signals @ vector
+    return scores
+
+
+def best(scores: npt.NDArray[np.float32], keep: int) -> npt.NDArray[np.intp]:
+    """Indices of the `keep` highest scores, highest first."""
+    if keep >= len(scores):
+        return np.argsort(-scores, kind="stable")
+    top = np.argpartition(-scores, keep - 1)[:keep]
+    ordered: npt.NDArray[np.intp] = top[np.argsort(-scores[top], kind="stable")]
+    return ordered

@@ -1,0 +1,47 @@
+"""Stage `prerank`: a cheap score on every pooled candidate, in process, that keeps the best
+few hundred for the model. The cascade's second step: recall casts a wide net (thousands),
+the model scores only what pre-rank kept, so its cost follows `prerank_keep`, not the pool."""
+
+from __future__ import annotations
+
+from app.core.errors import FailureKind
+from app.core.vocabulary import Stage
+from app.pipeline.context import RequestContext
+from app.pipeline.signals import best, prerank_scores, prerank_signals
+from app.pipeline.stages.types import Pool
+
+
+class PreRanker:
+    """The `keep` best candidates by the world's pre-rank weights, best first.
+
+    A pool no larger than `keep` passes as it came (recall order, backfill last). A catalog
+    without item vectors, or a request without time left, keeps the first `keep` in recall
+    order; only the latter flags the answer.
+    """
+
+    stage = Stage.PRERANK
+
+    def __init__(self, keep: int, decay: float) -> None:
+        self._keep = keep
+        self._decay = decay
+
+    async def run(self, pool: Pool, ctx: RequestContext) -> Pool:
+        if pool.candidates <= self._keep:
+            return pool
+        catalog = ctx.artifacts.catalog
+        if ctx.time_for() <= 0:
+            ctx.degrade(Stage.PRERANK, FailureKind.TIMEOUT, "no time left to pre-rank")
+            return Pool(pool.asked, pool.positions[: self._keep])
+        if catalog.vectors is None:
+            return Pool(pool.asked, pool.positions[: self._keep])
+        user = pool.asked.user
+        signals = prerank_signals(
+            pool.positions,
+            user.blob[: ctx.artifacts.schema.embedding_dim],
+            user.recent,
+            catalog.vectors,
+            catalog.neighbours,
+            self._decay,
+        )
+        kept = best(prerank_scores(signals, catalog.prerank), self._keep)
+        return Pool(pool.asked, pool.positions[kept])

@@ -1,0 +1,76 @@
+"""Each item's nearest items, as the world build measured them from what users did.
+
+neighbours.npz holds `positions` (n_items x k, int32 catalog positions, -1 past an item's
+last neighbour) and `similarity` (n_items x k, float32, descending per row). The build
+computes them from co-occurrence in the log (item-to-item cosine over users); the service
+recalls the neighbours of a user's most recent items with them, and the pre-rank stage
+scores candidates by how close they are to those items. A world without the file has no
+item-to-item source: recall and pre-rank work from the user's vector alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import ConfigError
+from app.core.vocabulary import Positions
+
+NEIGHBOURS_FILE = "neighbours.npz"
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbours:
+    positions: npt.NDArray[np.int32]
+    similarity: npt.NDArray[np.float32]
+
+    @property
+    def k(self) -> int:
+        return int(self.positions.shape[1])
+
+    def around(self, recent: Positions, decay: float) -> tuple[Positions, npt.NDArray[np.float32]]:
+        """Items near the `recent` ones (oldest first), each scored by its similarity to
+        them, a more recent item's counting more (`decay` per step back); best first."""
+        if len(recent) == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
+        near = self.positions[recent].ravel()
+        score = (self.similarity[recent] * weights[:, None]).ravel()
+        valid = near >= 0
+        items, inverse = np.unique(near[valid], return_inverse=True)
+        totals = np.bincount(inverse, weights=score[valid], minlength=len(items))
+        order = np.argsort(-totals, kind="stable")
+        return items[order].astype(np.int64), totals[order].astype(np.float32)
+
+
+def save_neighbours(world: Path, neighbours: Neighbours) -> None:
+    np.savez(
+        world / NEIGHBOURS_FILE,
+        positions=neighbours.positions.astype(np.int32),
+        similarity=neighbours.similarity.astype(np.float32),
+    )
+
+
+def load_neighbours(world: Path, n_items: int) -> Neighbours | None:
+    """The world's neighbours, or None when it has none (a world built before them)."""
+    path = world / NEIGHBOURS_FILE
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as stored:
+            positions = stored["positions"].astype(np.int32)
+            similarity = stored["similarity"].astype(np.float32)
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if positions.ndim != 2 or positions.shape != similarity.shape or len(positions) != n_items:
+        raise ConfigError(
+            f"{path} holds {positions.shape} neighbours for a catalog of {n_items} items"
+        )
+    if positions.size and (positions.max() >= n_items or positions.min() < -1):
+        raise ConfigError(f"{path} names positions past the catalog: rebuild the world")
+    if not np.isfinite(similarity).all():
+        raise ConfigError(f"{path} holds NaN or Inf: rebuild the world")
+    return Neighbours(positions, similarity)

@@ -1,0 +1,96 @@
+"""What each stage of the cascade buys, on generated logs: `build-world`'s evaluation per stage.
+
+`python -m loadtest.cascade_quality [--seeds 3] [--out docs/benchmarks.json]` generates two
+logs for each seed, builds a world from each as `recsys build-world` does, and reports each
+stage's figures (the share of held-out items still in its pool, recall@10 and NDCG@10 of
+the list it would serve) beside the item-to-item and popularity baselines, with the median
+over seeds of the ratio the target is set in: recall + pre-rank + rank against recall alone.
+
+- sessions (recsys_tools.world.sessions): users rate items in sessions of one theme; what
+  they rate next is told by what they rated last;
+- drift (recsys_tools.world.drift, its history): each user rates a few items of one group;
+  nothing sequential to find, where the cascade must not lose to recall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from recsys_tools.world.derive import interactions_schema_path
+from recsys_tools.world.drift import write_drift_log
+from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
+from recsys_tools.world.logs import LogColumns
+from recsys_tools.world.sessions import write_session_log
+
+from app.release.schema import load_schema
+from loadtest.record import record
+
+COLUMNS = LogColumns(weight="rating", min_weight=4.0)
+
+
+def _figures(log: Path, world: Path, seed: int) -> dict[str, Any]:
+    recipe = WorldRecipe(interactions=log, columns=COLUMNS, seed=seed)
+    report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
+    evaluation = report["evaluation"]
+    stages = evaluation["stages"]
+    return {
+        "stages": stages,
+        "item_knn": evaluation["methods"]["item_knn"],
+        "popularity": evaluation["methods"]["popularity"],
+        "rank_over_recall_ndcg": round(stages["rank"]["ndcg@10"] / stages["recall"]["ndcg@10"], 3),
+        "rank_over_item_knn_ndcg": round(
+            stages["rank"]["ndcg@10"] / evaluation["methods"]["item_knn"]["ndcg@10"], 3
+        ),
+        "prerank": report["ranker"]["prerank"],
+        "blend": report["ranker"]["blend"],
+        "build_seconds": report["seconds"]["total"],
+    }
+
+
+def measure(folder: Path, seeds: list[int]) -> dict[str, Any]:
+    logs: dict[str, list[dict[str, Any]]] = {"sessions": [], "drift": []}
+    for seed in seeds:
+        here = folder / f"seed{seed}"
+        sessions = write_session_log(here / "sessions.csv", seed=seed)
+        logs["sessions"].append(_figures(sessions, here / "sessions-world", seed))
+        drift = write_drift_log(here / "drift", seed=seed)
+        logs["drift"].append(_figures(drift.history, here / "drift-world", seed))
+    return {
+        "command": "python -m loadtest.cascade_quality",
+        "seeds": seeds,
+        **{
+            name: {
+                "median_rank_over_recall_ndcg": statistics.median(
+                    run["rank_over_recall_ndcg"] for run in runs
+                ),
+                "median_rank_over_item_knn_ndcg": statistics.median(
+                    run["rank_over_item_knn_ndcg"] for run in runs
+                ),
+                "runs": runs,
+            }
+            for name, runs in logs.items()
+        },
+    }
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        figures = measure(Path(folder), list(range(3, 3 + args.seeds)))
+    print(json.dumps({k: v for k, v in figures.items()}, indent=2))
+    if args.out is not None:
+        record(args.out, "cascade", figures)
+
+
+if __name__ == "__main__":
+    main()

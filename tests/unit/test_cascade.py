@@ -1,0 +1,182 @@
+"""The cascade's in-process steps: the similar source, pre-rank, the sequence signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.clients.feature_store import decode_user, encode_seen
+from app.core.errors import ConfigError
+from app.core.metrics import ServiceMetrics
+from app.pipeline.context import RequestContext
+from app.pipeline.packing import pack_rows
+from app.pipeline.signals import SIGNALS, prerank_signals, sequence_columns
+from app.pipeline.sources.similar import SimilarSource
+from app.pipeline.stages.pack import RowPacker
+from app.pipeline.stages.prerank import PreRanker
+from app.pipeline.stages.types import (
+    Asked,
+    Hydrated,
+    HydratedCandidates,
+    Pool,
+    Query,
+    Recalling,
+    UserFeatures,
+)
+from app.release.artifacts import serving_artifacts
+from app.release.neighbours import Neighbours, load_neighbours, save_neighbours
+from app.release.prerank import PRERANK_FILE, PrerankWeights, load_prerank
+from tests.unit.fakes import KEYS, artifacts
+from tests.unit.tiny_schema import tiny_sequence_schema
+
+# Items 0..5 on a line: item n's vector is (1, n / 5); the user points along (1, 0) or (0, 1).
+VECTORS = np.stack([np.ones(6), np.arange(6) / 5.0], axis=1).astype(np.float32)
+# 0 and 1 are close, 2 is near 3 and 4, 5 is alone.
+NEIGHBOURS = Neighbours(
+    positions=np.array([[1, -1], [0, -1], [3, 4], [2, 4], [3, 2], [-1, -1]], dtype=np.int32),
+    similarity=np.array(
+        [[0.9, 0.0], [0.9, 0.0], [0.8, 0.4], [0.8, 0.5], [0.5, 0.4], [0.0, 0.0]],
+        dtype=np.float32,
+    ),
+)
+
+
+def ctx(
+    weights: PrerankWeights | None = None,
+    with_vectors: bool = True,
+    budget_s: float = 0.1,
+    sequence: bool = False,
+) -> RequestContext:
+    base = artifacts()
+    catalog = dataclasses.replace(
+        base.catalog,
+        vectors=VECTORS if with_vectors else None,
+        neighbours=NEIGHBOURS,
+        prerank=weights or PrerankWeights(),
+    )
+    schema = tiny_sequence_schema() if sequence else base.schema
+    served = serving_artifacts(schema, catalog, base.rules, base.routing, KEYS)
+    return RequestContext(
+        request_id="r1",
+        deadline=time.monotonic() + budget_s,
+        reserve_s=0.01,
+        artifacts=served,
+        metrics=ServiceMetrics(),
+    )
+
+
+def asked(user_vector: tuple[float, float], recent: list[int]) -> Asked:
+    blob = np.array([*user_vector, 0.0], dtype=np.float32)
+    user = UserFeatures(
+        blob, np.zeros(7, np.float32), np.empty(0, np.int64), False, np.array(recent, np.int64)
+    )
+    return Asked(Query("u1", 3), user)
+
+
+def pool(asked: Asked, positions: list[int]) -> Pool:
+    return Pool(asked, np.array(positions, dtype=np.int64))
+
+
+async def test_the_similar_source_recalls_the_latest_items_neighbours_closest_first() -> None:
+    source = SimilarSource(count=10, decay=0.5)
+    recalling = Recalling(asked((1.0, 0.0), recent=[0, 2]), wanted=10)
+    # 2 is the latest (weight 1): 3 (0.8) and 4 (0.4); 0 counts half: 1 (0.45). Neither
+    # pads (-1) nor any item the sources before found come out.
+    found = await source.candidates(recalling, np.array([4], dtype=np.int64), ctx())
+    assert found.tolist() == [3, 1]  # 4 (0.4) was found before
+
+
+async def test_the_similar_source_adds_nothing_without_positives_or_neighbours() -> None:
+    source = SimilarSource(count=10, decay=0.9)
+    nobody = Recalling(asked((1.0, 0.0), recent=[]), wanted=10)
+    assert len(await source.candidates(nobody, np.empty(0, np.int64), ctx())) == 0
+    plain = ctx()
+    bare = dataclasses.replace(plain.artifacts.catalog, neighbours=None)
+    plain.artifacts = dataclasses.replace(plain.artifacts, catalog=bare)
+    someone = Recalling(asked((1.0, 0.0), recent=[2]), wanted=10)
+    assert len(await source.candidates(someone, np.empty(0, np.int64), plain)) == 0
+
+
+def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() -> None:
+    positions = np.array([1, 3, 5], dtype=np.int64)
+    user = np.array([0.0, 1.0], dtype=np.float32)
+    signals = prerank_signals(positions, user, np.array([2], np.int64), VECTORS, NEIGHBOURS, 0.9)
+    assert SIGNALS == ("user", "similar", "recent")
+    np.testing.assert_allclose(signals[:, 0], [0.2, 0.6, 1.0], atol=1e-3)
+    np.testing.assert_allclose(signals[:, 1], [0.0, 0.8, 0.0], atol=1e-6)
+    # Item 2's vector is (1, 0.4): item n scores 1 + 0.4 n / 5.
+    np.testing.assert_allclose(signals[:, 2], [1.08, 1.24, 1.4], atol=2e-3)
+    alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NEIGHBOURS, 0.9)
+    assert (alone[:, 1:] == 0).all()
+
+
+async def test_pre_rank_keeps_the_best_by_the_worlds_weights_best_first() -> None:
+    weights = PrerankWeights(user=0.0, similar=1.0, recent=0.0)
+    stage = PreRanker(keep=2, decay=0.9)
+    kept = await stage.run(pool(asked((1.0, 0.0), [2]), [5, 4, 1, 3]), ctx(weights))
+    assert kept.positions.tolist() == [3, 4]  # similarity 0.8, then 0.4
+    by_vector = await stage.run(pool(asked((0.0, 1.0), [2]), [1, 4, 3, 5]), ctx())
+    assert by_vector.positions.tolist() == [5, 4]
+
+
+async def test_a_pool_no_larger_than_the_cut_passes_as_it_came() -> None:
+    stage = PreRanker(keep=4, decay=0.9)
+    same = await stage.run(pool(asked((0.0, 1.0), []), [1, 5, 3]), ctx())
+    assert same.positions.tolist() == [1, 5, 3]
+
+
+async def test_without_vectors_or_time_pre_rank_keeps_recall_order() -> None:
+    stage = PreRanker(keep=2, decay=0.9)
+    request = asked((0.0, 1.0), [])
+    plain = ctx(with_vectors=False)
+    kept = await stage.run(pool(request, [1, 2, 5]), plain)
+    assert kept.positions.tolist() == [1, 2]
+    assert plain.degraded == []
+    late = ctx(budget_s=0.0)
+    kept = await stage.run(pool(request, [1, 2, 5]), late)
+    assert kept.positions.tolist() == [1, 2]
+    assert late.degraded == ["prerank:timeout"]
+
+
+async def test_the_packer_fills_the_sequence_block_the_schema_declares() -> None:
+    request = ctx(sequence=True)
+    schema = request.artifacts.schema
+    user = asked((1.0, 0.0), [2])
+    items = HydratedCandidates(
+        positions=np.array([1, 3, 5], np.int64),
+        found=np.array([1, 2], np.intp),
+        blobs=np.array([[1.0, 0.6, 3.0], [1.0, 1.0, 5.0]], np.float32),
+    )
+    packed = await RowPacker(0.9).run(Hydrated(user, items), request)
+    block = packed.rows[:, schema.blocks["sequence"]]
+    expected = prerank_signals(
+        np.array([3, 5], np.int64), user.user.blob[:2], user.user.recent, VECTORS, NEIGHBOURS, 0.9
+    )
+    np.testing.assert_allclose(block, sequence_columns(schema, expected))
+    assert block[0, 0] == pytest.approx(0.8)  # item 3 is item 2's closest neighbour
+    with pytest.raises(ValueError, match="sequence"):
+        pack_rows(schema, user.user.blob, items.blobs, np.zeros(7, np.float32))
+
+
+def test_the_users_latest_positives_come_from_the_tail_of_their_list() -> None:
+    blob = np.zeros(3, np.float32).tobytes()
+    record = decode_user(blob, encode_seen([1, 2]), 3, encode_seen([4, 5]))
+    assert record.recent.tolist() == [4, 5]
+    assert decode_user(blob, None, 3, None).recent.tolist() == []
+
+
+def test_a_damaged_neighbours_or_weights_file_is_refused(tmp_path: Path) -> None:
+    save_neighbours(tmp_path, NEIGHBOURS)
+    assert load_neighbours(tmp_path, 6) is not None
+    with pytest.raises(ConfigError, match="catalog of 7"):
+        load_neighbours(tmp_path, 7)
+    assert load_neighbours(tmp_path / "none", 6) is None
+    assert load_prerank(tmp_path) == PrerankWeights()
+    (tmp_path / PRERANK_FILE).write_text(json.dumps({"user": 1, "similar": "nan", "recent": 0}))
+    with pytest.raises(ConfigError, match="NaN"):
+        load_prerank(tmp_path)

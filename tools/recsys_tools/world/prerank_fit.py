@@ -1,0 +1,215 @@
+"""The pre-rank weights, fitted on pools as the service builds them.
+
+For some users of the part being learnt, the service's pool is rebuilt from what was known
+before their latest positives (the nearest items to their vector, then the neighbours of
+their latest positives), each candidate's signals are computed with the service's own code
+(app.pipeline.signals), and the weights chosen are those under which pre-rank keeps the most
+of what the users went on to like: pre-rank's job is to keep, the model's to order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.settings import Settings
+from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
+from app.release.neighbours import Neighbours
+from app.release.prerank import PrerankWeights
+from recsys_tools.world.logs import IntArray, InteractionLog
+
+FloatArray = npt.NDArray[np.float32]
+RECENT: int = Settings.model_fields["recent_items"].default
+DECAY: float = Settings.model_fields["recent_decay"].default
+SIMILAR: int = Settings.model_fields["similar_candidates"].default
+KEEP: int = Settings.model_fields["prerank_keep"].default
+K = 10
+# The nearest items per fitted user: deep enough that pre-rank has a choice to make.
+FIT_DEPTH = 2 * KEEP
+# Weights of the item-to-item signals tried, each against the user's vector's 1 (all three
+# scaled by their spread): none, a little, as much, more.
+GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """Each user's latest positives, oldest first: items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: IntArray
+    items: IntArray
+
+    def of(self, user: int) -> IntArray:
+        return self.items[self.offsets[user] : self.offsets[user + 1]]
+
+
+def latest_positives(part: InteractionLog, count: int = RECENT) -> Recent:
+    """What the service reads as a user's recent items: their last `count` positives."""
+    rows = np.flatnonzero(part.positive)
+    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
+    users = part.user[rows]
+    after = np.searchsorted(users, users, side="right") - np.arange(len(rows)) - 1
+    rows, users = rows[after < count], users[after < count]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=part.n_users))])
+    return Recent(offsets.astype(np.int64), part.item[rows].astype(np.int64))
+
+
+def service_pool(
+    nearest: IntArray,
+    recent: IntArray,
+    neighbours: Neighbours | None,
+    seen: IntArray,
+    similar: int = SIMILAR,
+) -> IntArray:
+    """The nearest items, then the neighbours of the recent ones they lack, minus `seen`."""
+    pool = nearest[nearest >= 0]
+    if neighbours is not None and len(recent) and similar:
+        near, _ = neighbours.around(recent, DECAY)
+        pool = np.concatenate([pool, near[~np.isin(near, pool)][:similar]])
+    kept: IntArray = pool[~np.isin(pool, seen)]
+    return kept
+
+
+def _coverage(
+    signals: list[FloatArray], labels: list[npt.NDArray[np.bool_]], weights: PrerankWeights
+) -> tuple[float, float]:
+    """Of the liked items in the pools, the share pre-rank would keep, and the share in its
+    first K: what it hands the model, and what it would serve were the model down."""
+    kept = first = total = 0.0
+    for rows, liked in zip(signals, labels, strict=True):
+        order = best(prerank_scores(rows, weights), len(rows))
+        kept += float(liked[order[:KEEP]].sum())
+        first += float(liked[order[:K]].sum())
+        total += float(liked.sum())
+    return (kept / total, first / total) if total else (0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """Some users' pools as the service would build them, each with its signals and which
+    of its items the user went on to like (only users who liked something in theirs)."""
+
+    users: IntArray
+    pools: list[IntArray]
+    signals: list[FloatArray]
+    labels: list[npt.NDArray[np.bool_]]
+
+
+def user_pools(
+    users: IntArray,
+    user_vectors: FloatArray,
+    item_vectors: FloatArray,
+    neighbours: Neighbours,
+    recent: Recent,
+    seen: IntArray,
+    liked: IntArray,
+) -> Pools:
+    """`seen` and `liked` are sorted user * n_items + item keys (seen before the moment,
+    liked after it)."""
+    n_items = len(item_vectors)
+    vectors = item_vectors.astype(np.float32)
+    depth = min(FIT_DEPTH, n_items)
+    kept_users, pools, signals, labels = [], [], [], []
+    for user in users.tolist():
+        scores = item_vectors @ user_vectors[user]
+        top = np.argpartition(-scores, depth - 1)[:depth]
+        nearest = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
+        low, high = np.searchsorted(seen, [user * n_items, (user + 1) * n_items])
+        pool = service_pool(nearest, recent.of(user), neighbours, seen[low:high] - user * n_items)
+        mine = np.isin(user * n_items + pool, liked)
+        if mine.any():
+            kept_users.append(user)
+            pools.append(pool)
+            signals.append(
+                prerank_signals(
+                    pool, user_vectors[user], recent.of(user), vectors, neighbours, DECAY
+                )
+            )
+            labels.append(mine)
+    return Pools(np.asarray(kept_users, dtype=np.int64), pools, signals, labels)
+
+
+def fit_prerank(pools: Pools) -> PrerankWeights:
+    """The weights under which pre-rank keeps the most of what the users went on to like.
+
+    A grid over the two item-to-item signals' weights, the user's vector's fixed at 1 (only
+    the order matters), each signal scaled by its spread first. The grid holds the vector
+    alone, so the choice never keeps less on these users than recall's own order does.
+    """
+    chosen = [k for k, pool in enumerate(pools.pools) if len(pool) > KEEP]
+    if not chosen:
+        return PrerankWeights()
+    signals = [pools.signals[k] for k in chosen]
+    labels = [pools.labels[k] for k in chosen]
+    spread = np.concatenate(signals).std(axis=0)
+    spread[spread == 0] = 1.0
+    choices = [
+        PrerankWeights(
+            user=1.0 / float(spread[0]),
+            similar=a / float(spread[1]),
+            recent=b / float(spread[2]),
+        )
+        for a in GRID
+        for b in GRID
+    ]
+    return max(choices, key=lambda weights: _coverage(signals, labels, weights))
+
+
+@dataclass(frozen=True, slots=True)
+class RankedLists:
+    """What pre-rank hands the model for each user: the best `depth` of their pool, their
+    signals and labels, row by row."""
+
+    users: IntArray
+    items: IntArray
+    signals: FloatArray
+    labels: npt.NDArray[np.int8]
+
+
+def ranked_lists(pools: Pools, weights: PrerankWeights, depth: int) -> RankedLists:
+    users, items, signals, labels = [], [], [], []
+    for user, pool, rows, liked in zip(
+        pools.users.tolist(), pools.pools, pools.signals, pools.labels, strict=True
+    ):
+        order = best(prerank_scores(rows, weights), min(depth, len(pool)))
+        users.append(np.full(len(order), user, dtype=np.int64))
+        items.append(pool[order])
+        signals.append(rows[order])
+        labels.append(liked[order].astype(np.int8))
+    if not users:
+        return RankedLists(
+            np.empty(0, np.int64),
+            np.empty(0, np.int64),
+            np.empty((0, len(SIGNALS)), np.float32),
+            np.empty(0, np.int8),
+        )
+    return RankedLists(
+        np.concatenate(users),
+        np.concatenate(items),
+        np.concatenate(signals),
+        np.concatenate(labels),
+    )
+
+
+def example_signals(
+    users: IntArray,
+    items: IntArray,
+    user_vectors: FloatArray,
+    item_vectors: FloatArray,
+    neighbours: Neighbours,
+    recent: Recent,
+) -> FloatArray:
+    """The signals of each (user, item) example, as the service would compute them."""
+    vectors = item_vectors.astype(np.float32)
+    out = np.zeros((len(users), len(SIGNALS)), dtype=np.float32)
+    order = np.argsort(users, kind="stable")
+    bounds = np.flatnonzero(np.diff(users[order])) + 1
+    for rows in np.split(order, bounds):
+        if not len(rows):
+            continue
+        user = int(users[rows[0]])
+        out[rows] = prerank_signals(
+            items[rows], user_vectors[user], recent.of(user), vectors, neighbours, DECAY
+        )
+    return out

@@ -241,9 +241,9 @@ def _choose_blend(
     probability: npt.NDArray[np.floating],
     sequence: FloatArray | None,
 ) -> Blend:
-    """The blend fitted on half the listed users, if it orders the other half's lists better
-    than pre-rank's own weights do; else pre-rank's weights (the MLP left out). The MLP
-    earns its place only where it helps on users the blend did not see."""
+    """Of the blend fitted on half the listed users, pre-rank's own weights and recall's
+    order (the MLP left out of both), the one that orders the other half's lists best: the
+    MLP earns its place only where it helps on users the blend did not see."""
     plain = prerank_blend(prerank.user, tuple(getattr(prerank, name) for name in schema.sequence))
     fitting = users % 2 == 0
     if not labels[fitting].any() or labels[fitting].all() or not labels[~fitting].any():
@@ -259,7 +259,10 @@ def _choose_blend(
         scores = blend_scores(blend, recall[checking], probability[checking], part(checking))
         return lists_ndcg(users[checking], labels[checking], scores)
 
-    return fitted if quality(fitted) > quality(plain) else plain
+    # Recall's own order is a choice too: pre-rank's weights were fitted to keep held-out
+    # items among hundreds, which is not the same as putting them in the first ten.
+    recall_only = prerank_blend(1.0, tuple(0.0 for _ in schema.sequence))
+    return max((plain, recall_only, fitted), key=quality)
 
 
 def positive_neighbours(part: InteractionLog) -> Neighbours:

@@ -17,6 +17,14 @@ from app.core.errors import ConfigError
 class DiversityRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_per_category: int = Field(default=0, ge=0, description="0 turns the cap off")
+    relevance: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="maximal marginal relevance: each next item is the one with the best "
+        "relevance * score - (1 - relevance) * its closest likeness (cosine of embeddings) "
+        "to an item chosen before; 1 turns it off (score alone)",
+    )
 
 
 class BoostRule(BaseModel):
@@ -111,6 +119,42 @@ def _capped(
 # How far past n_items the sorted head reaches: enough, nearly always, for the category cap
 # to fill the answer from the head alone; when it cannot, every candidate is sorted.
 HEAD_FACTOR = 4
+# How far past n_items maximal marginal relevance looks for items unlike those chosen.
+MMR_FACTOR = 3
+
+
+def unlike_chosen(
+    order: npt.NDArray[np.intp],
+    final: npt.NDArray[np.float32],
+    vectors: npt.NDArray[np.float32],
+    n_items: int,
+    relevance: float,
+) -> npt.NDArray[np.intp]:
+    """`order` with its first n_items chosen again by maximal marginal relevance among the
+    first MMR_FACTOR * n_items scored ones: each next item is the one whose score (scaled to
+    0-1 over those) most outweighs its likeness to the items chosen before it."""
+    head = order[: MMR_FACTOR * n_items]
+    head = head[~np.isnan(final[head])]
+    if relevance >= 1.0 or len(head) <= 1:
+        return order
+    unit = vectors[head].astype(np.float32)
+    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
+    values = final[head].astype(np.float64)
+    spread = float(values.max() - values.min())
+    gain = relevance * ((values - values.min()) / spread if spread > 0 else np.ones_like(values))
+    picked = [0]
+    # Likeness below zero counts as none: an item opposite to one chosen is not worth more
+    # than one merely unrelated to it.
+    closest = np.maximum(unit @ unit[0], 0.0)
+    for _ in range(min(n_items, len(head)) - 1):
+        value = gain - (1.0 - relevance) * closest
+        value[picked] = -np.inf
+        best = int(np.argmax(value))
+        picked.append(best)
+        np.maximum(closest, unit @ unit[best], out=closest)
+    chosen = head[picked]
+    rest = order[~np.isin(order, chosen)]
+    return np.concatenate([chosen, rest])
 
 
 def rerank(
@@ -120,6 +164,7 @@ def rerank(
     age_days: npt.NDArray[np.float32],
     rules: RerankRules,
     n_items: int,
+    vectors: npt.NDArray[np.float32] | None = None,
 ) -> Selection:
     """Choose the top n_items candidates.
 
@@ -131,6 +176,9 @@ def rerank(
     Only the head of the order is sorted when it decides the answer: a candidate's place
     under the cap depends on the candidates before it alone, so when the head holds
     n_items within the cap, the rest of the order cannot change them.
+
+    With `vectors` (the candidates' embeddings) and a diversity relevance under 1, the
+    answer is chosen from the head of that order by maximal marginal relevance.
     """
     final = boosted_scores(scores, age_days, rules)
     unscored = np.isnan(final)
@@ -140,10 +188,23 @@ def rerank(
     if len(head) < len(scored):
         kept = _capped(head, categories, cap)[0] if cap > 0 else head
         if len(kept) >= n_items:
-            chosen = kept[:n_items]
+            chosen = _diverse(kept, final, vectors, rules, n_items)[:n_items]
             return Selection(positions=chosen, scores=final[chosen])
     order = np.concatenate([_best_first(scored, final, tie_keys), np.flatnonzero(unscored)])
     if cap > 0:
         order = np.concatenate(_capped(order, categories, cap))
-    chosen = order[:n_items]
+    chosen = _diverse(order, final, vectors, rules, n_items)[:n_items]
     return Selection(positions=chosen, scores=final[chosen])
+
+
+def _diverse(
+    order: npt.NDArray[np.intp],
+    final: npt.NDArray[np.float32],
+    vectors: npt.NDArray[np.float32] | None,
+    rules: RerankRules,
+    n_items: int,
+) -> npt.NDArray[np.intp]:
+    relevance = rules.diversity.relevance
+    if vectors is None or relevance >= 1.0:
+        return order
+    return unlike_chosen(order, final, vectors, n_items, relevance)

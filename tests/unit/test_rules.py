@@ -180,3 +180,42 @@ def test_the_head_only_shortcut_equals_a_full_sort(seed: int) -> None:
     assert selection.positions.tolist() == _sorted_in_full(
         tie_keys, scores, categories, cap, n_items
     )
+
+
+def _mmr(scores: list[float], vectors: list[list[float]], relevance: float) -> list[int]:
+    n = len(scores)
+    selection = rerank(
+        tie_keys=np.arange(n, dtype=np.int64),
+        scores=np.array(scores, dtype=np.float32),
+        categories=np.zeros(n, dtype=np.int64),
+        age_days=np.full(n, 100.0, dtype=np.float32),
+        rules=RerankRules(diversity=DiversityRule(relevance=relevance)),
+        n_items=2,
+        vectors=np.array(vectors, dtype=np.float32),
+    )
+    return selection.positions.tolist()
+
+
+def test_marginal_relevance_passes_over_a_near_copy_of_what_was_chosen() -> None:
+    scores = [0.9, 0.85, 0.6, 0.1]
+    vectors = [[1.0, 0.0], [0.99, 0.1], [0.0, 1.0], [-1.0, 0.0]]
+    # Score alone: the near copy second. Weighing likeness: the unlike item instead.
+    assert _mmr(scores, vectors, 1.0) == [0, 1]
+    assert _mmr(scores, vectors, 0.5) == [0, 2]
+    # Leaning on score, a small loss of likeness is not worth a large loss of score.
+    assert _mmr(scores, vectors, 0.95) == [0, 1]
+
+
+def test_marginal_relevance_is_off_without_vectors_and_at_one() -> None:
+    rules = RerankRules(diversity=DiversityRule(relevance=0.5))
+    selection = rerank(
+        tie_keys=np.arange(3, dtype=np.int64),
+        scores=np.array([0.9, 0.8, 0.1], dtype=np.float32),
+        categories=np.zeros(3, dtype=np.int64),
+        age_days=np.full(3, 100.0, dtype=np.float32),
+        rules=rules,
+        n_items=2,
+    )
+    assert selection.positions.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="relevance"):
+        DiversityRule(relevance=0.0)

@@ -38,6 +38,9 @@ class Reranker:
             age_days=age_days.astype("float32"),
             rules=rules,
             n_items=n_items,
+            vectors=None
+            if catalog.vectors is None or rules.diversity.relevance >= 1.0
+            else catalog.vectors[positions],
         )
         # Only the chosen few become Python strings.
         chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()

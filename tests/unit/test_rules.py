@@ -193,7 +193,8 @@ def _mmr(scores: list[float], vectors: list[list[float]], relevance: float) -> l
         n_items=2,
         vectors=np.array(vectors, dtype=np.float32),
     )
-    return selection.positions.tolist()
+    chosen: list[int] = selection.positions.tolist()
+    return chosen
 
 
 def test_marginal_relevance_passes_over_a_near_copy_of_what_was_chosen() -> None:

@@ -215,6 +215,23 @@ async def overhead_p50(url: str, requests: int, users: int, seed: int = 0) -> di
     }
 
 
+def model_flops_per_row(model: Path) -> int:
+    """Multiply-adds times two of the model's dense layers (MatMul and Gemm on a weight
+    matrix), per row: what one candidate costs the model, whatever it runs on."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model)).graph
+    weights = {init.name: numpy_helper.to_array(init).shape for init in graph.initializer}
+    flops = 0
+    for node in graph.node:
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1:
+            shape = weights.get(node.input[1])
+            if shape is not None and len(shape) == 2:
+                flops += 2 * int(shape[0]) * int(shape[1])
+    return flops
+
+
 def held_data_bytes(world: Path) -> int:
     """What the API holds of the world: the catalog's arrays, the index and item features.
 
@@ -235,6 +252,10 @@ def held_data_bytes(world: Path) -> int:
         held.popular,
         held.id_order,
     ]
+    if catalog.vectors is not None:  # pre-rank's item vectors
+        arrays.append(catalog.vectors)
+    if catalog.neighbours is not None:
+        arrays.extend([catalog.neighbours.positions, catalog.neighbours.similarity])
     item_features = catalog.size * (schema.item_blob_width * 4 + 1)  # matrix + usable flags
     index_bytes = (world / "index.faiss").stat().st_size
     return sum(a.nbytes for a in arrays) + item_features + index_bytes
@@ -295,6 +316,10 @@ async def measure(
             "p99_ms": closed.latency.p99_ms,
         },
         "memory": memory_report(api, args.world),
+        "model": {
+            "flops_per_row": model_flops_per_row(args.world / "model.onnx"),
+            "rows_per_request": args.rows,
+        },
     }
 
 

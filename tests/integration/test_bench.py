@@ -16,6 +16,7 @@ from loadtest.bench import (
     held_data_bytes,
     max_rate,
     memory_report,
+    model_flops_per_row,
     overhead_p50,
     steady_run,
     triton_alone,
@@ -118,3 +119,10 @@ def test_a_perf_analyzer_run_that_measures_nothing_says_why() -> None:
     assert alone["points"] == []
     assert alone["triton_alone_max_rate_at_p99"] is None
     assert alone["error"]
+
+
+def test_the_model_cost_is_its_dense_layers_per_row(stack: Stack) -> None:
+    # The demo's MLP: the schema's row -> 64 -> 32 -> 1, two FLOPs a multiply-add.
+    width = stack.schema.width
+    expected = 2 * (width * 64 + 64 * 32 + 32 * 1)
+    assert model_flops_per_row(stack.world / "model.onnx") == expected

@@ -68,3 +68,16 @@ def test_the_blend_learns_a_sequence_signal_that_tells_the_positives() -> None:
     blend = fit_blend(recall, rng.random(4000), labels, np.stack([similar], axis=1))
     assert blend.sequence[0] > 2.0
     assert abs(blend.recall) < 0.3
+
+
+def test_a_sequence_signal_never_counts_against_an_item() -> None:
+    rng = np.random.default_rng(4)
+    recall = rng.standard_normal(4000)
+    similar = rng.standard_normal(4000)
+    recent = rng.standard_normal(4000)
+    z = 2 * recall - 1.5 * similar + 1.0 * recent - 2
+    labels = (rng.random(4000) < 1 / (1 + np.exp(-z))).astype(np.int8)
+    blend = fit_blend(recall, rng.random(4000), labels, np.stack([similar, recent], axis=1))
+    assert blend.sequence[0] == 0.0
+    assert blend.sequence[1] > 0.5
+    assert blend.recall > 1.5

@@ -75,9 +75,28 @@ def fit_blend(
     features = np.stack(columns, axis=1)
     spread = features.std(axis=0)
     spread[spread == 0] = 1.0
-    fitted = LogisticRegression(C=1.0, max_iter=1000).fit(features / spread, labels)
-    weights = [float(w) for w in fitted.coef_[0] / spread]
-    return Blend(weights[0], weights[1], float(fitted.intercept_[0]), tuple(weights[2:]))
+    # Being more like what the user just chose never counts against an item: a sequence
+    # signal whose fitted weight comes out negative (the MLP, which sees it too, may have
+    # over-counted it) is dropped and the rest fitted again. Measured: a blend that gave the
+    # neighbour signal -14 halved what real time bought on a drifting log (replay hit@10
+    # 0.15 -> 0.10), as the items near a user's new taste were pushed down.
+    used = np.ones(features.shape[1], dtype=bool)
+    while True:
+        fitted = LogisticRegression(C=1.0, max_iter=1000).fit(
+            features[:, used] / spread[used], labels
+        )
+        weights = np.zeros(features.shape[1])
+        weights[used] = fitted.coef_[0] / spread[used]
+        negative = np.flatnonzero(weights[2:] < 0) + 2
+        if not len(negative):
+            break
+        used[negative] = False
+    return Blend(
+        float(weights[0]),
+        float(weights[1]),
+        float(fitted.intercept_[0]),
+        tuple(float(w) for w in weights[2:]),
+    )
 
 
 def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> bytes:

@@ -82,7 +82,7 @@ def build_pipeline(
     """The pipeline with its candidate sources and filters, in the order they run."""
     sources: list[CandidateSource] = [
         AnnSource(search),
-        SimilarSource(similar_count, recent_decay),
+        SimilarSource(similar_count),
         TrendingSource(trending, trending_count),
         PopularSource(popular_count),
     ]

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Positions
-from app.release.neighbours import Neighbours
+from app.release.neighbours import Nearby
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 
@@ -20,10 +20,11 @@ def prerank_signals(
     user_vector: npt.NDArray[np.float32],
     recent: Positions,
     vectors: npt.NDArray[np.float32],
-    neighbours: Neighbours | None,
+    nearby: Nearby,
     decay: float,
 ) -> npt.NDArray[np.float32]:
-    """One row per candidate, one column per signal in SIGNALS' order."""
+    """One row per candidate, one column per signal in SIGNALS' order; `nearby` is what the
+    world's neighbours say is near `recent` (Neighbours.around, with the same decay)."""
     signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
     if not len(positions):
         return signals
@@ -31,14 +32,13 @@ def prerank_signals(
     signals[:, 0] = candidate @ user_vector.astype(np.float32)
     if not len(recent):
         return signals
-    if neighbours is not None:
-        near, score = neighbours.around(recent, decay)
-        if len(near):
-            order = np.argsort(near)
-            at = np.searchsorted(near, positions, sorter=order)
-            np.minimum(at, len(near) - 1, out=at)
-            hit = near[order[at]] == positions
-            signals[hit, 1] = score[order[at[hit]]]
+    near, score = nearby.items, nearby.scores
+    if len(near):
+        order = np.argsort(near)
+        at = np.searchsorted(near, positions, sorter=order)
+        np.minimum(at, len(near) - 1, out=at)
+        hit = near[order[at]] == positions
+        signals[hit, 1] = score[order[at[hit]]]
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
     taste = (weights @ vectors[recent]) / weights.sum()
     signals[:, 2] = candidate @ taste

@@ -313,7 +313,9 @@ async def start_services(
         )
         stack.push_async_callback(events.aclose)
         pipeline = build_pipeline(
-            features=UserFeatureHydrator(store, settings.redis_timeout_s),
+            features=UserFeatureHydrator(
+                store, settings.redis_timeout_s, decay=settings.recent_decay
+            ),
             search=search,
             candidate_count=settings.candidate_count,
             popular_count=settings.popular_candidates,

@@ -23,6 +23,18 @@ NEIGHBOURS_FILE = "neighbours.npz"
 
 
 @dataclass(frozen=True, slots=True)
+class Nearby:
+    """Items near a user's latest positives, best first, each with its summed similarity:
+    found once per request, read by the similar source, pre-rank and the packer."""
+
+    items: Positions
+    scores: npt.NDArray[np.float32]
+
+
+NOWHERE = Nearby(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
+
+
+@dataclass(frozen=True, slots=True)
 class Neighbours:
     positions: npt.NDArray[np.int32]
     similarity: npt.NDArray[np.float32]
@@ -31,11 +43,11 @@ class Neighbours:
     def k(self) -> int:
         return int(self.positions.shape[1])
 
-    def around(self, recent: Positions, decay: float) -> tuple[Positions, npt.NDArray[np.float32]]:
+    def around(self, recent: Positions, decay: float) -> Nearby:
         """Items near the `recent` ones (oldest first), each scored by its similarity to
         them, a more recent item's counting more (`decay` per step back); best first."""
         if len(recent) == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+            return NOWHERE
         weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
         near = self.positions[recent].ravel()
         score = (self.similarity[recent] * weights[:, None]).ravel()
@@ -43,7 +55,7 @@ class Neighbours:
         items, inverse = np.unique(near[valid], return_inverse=True)
         totals = np.bincount(inverse, weights=score[valid], minlength=len(items))
         order = np.argsort(-totals, kind="stable")
-        return items[order].astype(np.int64), totals[order].astype(np.float32)
+        return Nearby(items[order].astype(np.int64), totals[order].astype(np.float32))
 
 
 def save_neighbours(world: Path, neighbours: Neighbours) -> None:

@@ -17,6 +17,7 @@ from app.pipeline.context import RequestContext
 from app.pipeline.packing import pack_rows
 from app.pipeline.signals import SIGNALS, prerank_signals, sequence_columns
 from app.pipeline.sources.similar import SimilarSource
+from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.pack import RowPacker
 from app.pipeline.stages.prerank import PreRanker
 from app.pipeline.stages.types import (
@@ -29,9 +30,9 @@ from app.pipeline.stages.types import (
     UserFeatures,
 )
 from app.release.artifacts import serving_artifacts
-from app.release.neighbours import Neighbours, load_neighbours, save_neighbours
+from app.release.neighbours import NOWHERE, Neighbours, load_neighbours, save_neighbours
 from app.release.prerank import PRERANK_FILE, PrerankWeights, load_prerank
-from tests.unit.fakes import KEYS, artifacts
+from tests.unit.fakes import KEYS, FakeUserStore, artifacts, user_record
 from tests.unit.tiny_schema import tiny_sequence_schema
 
 # Items 0..5 on a line: item n's vector is (1, n / 5); the user points along (1, 0) or (0, 1).
@@ -70,11 +71,15 @@ def ctx(
     )
 
 
-def asked(user_vector: tuple[float, float], recent: list[int]) -> Asked:
+def asked(
+    user_vector: tuple[float, float], recent: list[int], decay: float = 0.9, near: bool = True
+) -> Asked:
+    """A user as the features stage hands them on: the items near their latest positives
+    found (unless the world has no neighbours: `near=False`)."""
     blob = np.array([*user_vector, 0.0], dtype=np.float32)
-    user = UserFeatures(
-        blob, np.zeros(7, np.float32), np.empty(0, np.int64), False, np.array(recent, np.int64)
-    )
+    latest = np.array(recent, np.int64)
+    nearby = NEIGHBOURS.around(latest, decay) if near else NOWHERE
+    user = UserFeatures(blob, np.zeros(7, np.float32), np.empty(0, np.int64), False, latest, nearby)
     return Asked(Query("u1", 3), user)
 
 
@@ -83,8 +88,8 @@ def pool(asked: Asked, positions: list[int]) -> Pool:
 
 
 async def test_the_similar_source_recalls_the_latest_items_neighbours_closest_first() -> None:
-    source = SimilarSource(count=10, decay=0.5)
-    recalling = Recalling(asked((1.0, 0.0), recent=[0, 2]), wanted=10)
+    source = SimilarSource(count=10)
+    recalling = Recalling(asked((1.0, 0.0), recent=[0, 2], decay=0.5), wanted=10)
     # 2 is the latest (weight 1): 3 (0.8) and 4 (0.4); 0 counts half: 1 (0.45). Neither
     # pads (-1) nor any item the sources before found come out.
     found = await source.candidates(recalling, np.array([4], dtype=np.int64), ctx())
@@ -92,26 +97,39 @@ async def test_the_similar_source_recalls_the_latest_items_neighbours_closest_fi
 
 
 async def test_the_similar_source_adds_nothing_without_positives_or_neighbours() -> None:
-    source = SimilarSource(count=10, decay=0.9)
+    source = SimilarSource(count=10)
     nobody = Recalling(asked((1.0, 0.0), recent=[]), wanted=10)
     assert len(await source.candidates(nobody, np.empty(0, np.int64), ctx())) == 0
-    plain = ctx()
-    bare = dataclasses.replace(plain.artifacts.catalog, neighbours=None)
-    plain.artifacts = dataclasses.replace(plain.artifacts, catalog=bare)
-    someone = Recalling(asked((1.0, 0.0), recent=[2]), wanted=10)
-    assert len(await source.candidates(someone, np.empty(0, np.int64), plain)) == 0
+    someone = Recalling(asked((1.0, 0.0), recent=[2], near=False), wanted=10)
+    assert len(await source.candidates(someone, np.empty(0, np.int64), ctx())) == 0
+
+
+async def test_the_features_stage_finds_what_is_near_the_latest_positives_once() -> None:
+    record = user_record()
+    store = FakeUserStore(dataclasses.replace(record, recent=np.array([0, 2, 9], np.int64)))
+    request = ctx()
+    user = (await UserFeatureHydrator(store, 0.02, decay=0.5).run(Query("u1", 3), request)).user
+    assert user.recent.tolist() == [0, 2]  # 9 is past this catalog's six items
+    assert user.nearby.items.tolist() == [3, 1, 4]
+    np.testing.assert_allclose(user.nearby.scores[:3], [0.8, 0.45, 0.4])
+    bare = dataclasses.replace(request.artifacts.catalog, neighbours=None)
+    request.artifacts = dataclasses.replace(request.artifacts, catalog=bare)
+    alone = (await UserFeatureHydrator(store, 0.02).run(Query("u1", 3), request)).user
+    assert alone.nearby is NOWHERE
 
 
 def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() -> None:
     positions = np.array([1, 3, 5], dtype=np.int64)
     user = np.array([0.0, 1.0], dtype=np.float32)
-    signals = prerank_signals(positions, user, np.array([2], np.int64), VECTORS, NEIGHBOURS, 0.9)
+    latest = np.array([2], np.int64)
+    near = NEIGHBOURS.around(latest, 0.9)
+    signals = prerank_signals(positions, user, latest, VECTORS, near, 0.9)
     assert SIGNALS == ("user", "similar", "recent")
     np.testing.assert_allclose(signals[:, 0], [0.2, 0.6, 1.0], atol=1e-3)
     np.testing.assert_allclose(signals[:, 1], [0.0, 0.8, 0.0], atol=1e-6)
     # Item 2's vector is (1, 0.4): item n scores 1 + 0.4 n / 5.
     np.testing.assert_allclose(signals[:, 2], [1.08, 1.24, 1.4], atol=2e-3)
-    alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NEIGHBOURS, 0.9)
+    alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NOWHERE, 0.9)
     assert (alone[:, 1:] == 0).all()
 
 
@@ -155,7 +173,12 @@ async def test_the_packer_fills_the_sequence_block_the_schema_declares() -> None
     packed = await RowPacker(0.9).run(Hydrated(user, items), request)
     block = packed.rows[:, schema.blocks["sequence"]]
     expected = prerank_signals(
-        np.array([3, 5], np.int64), user.user.blob[:2], user.user.recent, VECTORS, NEIGHBOURS, 0.9
+        np.array([3, 5], np.int64),
+        user.user.blob[:2],
+        user.user.recent,
+        VECTORS,
+        user.user.nearby,
+        0.9,
     )
     np.testing.assert_allclose(block, sequence_columns(schema, expected))
     assert block[0, 0] == pytest.approx(0.8)  # item 3 is item 2's closest neighbour

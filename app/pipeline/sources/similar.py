@@ -13,17 +13,12 @@ class SimilarSource:
     before did not find. A world without neighbours, or a user without positives, adds none:
     the ANN source already follows their vector."""
 
-    def __init__(self, count: int, decay: float) -> None:
+    def __init__(self, count: int) -> None:
         self._count = count
-        self._decay = decay
 
     async def candidates(
         self, recalling: Recalling, so_far: Positions, ctx: RequestContext
     ) -> Positions:
-        neighbours = ctx.artifacts.catalog.neighbours
-        recent = recalling.asked.user.recent
-        if neighbours is None or not self._count or not len(recent):
-            return recent[:0]
-        near, _ = neighbours.around(recent, self._decay)
+        near = recalling.asked.user.nearby.items
         fresh: Positions = near[~member_mask(near, so_far)][: self._count]
         return fresh

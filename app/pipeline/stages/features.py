@@ -15,6 +15,7 @@ from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import encode_context
 from app.pipeline.stages.types import Asked, Moment, Query, UserFeatures
+from app.release.neighbours import NOWHERE
 from app.release.schema import FeatureSchema
 
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
@@ -29,7 +30,9 @@ def _utc_now() -> datetime:
 
 
 class UserFeatureHydrator:
-    """Reads the user's blob and seen items in one round trip; falls back to defaults.
+    """Reads the user's blob, seen items and latest positives in one round trip; falls back
+    to defaults. The items near those positives (the world's neighbours, a more recent one
+    counting more by `decay`) are found here, once, for every later stage.
 
     A user without stored features is a cold start (defaults, not degraded); a store that
     cannot answer, or a blob that is malformed or holds NaN/Inf, gives the same defaults and
@@ -39,11 +42,16 @@ class UserFeatureHydrator:
     stage = Stage.FEATURES
 
     def __init__(
-        self, store: UserStore, timeout_s: float, clock: Callable[[], datetime] = _utc_now
+        self,
+        store: UserStore,
+        timeout_s: float,
+        clock: Callable[[], datetime] = _utc_now,
+        decay: float = 0.9,
     ) -> None:
         self._store = store
         self._timeout_s = timeout_s
         self._clock = clock
+        self._decay = decay
 
     def encode(self, schema: FeatureSchema, moment: Moment) -> npt.NDArray[np.float32]:
         now = self._clock()
@@ -63,9 +71,14 @@ class UserFeatureHydrator:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
             return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
         seen = record.seen
-        size = ctx.artifacts.catalog.size
-        recent = record.recent[record.recent < size]
-        known = seen < size
+        catalog = ctx.artifacts.catalog
+        recent = record.recent[record.recent < catalog.size]
+        nearby = (
+            catalog.neighbours.around(recent, self._decay)
+            if catalog.neighbours is not None
+            else NOWHERE
+        )
+        known = seen < catalog.size
         if not record.seen_whole or not known.all():
             seen = seen[known]
             ctx.degrade(
@@ -75,8 +88,8 @@ class UserFeatureHydrator:
             )
         if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()
-            return UserFeatures(default_blob, encoded, seen, cold_start=True, recent=recent)
+            return UserFeatures(default_blob, encoded, seen, True, recent, nearby)
         if record.blob is None or not np.isfinite(record.blob).all():
             ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
-            return UserFeatures(default_blob, encoded, seen, cold_start=False, recent=recent)
-        return UserFeatures(record.blob, encoded, seen, cold_start=False, recent=recent)
+            return UserFeatures(default_blob, encoded, seen, False, recent, nearby)
+        return UserFeatures(record.blob, encoded, seen, False, recent, nearby)

@@ -33,7 +33,7 @@ class RowPacker:
             user.blob[: schema.embedding_dim],
             user.recent,
             catalog.vectors,
-            catalog.neighbours,
+            user.nearby,
             self._decay,
         )
         return sequence_columns(schema, signals)

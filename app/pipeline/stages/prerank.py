@@ -40,7 +40,7 @@ class PreRanker:
             user.blob[: ctx.artifacts.schema.embedding_dim],
             user.recent,
             catalog.vectors,
-            catalog.neighbours,
+            user.nearby,
             self._decay,
         )
         kept = best(prerank_scores(signals, catalog.prerank), self._keep)

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Positions, Removal, Scores, Variant
+from app.release.neighbours import NOWHERE, Nearby
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
 
@@ -45,6 +46,7 @@ class UserFeatures:
     seen: Positions  # every item the user has seen, by catalog position
     cold_start: bool
     recent: Positions = field(default_factory=lambda: NOTHING)  # latest positives, oldest first
+    nearby: Nearby = NOWHERE  # the items near those, from the world's neighbours
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from app.pipeline.packing import encode_context, pack_rows
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
 from app.pipeline.sources.popular import merge_popular
 from app.release.catalog import set_search_breadth
-from app.release.neighbours import Neighbours
+from app.release.neighbours import Nearby, Neighbours
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 from recsys_tools.world.index import build_index
@@ -39,6 +39,7 @@ from recsys_tools.world.prerank_fit import (
     SIMILAR,
     Recent,
     latest_positives,
+    nearby,
     service_pool,
 )
 from recsys_tools.world.train import utc_hour_weekday
@@ -182,6 +183,7 @@ class _Query:
     relevant: IntArray
     context: FloatArray
     recent: IntArray  # the latest positives, oldest first, as the service reads them
+    near: Nearby  # the items near those, as the service's features stage finds them
     liked: IntArray  # every positive before the holdout, for the item-to-item baseline
 
 
@@ -220,7 +222,7 @@ class _Evaluator:
         """The service's pool: recalled, similar and popular candidates, minus seen,
         backfilled."""
         k = min(CANDIDATES, len(self.popular))
-        recalled = service_pool(found[:k], q.recent, self.model.neighbours, q.seen[:0])
+        recalled = service_pool(found[:k], q.near, q.seen[:0])
         extra = min(POPULAR_CANDIDATES + max(0, k - len(recalled)), len(self.popular))
         merged = merge_popular(recalled, self.popular, extra)
         kept = merged[~np.isin(merged, q.seen)]
@@ -237,7 +239,7 @@ class _Evaluator:
             self.model.user_blobs[q.user, : self.schema.embedding_dim],
             q.recent,
             self.vectors,
-            self.model.neighbours,
+            q.near,
             DECAY,
         )
         return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
@@ -290,8 +292,7 @@ class _Evaluator:
         """The item-to-item baseline: neighbours of everything the user liked, summed."""
         if self.model.neighbours is None or not len(q.liked):
             return self.popular[:0]
-        near, _ = self.model.neighbours.around(q.liked, 1.0)
-        top: IntArray = _unseen(near, q.seen, K)
+        top: IntArray = _unseen(self.model.neighbours.around(q.liked, 1.0).items, q.seen, K)
         if len(top) < K:  # too few neighbours: popular items make up the list
             spare = self.popular[~np.isin(self.popular, top) & ~np.isin(self.popular, q.seen)]
             top = np.concatenate([top, spare[: K - len(top)]])
@@ -304,7 +305,11 @@ def _liked_lists(train: InteractionLog) -> Recent:
 
 
 def _queries(
-    holdout: Holdout, train: InteractionLog, schema: FeatureSchema, seed: int
+    holdout: Holdout,
+    train: InteractionLog,
+    schema: FeatureSchema,
+    neighbours: Neighbours | None,
+    seed: int,
 ) -> Iterator[list[_Query]]:
     """The evaluated users (a seeded sample of MAX_USERS at most), in batches."""
     chosen = np.arange(len(holdout.users))
@@ -327,6 +332,7 @@ def _queries(
                 relevant=holdout.items[holdout.offsets[k] : holdout.offsets[k + 1]],
                 context=encode_context(schema, device, page, locale, hour, weekday),
                 recent=recent.of(user),
+                near=nearby(neighbours, recent.of(user)),
                 liked=liked.of(user),
             )
         )
@@ -354,7 +360,7 @@ def evaluate(
     evaluator = _Evaluator(model, schema, index_factory)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
     shares: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for queries in _queries(holdout, train, schema, seed):
+    for queries in _queries(holdout, train, schema, model.neighbours, seed):
         for q, cascade in zip(queries, evaluator.cascades(queries), strict=True):
             figures["recall"].append(_scores(cascade.recall, q.relevant))
             figures["prerank"].append(_scores(cascade.kept[:K], q.relevant))

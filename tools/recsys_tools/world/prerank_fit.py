@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from app.core.settings import Settings
 from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
-from app.release.neighbours import Neighbours
+from app.release.neighbours import NOWHERE, Nearby, Neighbours
 from app.release.prerank import PrerankWeights
 from recsys_tools.world.logs import IntArray, InteractionLog
 
@@ -55,18 +55,18 @@ def latest_positives(part: InteractionLog, count: int = RECENT) -> Recent:
     return Recent(offsets.astype(np.int64), part.item[rows].astype(np.int64))
 
 
+def nearby(neighbours: Neighbours | None, recent: IntArray) -> Nearby:
+    """What the service's features stage finds near the user's latest positives."""
+    return neighbours.around(recent, DECAY) if neighbours is not None else NOWHERE
+
+
 def service_pool(
-    nearest: IntArray,
-    recent: IntArray,
-    neighbours: Neighbours | None,
-    seen: IntArray,
-    similar: int = SIMILAR,
+    nearest: IntArray, near: Nearby, seen: IntArray, similar: int = SIMILAR
 ) -> IntArray:
-    """The nearest items, then the neighbours of the recent ones they lack, minus `seen`."""
+    """The nearest items, then the items near the recent ones they lack, minus `seen`."""
     pool = nearest[nearest >= 0]
-    if neighbours is not None and len(recent) and similar:
-        near, _ = neighbours.around(recent, DECAY)
-        pool = np.concatenate([pool, near[~np.isin(near, pool)][:similar]])
+    if len(near.items) and similar:
+        pool = np.concatenate([pool, near.items[~np.isin(near.items, pool)][:similar]])
     kept: IntArray = pool[~np.isin(pool, seen)]
     return kept
 
@@ -116,15 +116,14 @@ def user_pools(
         top = np.argpartition(-scores, depth - 1)[:depth]
         nearest = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
         low, high = np.searchsorted(seen, [user * n_items, (user + 1) * n_items])
-        pool = service_pool(nearest, recent.of(user), neighbours, seen[low:high] - user * n_items)
+        near = nearby(neighbours, recent.of(user))
+        pool = service_pool(nearest, near, seen[low:high] - user * n_items)
         mine = np.isin(user * n_items + pool, liked)
         if mine.any():
             kept_users.append(user)
             pools.append(pool)
             signals.append(
-                prerank_signals(
-                    pool, user_vectors[user], recent.of(user), vectors, neighbours, DECAY
-                )
+                prerank_signals(pool, user_vectors[user], recent.of(user), vectors, near, DECAY)
             )
             labels.append(mine)
     return Pools(np.asarray(kept_users, dtype=np.int64), pools, signals, labels)
@@ -209,7 +208,8 @@ def example_signals(
         if not len(rows):
             continue
         user = int(users[rows[0]])
+        latest = recent.of(user)
         out[rows] = prerank_signals(
-            items[rows], user_vectors[user], recent.of(user), vectors, neighbours, DECAY
+            items[rows], user_vectors[user], latest, vectors, nearby(neighbours, latest), DECAY
         )
     return out

@@ -20,8 +20,6 @@ On disk a world directory holds:
 from __future__ import annotations
 
 import contextlib
-import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from app.core.errors import ConfigError
 from app.release.neighbours import Neighbours, load_neighbours
 from app.release.prerank import PrerankWeights, load_prerank
 from app.release.schema import FeatureSchema
+from app.release.stored import reading
 
 ITEMS_FILE = "items.npz"
 USERS_FILE = "users.npz"
@@ -95,18 +94,9 @@ def read_index(path: Path, mmap: bool) -> Any:
         raise ConfigError(f"{path} is not a FAISS index faiss can read: {exc}") from exc
 
 
-@contextlib.contextmanager
-def _reading(path: Path) -> Iterator[None]:
-    """numpy's many ways of failing on a damaged file, as one ConfigError naming it."""
-    try:
-        yield
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
-
-
 def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = False) -> Catalog:
     items_path = _require(world, ITEMS_FILE)
-    with _reading(items_path), np.load(items_path) as items:
+    with reading(items_path), np.load(items_path) as items:
         item_ids = items["ids"].astype(np.str_)
         categories = items["categories"].astype(np.int64)
         published_at = items["published_at"].astype(np.int64)
@@ -114,7 +104,7 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
         vectors = np.ascontiguousarray(items["embeddings"], dtype=np.float32)
     index = read_index(_require(world, INDEX_FILE), mmap)
     default_path = _require(world, DEFAULT_USER_FILE)
-    with _reading(default_path):
+    with reading(default_path):
         default_user = np.load(default_path).astype(np.float32)
     if index.ntotal != len(item_ids):
         raise ConfigError(f"index holds {index.ntotal} vectors but the catalog {len(item_ids)}")

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
+from app.release.stored import reading
 
 FOLDIN_FILE = "foldin.npz"
 
@@ -60,19 +61,16 @@ def load_foldin(world: Path, n_items: int) -> FoldInParams | None:
     path = world / FOLDIN_FILE
     if not path.is_file():
         return None
-    try:
-        with np.load(path) as stored:
-            params = FoldInParams(
-                weighting=Weighting(str(stored["weighting"])),
-                regularization=float(stored["regularization"]),
-                idf=stored["idf"].astype(np.float32),
-                average_length=float(stored["average_length"]),
-                k1=float(stored["k1"]),
-                b=float(stored["b"]),
-                max_user_positives=int(stored["max_user_positives"]),
-            )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    with reading(path), np.load(path) as stored:
+        params = FoldInParams(
+            weighting=Weighting(str(stored["weighting"])),
+            regularization=float(stored["regularization"]),
+            idf=stored["idf"].astype(np.float32),
+            average_length=float(stored["average_length"]),
+            k1=float(stored["k1"]),
+            b=float(stored["b"]),
+            max_user_positives=int(stored["max_user_positives"]),
+        )
     if params.weighting is Weighting.BM25 and len(params.idf) != n_items:
         raise ConfigError(f"{path} has {len(params.idf)} idf values for {n_items} items")
     return params

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
+from app.release.stored import reading
 
 NEIGHBOURS_FILE = "neighbours.npz"
 
@@ -71,12 +72,9 @@ def load_neighbours(world: Path, n_items: int) -> Neighbours | None:
     path = world / NEIGHBOURS_FILE
     if not path.is_file():
         return None
-    try:
-        with np.load(path) as stored:
-            positions = stored["positions"].astype(np.int32)
-            similarity = stored["similarity"].astype(np.float32)
-    except (OSError, ValueError, KeyError, EOFError) as exc:
-        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    with reading(path), np.load(path) as stored:
+        positions = stored["positions"].astype(np.int32)
+        similarity = stored["similarity"].astype(np.float32)
     if positions.ndim != 2 or positions.shape != similarity.shape or len(positions) != n_items:
         raise ConfigError(
             f"{path} holds {positions.shape} neighbours for a catalog of {n_items} items"

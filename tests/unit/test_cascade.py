@@ -199,6 +199,10 @@ def test_a_damaged_neighbours_or_weights_file_is_refused(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="catalog of 7"):
         load_neighbours(tmp_path, 7)
     assert load_neighbours(tmp_path / "none", 6) is None
+    whole = (tmp_path / "neighbours.npz").read_bytes()
+    (tmp_path / "neighbours.npz").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_neighbours(tmp_path, 6)
     assert load_prerank(tmp_path) == PrerankWeights()
     (tmp_path / PRERANK_FILE).write_text(json.dumps({"user": 1, "similar": "nan", "recent": 0}))
     with pytest.raises(ConfigError, match="NaN"):

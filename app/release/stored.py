@@ -1,0 +1,19 @@
+"""Reading the world's numpy files: numpy's many ways of failing on a damaged file (a
+truncated zip, a missing array, a wrong shape) become one ConfigError naming the file."""
+
+from __future__ import annotations
+
+import contextlib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from app.core.errors import ConfigError
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc

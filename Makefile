@@ -4,15 +4,19 @@ VENV := .venv
 TRITON_ENV := .venv-triton
 # Every install is hashed from a lock (make lock refreshes them): nothing resolved afresh.
 LOCK := --generate-hashes --python-version 3.11 --quiet
+# PyTorch's CPU wheels (training only; PyPI's default torch is the multi-GB CUDA build).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: setup lock demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
 # The server (recsys-serving) and the operator's tools (tools/, recsys-tools), both editable.
-$(VENV)/.installed: pyproject.toml tools/pyproject.toml requirements/dev.lock
+$(VENV)/.installed: pyproject.toml tools/pyproject.toml requirements/dev.lock requirements/torch.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r requirements/dev.lock
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --retries 1 \
+	  --extra-index-url $(TORCH_INDEX) -r requirements/torch.lock
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . -e ./tools
 	touch $@
 
@@ -26,8 +30,11 @@ $(TRITON_ENV)/.installed: model_repository/requirements-local.lock model_reposit
 # The one command that refreshes every lock (newest releases the .in files and pyproject.toml
 # allow, each with its hashes); commit what it writes, after `make test` passes on it.
 lock: $(VENV)/.installed
-	$(VENV)/bin/uv pip compile $(LOCK) requirements/dev.in -o requirements/dev.lock \
-	  --no-emit-package recsys-serving --no-emit-package recsys-tools
+	$(VENV)/bin/uv pip compile $(LOCK) --torch-backend cpu requirements/dev.in \
+	  -o requirements/dev.lock \
+	  --no-emit-package recsys-serving --no-emit-package recsys-tools --no-emit-package torch
+	$(VENV)/bin/uv pip compile $(LOCK) --torch-backend cpu --no-deps requirements/torch.in \
+	  -o requirements/torch.lock
 	$(VENV)/bin/uv pip compile $(LOCK) requirements/serve.in -o requirements/serve.lock \
 	  --no-emit-package recsys-serving
 	$(VENV)/bin/uv pip compile $(LOCK) model_repository/requirements-local.in \

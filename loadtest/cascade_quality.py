@@ -1,10 +1,11 @@
 """What each stage of the cascade buys, on generated logs: `build-world`'s evaluation per stage.
 
-`python -m loadtest.cascade_quality [--seeds 3] [--out docs/benchmarks.json]` generates two
-logs for each seed, builds a world from each as `recsys build-world` does, and reports each
-stage's figures (the share of held-out items still in its pool, recall@10 and NDCG@10 of
-the list it would serve) beside the item-to-item and popularity baselines, with the median
-over seeds of the ratio the target is set in: recall + pre-rank + rank against recall alone.
+`python -m loadtest.cascade_quality [--seeds 3] [--networks dcn,mlp] [--out FILE]` generates
+two logs for each seed, builds a world from each as `recsys build-world` does (once per
+ranking network, on the same log), and reports each stage's figures (the share of held-out
+items still in its pool, recall@10 and NDCG@10 of the list it would serve) beside the
+item-to-item and popularity baselines, each head's AUC, and the median over seeds of the
+ratio the target is set in: recall + pre-rank + rank against recall alone.
 
 - sessions (recsys_tools.world.sessions): users rate items in sessions of one theme; what
   they rate next is told by what they rated last;
@@ -34,8 +35,8 @@ from loadtest.record import record
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
 
-def _figures(log: Path, world: Path, seed: int) -> dict[str, Any]:
-    recipe = WorldRecipe(interactions=log, columns=COLUMNS, seed=seed)
+def _figures(log: Path, world: Path, seed: int, network: str) -> dict[str, Any]:
+    recipe = WorldRecipe(interactions=log, columns=COLUMNS, seed=seed, network=network)
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     evaluation = report["evaluation"]
     stages = evaluation["stages"]
@@ -47,34 +48,47 @@ def _figures(log: Path, world: Path, seed: int) -> dict[str, Any]:
         "rank_over_item_knn_ndcg": round(
             stages["rank"]["ndcg@10"] / evaluation["methods"]["item_knn"]["ndcg@10"], 3
         ),
+        "network": report["ranker"]["network"],
         "prerank": report["ranker"]["prerank"],
         "blend": report["ranker"]["blend"],
         "build_seconds": report["seconds"]["total"],
     }
 
 
-def measure(folder: Path, seeds: list[int]) -> dict[str, Any]:
-    logs: dict[str, list[dict[str, Any]]] = {"sessions": [], "drift": []}
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "median_rank_ndcg": statistics.median(run["stages"]["rank"]["ndcg@10"] for run in runs),
+        "median_rank_over_recall_ndcg": statistics.median(
+            run["rank_over_recall_ndcg"] for run in runs
+        ),
+        "median_rank_over_item_knn_ndcg": statistics.median(
+            run["rank_over_item_knn_ndcg"] for run in runs
+        ),
+        "runs": runs,
+    }
+
+
+def measure(folder: Path, seeds: list[int], networks: list[str]) -> dict[str, Any]:
+    logs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {network: [] for network in networks} for name in ("sessions", "drift")
+    }
     for seed in seeds:
         here = folder / f"seed{seed}"
         sessions = write_session_log(here / "sessions.csv", seed=seed)
-        logs["sessions"].append(_figures(sessions, here / "sessions-world", seed))
         drift = write_drift_log(here / "drift", seed=seed)
-        logs["drift"].append(_figures(drift.history, here / "drift-world", seed))
+        for network in networks:
+            logs["sessions"][network].append(
+                _figures(sessions, here / f"sessions-{network}", seed, network)
+            )
+            logs["drift"][network].append(
+                _figures(drift.history, here / f"drift-{network}", seed, network)
+            )
     return {
         "command": "python -m loadtest.cascade_quality",
         "seeds": seeds,
         **{
-            name: {
-                "median_rank_over_recall_ndcg": statistics.median(
-                    run["rank_over_recall_ndcg"] for run in runs
-                ),
-                "median_rank_over_item_knn_ndcg": statistics.median(
-                    run["rank_over_item_knn_ndcg"] for run in runs
-                ),
-                "runs": runs,
-            }
-            for name, runs in logs.items()
+            name: {network: _summary(runs) for network, runs in by_network.items()}
+            for name, by_network in logs.items()
         },
     }
 
@@ -83,10 +97,13 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--networks", default="dcn,mlp", help="the ranking networks to build, side by side"
+    )
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        figures = measure(Path(folder), list(range(3, 3 + args.seeds)))
+        figures = measure(Path(folder), list(range(3, 3 + args.seeds)), args.networks.split(","))
     print(json.dumps({k: v for k, v in figures.items()}, indent=2))
     if args.out is not None:
         record(args.out, "cascade", figures)

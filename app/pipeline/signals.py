@@ -12,7 +12,10 @@ from app.release.neighbours import Nearby
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 
-SIGNALS = ("user", "similar", "recent")
+SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean")
+# Pre-rank weighs the first three; the last two (the candidate's best and mean similarity to
+# the latest positives, unweighted) are for the ranking model's sequence block only.
+WEIGHED = 3
 
 
 def prerank_signals(
@@ -39,9 +42,13 @@ def prerank_signals(
         np.minimum(at, len(near) - 1, out=at)
         hit = near[order[at]] == positions
         signals[hit, 1] = score[order[at[hit]]]
+    latest = vectors[recent]
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
-    taste = (weights @ vectors[recent]) / weights.sum()
+    taste = (weights @ latest) / weights.sum()
     signals[:, 2] = candidate @ taste
+    each = candidate @ latest.T  # [candidates, latest positives]
+    signals[:, 3] = each.max(axis=1)
+    signals[:, 4] = each.mean(axis=1)
     return signals
 
 
@@ -57,7 +64,7 @@ def prerank_scores(
     signals: npt.NDArray[np.float32], weights: PrerankWeights
 ) -> npt.NDArray[np.float32]:
     vector = np.array([weights.user, weights.similar, weights.recent], dtype=np.float32)
-    scores: npt.NDArray[np.float32] = signals @ vector
+    scores: npt.NDArray[np.float32] = signals[:, :WEIGHED] @ vector
     return scores
 
 

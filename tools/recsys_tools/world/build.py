@@ -83,7 +83,7 @@ def write_catalog(
 
 def build_demo_world(
     world: Path, schema: FeatureSchema, size: DemoSize, index_factory: str = "auto", seed: int = 7
-) -> dict[str, float | int]:
+) -> dict[str, object]:
     """Generate, train and write a synthetic world; returns the training report."""
     started = time.perf_counter()
     generated = generate_world(schema, size.items, size.users, size.impressions, seed)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
+from recsys_tools.world.ranker_net import NETWORKS
 
 if TYPE_CHECKING:
     from recsys_tools.world.logs import LogColumns
@@ -46,6 +47,7 @@ def _build_world(args: argparse.Namespace) -> None:
         keep_holdout=args.keep_holdout,
         seed=args.seed,
         index_factory=args.index_factory,
+        network=args.network,
     )
     report = build_world_from_log(recipe, args.world, schema)
     print(_evaluation_table(report))
@@ -262,6 +264,13 @@ def _add_build_world(
         "--keep-holdout",
         action="store_true",
         help="serve the world trained without each user's latest 20%% (as evaluated)",
+    )
+    built.add_argument(
+        "--network",
+        choices=sorted(NETWORKS),
+        default="auto",
+        help="the ranker: cross layers and a deep tower (dcn), the tower alone (mlp), or "
+        "both trained and the one with the lower validation loss kept (auto, the default)",
     )
     built.add_argument("--seed", type=int, default=7)
     built.set_defaults(run=_build_world)

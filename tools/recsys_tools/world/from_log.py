@@ -78,6 +78,7 @@ from recsys_tools.world.train import (
     example_rows,
     export_onnx,
     fit_ranker,
+    head_aucs,
     sample_examples,
 )
 
@@ -104,6 +105,7 @@ class WorldRecipe:
     negatives: int = 4
     seed: int = 7
     index_factory: str = "auto"
+    network: str = "auto"  # a key of ranker_net.NETWORKS
 
 
 @dataclass(slots=True)
@@ -132,6 +134,8 @@ class _Ranker:
     # The blending users' examples: the MLP never learns from them.
     holdout_rows: FloatArray
     holdout_labels: npt.NDArray[np.int8]
+    # The network's shape, cost and each head's AUC on the blending users' examples.
+    network: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +206,14 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
     rows = example_rows(
         schema, user_blobs, item_blobs, examples, rng, sequence(examples.users, examples.items)
     )
-    model = fit_ranker(rows[learning], examples.labels[learning], recipe.seed)
+    rated = examples.liked
+    model = fit_ranker(
+        rows[learning],
+        examples.labels[learning],
+        recipe.seed,
+        None if rated is None else rated[learning],
+        recipe.network,
+    )
     liked = targets & part.positive
     liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
     # Pre-rank and the blend learn on the blending users' pools, as the service builds them.
@@ -229,6 +240,21 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
         prerank,
         holdout_rows=rows[~learning],
         holdout_labels=examples.labels[~learning],
+        network={
+            "kind": model.shape.kind,
+            "cross_layers": model.shape.cross_layers,
+            "deep": list(model.shape.deep),
+            "like_weight": model.shape.like_weight,
+            "flops_per_row": model.flops_per_row,
+            "epochs": model.epochs_run,
+            "validation_loss": model.considered or {model.shape.kind: model.validation_loss},
+            "auc_heads": head_aucs(
+                model,
+                rows[~learning],
+                examples.labels[~learning],
+                None if rated is None else rated[~learning],
+            ),
+        },
     )
 
 
@@ -244,7 +270,9 @@ def _choose_blend(
     """Of the blend fitted on half the listed users, pre-rank's own weights and recall's
     order (the MLP left out of both), the one that orders the other half's lists best: the
     MLP earns its place only where it helps on users the blend did not see."""
-    plain = prerank_blend(prerank.user, tuple(getattr(prerank, name) for name in schema.sequence))
+    # Pre-rank weighs three signals; the sequence block's others get no weight of its own.
+    weighed = tuple(getattr(prerank, name, 0.0) for name in schema.sequence)
+    plain = prerank_blend(prerank.user, weighed)
     fitting = users % 2 == 0
     if not labels[fitting].any() or labels[fitting].all() or not labels[~fitting].any():
         return plain
@@ -473,6 +501,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
             "rows": learnt.ranker.rows,
             "positives": learnt.ranker.positives,
             "negatives_per_positive": recipe.negatives,
+            "network": learnt.ranker.network,
             "blend": learnt.ranker.blend.as_dict(),
             "prerank": dataclasses.asdict(learnt.ranker.prerank),
         },

@@ -25,12 +25,14 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class Interactions:
-    """Impressions with their click labels and the context each was shown in."""
+    """Impressions with their click labels and the context each was shown in; `liked`,
+    among the clicks, the ones the user went on to like."""
 
     users: IntArray
     items: IntArray
     contexts: FloatArray
     clicked: npt.NDArray[np.int8]
+    liked: npt.NDArray[np.int8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,15 @@ def _weights(n: int) -> npt.NDArray[np.float64]:
     return normalised
 
 
+def like_logit(taste: FloatArray, quality: FloatArray, log_price: FloatArray) -> FloatArray:
+    """Whether a click turns into a like: taste and quality count, popularity and the
+    device do not, and a dear item has to be better to be liked (a second objective that
+    is not the first one again)."""
+    logit = 6.0 * taste + 2.5 * quality - 0.5 * log_price - 0.5
+    as_float32: FloatArray = logit.astype(np.float32)
+    return as_float32
+
+
 def click_logit(
     taste: FloatArray,
     quality: FloatArray,
@@ -185,7 +196,11 @@ def _impressions(
         np.log(price[item_idx]),
     )
     clicked = (rng.random(n_impressions) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
-    return Interactions(user_idx, item_idx.astype(np.int64), contexts, clicked)
+    liking = like_logit(taste, quality[item_idx], np.log(price[item_idx]))
+    liked = clicked * (rng.random(n_impressions) < 1.0 / (1.0 + np.exp(-liking)))
+    return Interactions(
+        user_idx, item_idx.astype(np.int64), contexts, clicked, liked.astype(np.int8)
+    )
 
 
 def _seen_lists(users: UserTable, items: ItemTable, interactions: Interactions) -> SeenLists:

@@ -1,16 +1,15 @@
 """Train the ranking MLP and export it to ONNX.
 
 It learns from a synthetic world's impressions, or from a log's positives against sampled
-negatives. scikit-learn trains, skl2onnx exports; neither is needed to serve. The training
+negatives. The network and its export are ranker_net.py (PyTorch trains; serving needs
+neither). The training
 rows come from the same pack_rows (and encode_context) the service uses, so the model sees
 exactly what it will be sent.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +17,7 @@ import numpy.typing as npt
 from app.pipeline.packing import encode_context, pack_rows
 from app.release.schema import FeatureSchema
 from recsys_tools.world.logs import InteractionLog
+from recsys_tools.world.ranker_net import HEADS, NETWORKS, RankerNet, export_net, fit_best
 from recsys_tools.world.synth import World
 
 FloatArray = npt.NDArray[np.float32]
@@ -27,8 +27,6 @@ HOURS, WEEKDAYS = 24, 7
 EPOCH_WEEKDAY = 3
 # Collisions with a user's own positives are redrawn this often, then dropped.
 RESAMPLE_ROUNDS = 8
-# The share of training rows the MLP keeps back to decide when to stop.
-VALIDATION = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +37,10 @@ class TrainingReport:
     auc_model: float
     auc_popularity: float
     auc_similarity: float
+    auc_heads: dict[str, float | None]
+    like_rate: float
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
@@ -67,43 +67,43 @@ def auc(labels: npt.NDArray[np.int8], scores: npt.NDArray[np.floating]) -> float
     return float(roc_auc_score(labels, scores))
 
 
-class Classifier(Protocol):
-    """What the ranker needs of a fitted model: click probabilities per row."""
+def fit_ranker(
+    rows: FloatArray,
+    labels: npt.NDArray[np.int8],
+    seed: int = 7,
+    liked: npt.NDArray[np.int8] | None = None,
+    network: str = "auto",
+) -> RankerNet:
+    """Fit the ranking network (a key of NETWORKS) on packed rows; export it with
+    export_onnx."""
+    return fit_best(rows, labels, liked, NETWORKS[network], seed)
 
-    def predict_proba(self, rows: FloatArray) -> npt.NDArray[np.float64]: ...
 
-
-def fit_ranker(rows: FloatArray, labels: npt.NDArray[np.int8], seed: int = 7) -> Classifier:
-    """Fit the ranking MLP (standardised inputs) on packed rows; export it with export_onnx."""
-    from sklearn.neural_network import MLPClassifier
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    pipeline = make_pipeline(
-        StandardScaler(),
-        MLPClassifier(
-            hidden_layer_sizes=(64, 32),
-            # Early stopping keeps 10% back; a batch beyond the rest is clipped, with a warning.
-            batch_size=min(512, len(rows) - math.ceil(VALIDATION * len(rows))),
-            learning_rate_init=2e-3,
-            max_iter=40,
-            early_stopping=True,
-            validation_fraction=VALIDATION,
-            n_iter_no_change=4,
-            random_state=seed,
-        ),
-    )
-    pipeline.fit(rows, labels)
-    fitted: Classifier = pipeline
-    return fitted
+def head_aucs(
+    net: RankerNet,
+    rows: FloatArray,
+    labels: npt.NDArray[np.int8],
+    liked: npt.NDArray[np.int8] | None,
+) -> dict[str, float | None]:
+    """Each head's AUC on its own label: interact on every row, like among the positives
+    (None where a label has one class only)."""
+    heads = net.head_probabilities(rows)
+    answer: dict[str, float | None] = {name: None for name in HEADS}
+    if 0 < labels.sum() < len(labels):
+        answer["interact"] = round(auc(labels, heads[:, 0]), 4)
+    if liked is not None:
+        positive = labels == 1
+        if 0 < liked[positive].sum() < positive.sum():
+            answer["like"] = round(auc(liked[positive], heads[positive, 1]), 4)
+    return answer
 
 
 def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedRanker:
     rows = training_rows(world, schema)
-    labels = world.interactions.clicked
+    labels, liked = world.interactions.clicked, world.interactions.liked
     rng = np.random.default_rng(seed)
     test = rng.random(len(labels)) < 0.2
-    model = fit_ranker(rows[~test], labels[~test], seed)
+    model = fit_ranker(rows[~test], labels[~test], seed, liked[~test])
     product = schema.blocks["user_item_product"]
     report = TrainingReport(
         train_rows=int((~test).sum()),
@@ -112,50 +112,15 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
         auc_model=auc(labels[test], model.predict_proba(rows[test])[:, 1]),
         auc_popularity=auc(labels[test], world.items.popularity[world.interactions.items[test]]),
         auc_similarity=auc(labels[test], rows[test][:, product].sum(axis=1)),
+        auc_heads=head_aucs(model, rows[test], labels[test], liked[test]),
+        like_rate=float(liked[labels == 1].mean()) if labels.any() else 0.0,
     )
     return TrainedRanker(export_onnx(model, schema), report)
 
 
-def export_onnx(model: object, schema: FeatureSchema) -> bytes:
-    """Export with the schema's input name and a single [n, 1] click-probability output."""
-    import onnx
-    from onnx import helper, numpy_helper
-    from skl2onnx import to_onnx
-    from skl2onnx.common.data_types import FloatTensorType
-
-    converted = to_onnx(
-        model,
-        initial_types=[(schema.input_name, FloatTensorType([None, schema.width]))],
-        options={"zipmap": False},
-        target_opset={"": 17, "ai.onnx.ml": 3},
-    )
-    graph = converted.graph
-    probabilities = next(out.name for out in graph.output if out.name != "label")
-    # Column 1 of the class probabilities is P(click); slice it out as [n, 1].
-    graph.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([1], dtype=np.int64), "score_start"),
-            numpy_helper.from_array(np.array([2], dtype=np.int64), "score_end"),
-            numpy_helper.from_array(np.array([1], dtype=np.int64), "score_axis"),
-        ]
-    )
-    graph.node.append(
-        helper.make_node(
-            "Slice",
-            [probabilities, "score_start", "score_end", "score_axis"],
-            [schema.output_name],
-            name="click_probability",
-        )
-    )
-    graph.output.append(
-        helper.make_tensor_value_info(schema.output_name, onnx.TensorProto.FLOAT, [None, 1])
-    )
-    pruned = onnx.utils.Extractor(converted).extract_model(
-        [schema.input_name], [schema.output_name]
-    )
-    pruned.ir_version = min(pruned.ir_version, 8)  # loadable by older GPU Triton releases
-    onnx.checker.check_model(pruned)
-    return bytes(pruned.SerializeToString())
+def export_onnx(model: RankerNet, schema: FeatureSchema) -> bytes:
+    """Export with the schema's input name and a single [n, 1] combined-score output."""
+    return export_net(model, schema.input_name, schema.output_name, schema.width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +131,9 @@ class Examples:
     items: IntArray
     times: IntArray
     labels: npt.NDArray[np.int8]
+    # Which positives the user rated highly (like_threshold); 0 for negatives; None for a
+    # log whose weights cannot tell.
+    liked: npt.NDArray[np.int8] | None = None
 
 
 def _among(owned: IntArray, keys: IntArray) -> npt.NDArray[np.bool_]:
@@ -220,12 +188,32 @@ def sample_examples(
         parts_times.append(times[fine])
     labels = np.zeros(sum(len(part) for part in parts_users), dtype=np.int8)
     labels[: len(users)] = 1
+    liked = None
+    threshold = like_threshold(log)
+    if threshold is not None and log.weight is not None:
+        liked = np.zeros_like(labels)
+        liked[: len(users)] = log.weight[chosen] >= threshold
     return Examples(
         np.concatenate(parts_users),
         np.concatenate(parts_items),
         np.concatenate(parts_times),
         labels,
+        liked,
     )
+
+
+def like_threshold(log: InteractionLog) -> float | None:
+    """The weight from which a positive counts as liked: the positives' median, or just
+    above their lowest weight where the median is it; None where all positives weigh the
+    same (a log of clicks), which leaves the like head out."""
+    if log.weight is None or not log.positive.any():
+        return None
+    weights = log.weight[log.positive]
+    lowest, median = float(weights.min()), float(np.median(weights))
+    if median > lowest:
+        return median
+    above = weights[weights > lowest]
+    return float(above.min()) if len(above) else None
 
 
 def utc_hour_weekday(times: IntArray) -> tuple[IntArray, IntArray]:

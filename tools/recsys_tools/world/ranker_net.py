@@ -1,0 +1,318 @@
+"""The ranking network: cross layers over the packed row, a deep tower, two heads.
+
+    x0 = (row - mean) / scale
+    x_{l+1} = x0 * (x_l W_l + b_l) + x_l          (DCN-v2 cross layers, full rank)
+    h = relu(... relu(x_L A_1 + c_1) ...)          (the deep tower, on the cross output)
+    p_interact = sigmoid(h u + d),  p_like = sigmoid(h v + e)
+    score = p_interact * ((1 - w) + w * p_like)
+
+The interact head learns a positive against sampled negatives; the like head learns, on
+positives only, which of them the user rated highly (or, in a generated world, liked), so
+its probability reads as P(like | interaction). The score is the expected value of showing
+the item when a like is worth 1 and a plain interaction 1 - w.
+
+The cross layers let the sequence block (how near the candidate is to what the user just
+did) multiply the rest of the row, the interaction a plain MLP has to approximate. Both are
+kept here as shapes of one network (cross_layers 0 is the plain MLP) so the build can
+measure one against the other on the same rows.
+
+PyTorch trains; the export writes the ONNX graph from the learnt weights directly (MatMul,
+Add, Mul, Relu, Sigmoid), the few operators every Triton backend and TensorRT run, with no
+exporter between the weights and the served file. Serving never imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+Labels = npt.NDArray[np.int8]
+# The share of training rows kept back to decide when to stop.
+VALIDATION = 0.1
+# What a like is worth against a plain interaction in the combined score.
+LIKE_WEIGHT = 0.5
+# The heads' names, in the order of the network's two logits.
+HEADS = ("interact", "like")
+
+
+@dataclass(frozen=True, slots=True)
+class NetShape:
+    cross_layers: int = 2
+    deep: tuple[int, ...] = (64, 32)
+    like_weight: float = LIKE_WEIGHT
+    epochs: int = 30
+    patience: int = 3
+    batch: int = 512
+    learning_rate: float = 2e-3
+    weight_decay: float = 1e-5
+
+    @property
+    def kind(self) -> str:
+        return "dcn" if self.cross_layers else "mlp"
+
+
+DCN = NetShape()
+MLP = NetShape(cross_layers=0)
+# "auto" trains each and keeps the one with the lowest validation loss (fit_best).
+NETWORKS = {"dcn": (DCN,), "mlp": (MLP,), "auto": (MLP, DCN)}
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    weight: FloatArray  # [inputs, outputs]
+    bias: FloatArray  # [outputs]
+
+
+@dataclass(frozen=True, slots=True)
+class RankerNet:
+    """The learnt weights, in numpy: what the export writes and what scores rows offline."""
+
+    shape: NetShape
+    mean: FloatArray
+    scale: FloatArray
+    cross: tuple[Layer, ...]
+    deep: tuple[Layer, ...]
+    heads: Layer  # [hidden, 2]: the interact and like logits
+    epochs_run: int = 0
+    validation_loss: float = math.inf
+    # Each shape trained on the same rows (its kind: validation loss), where fit_best chose.
+    considered: dict[str, float] = field(default_factory=dict)
+
+    def head_probabilities(self, rows: FloatArray) -> npt.NDArray[np.float64]:
+        """[n, 2]: P(interact) and P(like | interaction) for each row."""
+        x0 = (rows.astype(np.float64) - self.mean) / self.scale
+        x = x0
+        for layer in self.cross:
+            x = x0 * (x @ layer.weight + layer.bias) + x
+        for layer in self.deep:
+            x = np.maximum(x @ layer.weight + layer.bias, 0.0)
+        logits = x @ self.heads.weight + self.heads.bias
+        probabilities: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-logits))
+        return probabilities
+
+    def scores(self, rows: FloatArray) -> npt.NDArray[np.float64]:
+        """The combined score the exported graph serves."""
+        heads = self.head_probabilities(rows)
+        w = self.shape.like_weight
+        combined: npt.NDArray[np.float64] = heads[:, 0] * ((1 - w) + w * heads[:, 1])
+        return combined
+
+    def predict_proba(self, rows: FloatArray) -> npt.NDArray[np.float64]:
+        """[n, 2] as scikit-learn's classifiers give it: 1 - score, score."""
+        score = self.scores(rows)
+        return np.stack([1.0 - score, score], axis=1)
+
+    @property
+    def flops_per_row(self) -> int:
+        """Multiply-adds of one row, each counted as two operations."""
+        layers = (*self.cross, *self.deep, self.heads)
+        return sum(2 * layer.weight.size for layer in layers)
+
+
+def fit_net(
+    rows: FloatArray,
+    interacted: Labels,
+    liked: Labels | None = None,
+    shape: NetShape = DCN,
+    seed: int = 7,
+) -> RankerNet:
+    """Train on packed rows: `interacted` for every row, `liked` read where interacted is 1
+    (None: no like signal; the like head learns nothing and the score is P(interact))."""
+    import torch
+    from torch import nn
+
+    if liked is None:
+        shape = replace(shape, like_weight=0.0)  # the score is P(interact) alone
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    mean = rows.mean(axis=0, dtype=np.float64).astype(np.float32)
+    scale = rows.std(axis=0, dtype=np.float64).astype(np.float32)
+    scale[scale < 1e-6] = 1.0
+    width = rows.shape[1]
+    cross = [nn.Linear(width, width) for _ in range(shape.cross_layers)]
+    for linear in cross:
+        # Each cross layer starts near the identity map x0 * 0 + x: the network begins as
+        # its deep tower alone and the crossing grows only where it lowers the loss.
+        nn.init.normal_(linear.weight, std=0.01)
+        nn.init.zeros_(linear.bias)
+    sizes = (width, *shape.deep)
+    deep = [nn.Linear(a, b) for a, b in itertools.pairwise(sizes)]
+    heads = nn.Linear(sizes[-1], len(HEADS))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x0, h = x, x
+        for layer in cross:
+            h = x0 * layer(h) + h
+        for layer in deep:
+            h = torch.relu(layer(h))
+        logits: torch.Tensor = heads(h)
+        return logits
+
+    parameters = [p for module in (*cross, *deep, heads) for p in module.parameters()]
+    optimiser = torch.optim.Adam(
+        parameters, lr=shape.learning_rate, weight_decay=shape.weight_decay
+    )
+    x_all = torch.from_numpy((rows - mean) / scale)
+    y_interact = torch.from_numpy(interacted.astype(np.float32))
+    like_known = torch.from_numpy(
+        (interacted == 1) if liked is not None else np.zeros(len(rows), dtype=bool)
+    )
+    y_like = torch.from_numpy(
+        liked.astype(np.float32) if liked is not None else np.zeros(len(rows), np.float32)
+    )
+    order = rng.permutation(len(rows))
+    n_check = max(1, math.ceil(VALIDATION * len(rows)))
+    check, learn = order[:n_check], order[n_check:]
+    loss_fn = nn.BCEWithLogitsLoss(reduction="none")
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        logits = forward(x_all[idx])
+        interact: torch.Tensor = loss_fn(logits[:, 0], y_interact[idx]).mean()
+        known = like_known[idx]
+        if not bool(known.any()):
+            return interact
+        like: torch.Tensor = loss_fn(logits[known, 1], y_like[idx][known]).mean()
+        return interact + like
+
+    best, best_state, stale, epochs = math.inf, None, 0, 0
+    check_idx = torch.from_numpy(check)
+    for epoch in range(shape.epochs):
+        epochs = epoch + 1
+        shuffled = torch.from_numpy(rng.permutation(learn))
+        for start in range(0, len(shuffled), shape.batch):
+            optimiser.zero_grad()
+            loss = loss_of(shuffled[start : start + shape.batch])
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimiser.step()
+        with torch.no_grad():
+            checked = float(loss_of(check_idx))
+        if checked < best - 1e-4:
+            best, stale = checked, 0
+            best_state = [p.detach().clone() for p in parameters]
+        else:
+            stale += 1
+            if stale >= shape.patience:
+                break
+    if best_state is not None:
+        with torch.no_grad():
+            for p, kept in zip(parameters, best_state, strict=True):
+                p.copy_(kept)
+
+    def as_layer(module: nn.Linear) -> Layer:
+        return Layer(
+            module.weight.detach().numpy().T.astype(np.float32).copy(),
+            module.bias.detach().numpy().astype(np.float32).copy(),
+        )
+
+    return RankerNet(
+        shape,
+        mean,
+        scale,
+        tuple(as_layer(m) for m in cross),
+        tuple(as_layer(m) for m in deep),
+        as_layer(heads),
+        epochs_run=epochs,
+        validation_loss=round(best, 5),
+    )
+
+
+def fit_best(
+    rows: FloatArray,
+    interacted: Labels,
+    liked: Labels | None,
+    shapes: tuple[NetShape, ...],
+    seed: int = 7,
+) -> RankerNet:
+    """Each shape trained on the same rows and the same validation share; the one with the
+    lowest validation loss is kept, with every shape's loss in `considered`."""
+    nets = [fit_net(rows, interacted, liked, shape, seed) for shape in shapes]
+    chosen = min(nets, key=lambda net: net.validation_loss)
+    return replace(chosen, considered={net.shape.kind: net.validation_loss for net in nets})
+
+
+def export_net(net: RankerNet, input_name: str, output_name: str, width: int) -> bytes:
+    """The network as an ONNX graph: `input_name` [n, width] in, `output_name` [n, 1] out."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    initializers: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def constant(name: str, value: npt.NDArray[np.generic]) -> str:
+        initializers.append(numpy_helper.from_array(value, name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output))
+        return output
+
+    x0 = node(
+        "Mul",
+        [
+            node("Sub", [input_name, constant("net_mean", net.mean)], "net_centred"),
+            constant("net_inverse_scale", (1.0 / net.scale).astype(np.float32)),
+        ],
+        "net_x0",
+    )
+    h = x0
+    for i, layer in enumerate(net.cross):
+        linear = node(
+            "Add",
+            [
+                node("MatMul", [h, constant(f"net_cross{i}_w", layer.weight)], f"net_cross{i}_m"),
+                constant(f"net_cross{i}_b", layer.bias),
+            ],
+            f"net_cross{i}_lin",
+        )
+        h = node("Add", [node("Mul", [x0, linear], f"net_cross{i}_x"), h], f"net_cross{i}")
+    for i, layer in enumerate(net.deep):
+        linear = node(
+            "Add",
+            [
+                node("MatMul", [h, constant(f"net_deep{i}_w", layer.weight)], f"net_deep{i}_m"),
+                constant(f"net_deep{i}_b", layer.bias),
+            ],
+            f"net_deep{i}_lin",
+        )
+        h = node("Relu", [linear], f"net_deep{i}")
+    logits = node(
+        "Add",
+        [
+            node("MatMul", [h, constant("net_heads_w", net.heads.weight)], "net_heads_m"),
+            constant("net_heads_b", net.heads.bias),
+        ],
+        "net_logits",
+    )
+    probabilities = node("Sigmoid", [logits], "net_heads")
+    # score = p_interact * p_like-weighted value: [n, 2] @ [[0], [0]] would lose the product,
+    # so the two columns are sliced and multiplied.
+    axis = constant("net_axis", np.array([1], dtype=np.int64))
+    zero, one, two = (constant(f"net_at{k}", np.array([k], dtype=np.int64)) for k in (0, 1, 2))
+    interact = node("Slice", [probabilities, zero, one, axis], "net_p_interact")
+    like = node("Slice", [probabilities, one, two, axis], "net_p_like")
+    w = net.shape.like_weight
+    value = node(
+        "Add",
+        [
+            node("Mul", [like, constant("net_like_weight", np.array(w, np.float32))], "net_wl"),
+            constant("net_plain_weight", np.array(1 - w, np.float32)),
+        ],
+        "net_value",
+    )
+    nodes.append(helper.make_node("Mul", [interact, value], [output_name], name="net_score"))
+    graph = helper.make_graph(
+        nodes,
+        "ranker_net",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [None, 1])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # loadable by older GPU Triton releases
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())

@@ -17,8 +17,9 @@ from app.clients.breaker import CircuitBreaker
 from app.clients.registration import Registration, region_unknown
 from app.clients.shared_memory import InputSlots
 from app.core.errors import FailureKind, RankingModelError
+from app.core.vocabulary import Heads
 from app.release.plan import ModelAnswer, Routed
-from app.release.schema import ModelSignature
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, ModelSignature
 from app.release.world import WORLD_ID_PARAMETER
 
 _STATUS_KINDS = {
@@ -78,6 +79,18 @@ def _latest(versions: list[Any]) -> str:
     return max(numbered, key=int) if numbered else ""
 
 
+def _heads(result: Any, signature: ModelSignature, n_rows: int) -> Heads | None:
+    """The heads' probabilities where the model answers them in the expected shape; a model
+    without them, or with a malformed answer, ranks by its score alone."""
+    if not signature.heads:
+        return None
+    heads = result.as_numpy(HEADS_OUTPUT)
+    if heads is None or heads.shape != (n_rows, len(HEAD_NAMES)):
+        return None
+    as_float: Heads = heads.astype(np.float32, copy=False)
+    return as_float
+
+
 def signature_from_triton(
     metadata: dict[str, Any], config: dict[str, Any], version: str = ""
 ) -> ModelSignature:
@@ -100,6 +113,11 @@ def signature_from_triton(
         output_datatype=str(first_out["datatype"]),
         max_batch_size=int(model_config.get("max_batch_size", 0)),
         world_id=str(world.get("string_value", "")),
+        heads=any(
+            out.get("name") == HEADS_OUTPUT
+            and _dims(out.get("shape", []))[-1:] == (len(HEAD_NAMES),)
+            for out in outputs[1:]
+        ),
     )
 
 
@@ -211,7 +229,13 @@ class RankingModelClient:
                 self._model_name,
                 [request_input],
                 model_version=routed.version,
-                outputs=[triton_grpc.InferRequestedOutput(signature.output_name)],
+                outputs=[
+                    triton_grpc.InferRequestedOutput(name)
+                    for name in (
+                        signature.output_name,
+                        *((HEADS_OUTPUT,) if signature.heads else ()),
+                    )
+                ],
                 request_id=request_id,
                 timeout=int(timeout_s * 1_000_000),
                 client_timeout=timeout_s,
@@ -230,7 +254,7 @@ class RankingModelClient:
         routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> tuple[npt.NDArray[np.float32], str]:
+    ) -> tuple[npt.NDArray[np.float32], Heads | None, str]:
         deadline = time.monotonic() + timeout_s
         try:
             try:
@@ -253,7 +277,11 @@ class RankingModelClient:
                 FailureKind.BAD_DATA, f"{signature.output_name} has the wrong size"
             )
         flat: npt.NDArray[np.float32] = scores.reshape(-1).astype(np.float32, copy=False)
-        return flat, str(result.get_response().model_version)
+        return (
+            flat,
+            _heads(result, signature, rows.shape[0]),
+            str(result.get_response().model_version),
+        )
 
     def _region_lost(self) -> None:
         if self._registration is not None:
@@ -292,11 +320,13 @@ class RankingModelClient:
             except* RankingModelError as failures:
                 raise failures.exceptions[0] from None
         parts = [task.result() for task in tasks]
-        version = parts[0][1]
-        if any(other != version for _, other in parts):
-            versions = " and ".join(sorted({other for _, other in parts}))
+        version = parts[0][2]
+        if any(other != version for _, _, other in parts):
+            versions = " and ".join(sorted({other for _, _, other in parts}))
             raise RankingModelError(FailureKind.ERROR, f"versions {versions} answered one request")
-        return ModelAnswer(np.concatenate([scores for scores, _ in parts]), version)
+        heads = [part for _, part, _ in parts if part is not None]
+        joined = np.concatenate(heads) if len(heads) == len(parts) else None
+        return ModelAnswer(np.concatenate([scores for scores, _, _ in parts]), version, joined)
 
     async def close(self) -> None:
         if self._registration is not None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
-from app.core.vocabulary import Scores, Variant
+from app.core.vocabulary import Heads, Scores, Variant
 from app.release.schema import ModelSignature
 
 _BUCKETS = 10_000  # shares are resolved to 0.01%
@@ -55,6 +55,7 @@ class Routed:
 class ModelAnswer:
     scores: Scores
     version: str  # the version Triton says computed them
+    heads: Heads | None = None  # where the model answers its heads too
 
 
 @dataclass(frozen=True, slots=True)

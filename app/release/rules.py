@@ -27,6 +27,18 @@ class DiversityRule(BaseModel):
     )
 
 
+class ObjectivesRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    like: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="how much more a like counts than a plain interaction: each score is "
+        "multiplied by (1 - like) + like * P(like | interaction), the model's like head; 0 "
+        "ranks by the model's score alone (which already values likes as it was trained to)",
+    )
+
+
 class BoostRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1)
@@ -41,6 +53,7 @@ class BlockRule(BaseModel):
 
 class RerankRules(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    objectives: ObjectivesRule = ObjectivesRule()
     diversity: DiversityRule = DiversityRule()
     boost: tuple[BoostRule, ...] = ()
     block: BlockRule = BlockRule()
@@ -64,6 +77,18 @@ class Selection:
 
     positions: npt.NDArray[np.intp]
     scores: npt.NDArray[np.float32]
+
+
+def weighed_objectives(
+    scores: npt.NDArray[np.float32], likes: npt.NDArray[np.float32] | None, rules: RerankRules
+) -> npt.NDArray[np.float32]:
+    """The score valued by the like head where the rules weigh it and the model gave it; a
+    candidate without a like probability (NaN) keeps its score."""
+    weight = rules.objectives.like
+    if weight == 0 or likes is None:
+        return scores
+    value = np.where(np.isnan(likes), 1.0, (1 - weight) + weight * likes)
+    return (scores * value).astype(np.float32, copy=False)
 
 
 def boosted_scores(
@@ -165,6 +190,7 @@ def rerank(
     rules: RerankRules,
     n_items: int,
     vectors: npt.NDArray[np.float32] | None = None,
+    likes: npt.NDArray[np.float32] | None = None,
 ) -> Selection:
     """Choose the top n_items candidates.
 
@@ -178,9 +204,11 @@ def rerank(
     n_items within the cap, the rest of the order cannot change them.
 
     With `vectors` (the candidates' embeddings) and a diversity relevance under 1, the
-    answer is chosen from the head of that order by maximal marginal relevance.
+    answer is chosen from the head of that order by maximal marginal relevance. With
+    `likes` (the model's like head) and an [objectives] like weight, each score is first
+    valued by it.
     """
-    final = boosted_scores(scores, age_days, rules)
+    final = boosted_scores(weighed_objectives(scores, likes, rules), age_days, rules)
     unscored = np.isnan(final)
     scored = np.flatnonzero(~unscored)
     cap = rules.diversity.max_per_category

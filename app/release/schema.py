@@ -218,6 +218,12 @@ def load_schema(path: Path | None = None) -> FeatureSchema:
     return parse_schema(raw, str(path))
 
 
+# A model may also answer each head's probability, [n, len(HEAD_NAMES)], under this output
+# name (rerank weighs them by the rules file's [objectives]); one that does not still serves.
+HEADS_OUTPUT = "heads"
+HEAD_NAMES = ("interact", "like")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSignature:
     """What Triton says the deployed model accepts, reduced to what the schema constrains."""
@@ -231,6 +237,7 @@ class ModelSignature:
     output_datatype: str
     max_batch_size: int
     world_id: str = ""  # the config's world_id parameter; empty for an unstamped model
+    heads: bool = False  # whether it also answers HEADS_OUTPUT
 
 
 def signature_mismatches(schema: FeatureSchema, signature: ModelSignature) -> list[str]:

@@ -16,7 +16,8 @@ from app.clients.feature_store import encode_seen
 from app.pipeline.packing import encode_context, pack_rows
 from app.release.catalog import MODEL_FILE
 from app.release.keyspace import KeySpace
-from tests.integration.conftest import CONTEXT, Stack
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
+from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 # Every stage runs on every request, so each is timed and counted: the cascade in full.
@@ -45,6 +46,11 @@ def _item_ids(answer: dict[str, Any]) -> list[str]:
 
 def _model_scores(stack: Stack, user_id: str) -> dict[str, float]:
     """Every item's score for this user, computed outside the service with onnxruntime."""
+    return _model_outputs(stack, user_id)[0]
+
+
+def _model_outputs(stack: Stack, user_id: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Every item's score and like probability for this user, computed with onnxruntime."""
     schema, items, users = stack.schema, load_items(stack.world), load_users(stack.world)
     user_at = users.ids.tolist().index(user_id)
     user_blob = np.concatenate([users.embeddings[user_at], users.dense[user_at]])
@@ -59,8 +65,10 @@ def _model_scores(stack: Stack, user_id: str) -> dict[str, float]:
     )
     rows = pack_rows(schema, user_blob, item_blobs, context)
     session = ort.InferenceSession(str(stack.world / MODEL_FILE))
-    (scores,) = session.run(None, {schema.input_name: rows})
-    return dict(zip(items.ids.tolist(), scores.ravel().tolist(), strict=True))
+    scores, heads = session.run([schema.output_name, HEADS_OUTPUT], {schema.input_name: rows})
+    ids = items.ids.tolist()
+    likes = heads[:, HEAD_NAMES.index("like")].tolist()
+    return dict(zip(ids, scores.ravel().tolist(), strict=True)), dict(zip(ids, likes, strict=True))
 
 
 def _seen(stack: Stack, user_id: str) -> set[str]:
@@ -84,6 +92,28 @@ async def test_answer_is_the_models_top_n(stack: Stack, plain_client: AsyncClien
     assert answer["cold_start"] is False
     assert answer["model"] == {"name": "ranking_model", "version": "1", "variant": "stable"}
     assert set(answer["timings_ms"]) == EVERY_STAGE
+
+
+async def test_the_like_weight_ranks_by_the_score_valued_by_the_like_head(
+    stack: Stack, plain_client: AsyncClient
+) -> None:
+    from tests.integration.conftest import serving
+
+    plain = _item_ids(await _recommend(plain_client, user_id="u7", num_items=15))
+    rules = stack.root / "likes-rules.toml"
+    rules.write_text(PLAIN_RULES + "[objectives]\nlike = 1.0\n")
+    settings = stack.settings(rules_file=rules, candidate_count=5000, prerank_keep=5000)
+    async with serving(settings) as liking:
+        answer = await _recommend(liking, user_id="u7", num_items=15)
+    scores, likes = _model_outputs(stack, "u7")
+    seen = _seen(stack, "u7")
+    valued = {item: scores[item] * likes[item] for item in scores if item not in seen}
+    expected = sorted(valued, key=lambda item: (-valued[item], int(item[1:])))[:15]
+    assert _item_ids(answer) == expected
+    returned = [item["score"] for item in answer["items"]]
+    np.testing.assert_allclose(returned, [valued[item] for item in expected], rtol=1e-4)
+    assert answer["degraded"] == []
+    assert _item_ids(answer) != plain, "the like head changed nothing"
 
 
 async def test_default_request_has_twenty_items_and_no_timings(client: AsyncClient) -> None:

@@ -131,7 +131,7 @@ async def test_the_slow_model_answers_valid_scores_after_its_delay(
 ) -> None:
     rows = _features(64)
     session = ort.InferenceSession(str(stack.model_repository / MODEL / "1" / "model.onnx"))
-    expected = session.run(None, {session.get_inputs()[0].name: rows})[0].reshape(-1, 1)
+    expected = session.run(["score"], {session.get_inputs()[0].name: rows})[0].reshape(-1, 1)
     triton = triton_grpc.InferenceServerClient(slow_triton)
     try:
         started = time.monotonic()

@@ -28,6 +28,10 @@ def test_the_blended_model_computes_the_blend_on_the_packed_row() -> None:
     z = 0.7 * recall_scores(schema, rows[:20]) + 0.3 * np.log(p / (1 - p)) - 0.2
     assert served.shape == (20, 1)
     np.testing.assert_allclose(served[:, 0], 1 / (1 + np.exp(-z)), rtol=1e-4, atol=1e-5)
+    # The heads pass through the blend untouched, for rerank's objectives.
+    assert [out.name for out in session.get_outputs()] == [schema.output_name, "heads"]
+    (heads,) = session.run(["heads"], {schema.input_name: rows[:20]})
+    np.testing.assert_allclose(heads, mlp.head_probabilities(rows[:20]), rtol=1e-4, atol=1e-6)
 
 
 def test_a_useless_model_gets_no_weight_and_recall_keeps_its_order() -> None:

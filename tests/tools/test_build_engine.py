@@ -32,6 +32,7 @@ from recsys_tools.model.engine import (
     release_of,
     run_build,
 )
+from recsys_tools.world.ranker_net import MLP, export_net, fit_net
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError
@@ -153,7 +154,7 @@ def _trt_parameters(config: Any) -> dict[str, str]:
 def _scores(model: onnx.ModelProto | str, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     source = model if isinstance(model, str) else model.SerializeToString()
     session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-    (out,) = session.run(None, {"features": rows})
+    (out,) = session.run(["score"], {"features": rows})
     return np.asarray(out).reshape(-1)
 
 
@@ -332,6 +333,34 @@ def test_the_production_config_and_image_pass(world: Path, tmp_path: Path) -> No
     assert _trt_parameters(_written(report))["trt_profile_opt_shapes"] == (
         f"features:{report.profile.opt_rows}x{WIDTH}"
     )
+
+
+def test_the_built_config_names_the_heads_only_for_a_model_that_answers_them(
+    world: Path, tmp_path: Path
+) -> None:
+    production = project_root() / engine.DEFAULT_CONFIG
+    for part in ("a", "b", "c"):
+        (tmp_path / part).mkdir()
+    # The hand-made ranker has one output: the production config's heads are left out.
+    headless = build_engine(replace(_options(world, tmp_path / "a"), config=production))
+    assert [output.name for output in _written(headless).output] == ["score"]
+    # The ranker build-world trains answers both.
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(400, WIDTH)).astype(np.float32)
+    net = fit_net(rows, (rows[:, 0] > 0).astype(np.int8), None, replace(MLP, epochs=1))
+    two = tmp_path / "two"
+    shutil.copytree(world, two)
+    (two / MODEL_FILE).write_bytes(export_net(net, "features", "score", WIDTH))
+    both = build_engine(replace(_options(two, tmp_path / "b"), config=production))
+    outputs = [(output.name, list(output.dims)) for output in _written(both).output]
+    assert outputs == [("score", [1]), ("heads", [2])]
+    assert any("'heads' FP32 [n, 2]" in check for check in both.checks)
+    # A config may not declare another output of its own.
+    extra = '{ name: "extra" data_type: TYPE_FP32 dims: [ 2 ] }'
+    odd = _config().replace("dims: [ 1 ] } ]", f"dims: [ 1 ] }}, {extra} ]")
+    assert extra in odd
+    with pytest.raises(ConfigError, match="may only declare 'heads'"):
+        build_engine(_options(two, tmp_path / "c", config=odd))
 
 
 def test_the_shipped_gpu_config_has_the_profile_the_command_computes() -> None:

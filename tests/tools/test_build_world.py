@@ -106,7 +106,7 @@ def test_the_world_has_every_file_and_loads_as_the_service_loads_it(
     assert catalog.size == 41  # the table's items: 999 dropped, 41 kept without interactions
     session = ort.InferenceSession((world / MODEL_FILE).read_bytes())
     rows = np.zeros((3, schema.width), dtype=np.float32)
-    (scores,) = session.run(None, {schema.input_name: rows})
+    (scores,) = session.run([schema.output_name], {schema.input_name: rows})
     assert scores.shape == (3, 1)
     assert json.loads((world / "manifest.json").read_text())["source"] == "interactions"
 

@@ -84,6 +84,35 @@ def test_install_model_writes_the_world_id_into_the_config(world: Path, tmp_path
     assert config.parameters["world_id"].string_value == stamp.world_id
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=["local", "gpu"])
+def test_the_config_names_the_heads_output_only_for_a_model_that_has_it(
+    world: Path, tmp_path: Path, config: Path
+) -> None:
+    repository = tmp_path / "models"
+    (repository / "ranking_model").mkdir(parents=True)
+    installed = repository / "ranking_model" / "config.pbtxt"
+    shutil.copyfile(config, installed)
+
+    def outputs() -> list[tuple[str, list[int]]]:
+        return [(out.name, list(out.dims)) for out in _parsed(installed.read_text()).output]
+
+    install_model(world, repository, "ranking_model")
+    assert outputs() == [("score", [1]), ("heads", [2])]
+    # A model from before the heads (one output): the config follows it, or Triton's ONNX
+    # backend would refuse to load it.
+    older = tmp_path / "older"
+    shutil.copytree(world, older)
+    model = onnx.load(str(older / MODEL_FILE))
+    kept = [out for out in model.graph.output if out.name != "heads"]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    onnx.save(model, str(older / MODEL_FILE))
+    install_model(older, repository, "ranking_model", version=2)
+    assert outputs() == [("score", [1])]
+    install_model(world, repository, "ranking_model", version=3)
+    assert outputs() == [("score", [1]), ("heads", [2])]
+
+
 def test_install_model_needs_a_model_and_a_config(world: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config\.pbtxt is missing"):
         install_model(world, tmp_path / "empty", "ranking_model")

@@ -68,9 +68,11 @@ def test_the_exported_graph_computes_the_trained_score(planted: Arrays, shape: N
     session = ort.InferenceSession(
         export_net(net, "features", "score", WIDTH), providers=["CPUExecutionProvider"]
     )
-    (out,) = session.run(None, {"features": rows[:257]})
+    assert [o.name for o in session.get_outputs()] == ["score", "heads"]
+    out, heads = session.run(None, {"features": rows[:257]})
     assert out.shape == (257, 1)
     np.testing.assert_allclose(out[:, 0], net.scores(rows[:257]), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(heads, net.head_probabilities(rows[:257]), rtol=1e-4, atol=1e-6)
     layers = (*net.cross, *net.deep, net.heads)
     assert net.flops_per_row == sum(2 * layer.weight.size for layer in layers)
     assert len(net.cross) == shape.cross_layers

@@ -10,7 +10,7 @@ from recsys_tools.world.synth import World, generate_world
 from recsys_tools.world.train import TrainedRanker, train_ranker, training_rows
 
 from app.release.catalog import set_search_breadth
-from app.release.schema import FeatureSchema, load_schema
+from app.release.schema import HEADS_OUTPUT, FeatureSchema, load_schema
 
 
 @dataclass(frozen=True)
@@ -41,17 +41,21 @@ def test_each_head_learns_its_own_objective(trained: Trained) -> None:
     assert 0.1 < trained.ranker.report.like_rate < 0.9
 
 
-def test_exported_onnx_takes_the_schema_row_and_returns_one_score(trained: Trained) -> None:
+def test_exported_onnx_returns_the_score_and_the_heads(trained: Trained) -> None:
     schema, world, ranker = trained.schema, trained.world, trained.ranker
     session = ort.InferenceSession(ranker.onnx_model, providers=["CPUExecutionProvider"])
     (model_input,) = session.get_inputs()
-    (model_output,) = session.get_outputs()
+    model_output, heads_output = session.get_outputs()
     assert (model_input.name, model_input.shape) == (schema.input_name, [None, schema.width])
     assert model_output.name == schema.output_name
+    assert (heads_output.name, heads_output.shape) == (HEADS_OUTPUT, [None, 2])
     rows = training_rows(world, schema)[:50]
-    (scores,) = session.run(None, {schema.input_name: rows})
+    scores, heads = session.run(None, {schema.input_name: rows})
     assert scores.shape == (50, 1)
     assert np.all((scores >= 0) & (scores <= 1))
+    assert np.all((heads >= 0) & (heads <= 1))
+    # A score never exceeds the interaction it values.
+    assert np.all(scores[:, 0] <= heads[:, 0] + 1e-6)
 
 
 def test_index_factory_by_catalog_size() -> None:

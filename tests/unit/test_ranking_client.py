@@ -46,6 +46,26 @@ def test_signature_from_triton_json() -> None:
     assert signature.version == "2"
     assert signature.max_batch_size == 2048
     assert (signature.input_name, signature.output_name) == ("features", "score")
+    assert not signature.heads
+
+
+def test_a_model_that_answers_its_heads_says_so() -> None:
+    metadata = {
+        "name": "ranking_model",
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": ["-1", "125"]}],
+        "outputs": [
+            {"name": "score", "datatype": "FP32", "shape": ["-1", "1"]},
+            {"name": "heads", "datatype": "FP32", "shape": ["-1", "2"]},
+        ],
+    }
+    assert signature_from_triton(metadata, {"config": {}}).heads
+    # Another second output, or heads of another width, is not this contract's.
+    for other in (
+        {"name": "logits", "shape": ["-1", "2"]},
+        {"name": "heads", "shape": ["-1", "3"]},
+    ):
+        odd = {**metadata, "outputs": [metadata["outputs"][0], {"datatype": "FP32", **other}]}
+        assert not signature_from_triton(odd, {"config": {}}).heads
 
 
 def test_signature_of_a_model_without_inputs() -> None:

@@ -8,6 +8,7 @@ from app.core.errors import ConfigError
 from app.release.rules import (
     BoostRule,
     DiversityRule,
+    ObjectivesRule,
     RerankRules,
     boosted_scores,
     load_rules,
@@ -26,6 +27,7 @@ def _rerank(
     rules: RerankRules = NO_RULES,
     n_items: int = 10,
     tie_keys: list[int] | None = None,
+    likes: list[float] | None = None,
 ) -> tuple[list[int], list[float]]:
     n = len(scores)
     selection = rerank(
@@ -35,6 +37,7 @@ def _rerank(
         age_days=np.array(age_days or [100.0] * n, dtype=np.float32),
         rules=rules,
         n_items=n_items,
+        likes=None if likes is None else np.array(likes, dtype=np.float32),
     )
     return selection.positions.tolist(), selection.scores.tolist()
 
@@ -122,6 +125,25 @@ def test_load_rules_file(tmp_path: Path) -> None:
 
 def test_packaged_rules_load() -> None:
     assert load_rules().diversity.max_per_category > 0
+    assert load_rules().objectives.like == 0.0
+
+
+def test_the_like_weight_values_each_score_by_its_like_head() -> None:
+    scores, likes = [0.5, 0.4, 0.3], [0.1, 0.5, 1.0]
+    # Off: the model's score alone, whatever the heads say.
+    assert _rerank(scores, likes=likes)[0] == [0, 1, 2]
+    # All the weight on likes: 0.05, 0.2, 0.3.
+    full = RerankRules(objectives=ObjectivesRule(like=1.0))
+    positions, values = _rerank(scores, likes=likes, rules=full)
+    assert positions == [2, 1, 0]
+    assert values == pytest.approx([0.3, 0.2, 0.05])
+    # Half: 0.275, 0.3, 0.3 (ties by key).
+    half = RerankRules(objectives=ObjectivesRule(like=0.5))
+    assert _rerank(scores, likes=likes, rules=half)[0] == [1, 2, 0]
+    # A model without heads, or a candidate without its like, keeps its score.
+    assert _rerank(scores, rules=full)[0] == [0, 1, 2]
+    nan = float("nan")
+    assert _rerank(scores, likes=[nan, 0.5, 1.0], rules=full)[1] == pytest.approx([0.5, 0.3, 0.2])
 
 
 @pytest.mark.parametrize(
@@ -129,6 +151,7 @@ def test_packaged_rules_load() -> None:
     [
         "[diversity]\nmax_per_category = -1\n",
         "[diversity]\nmax_per_categroy = 1\n",
+        "[objectives]\nlike = 1.5\n",
         "[[boost]]\nname = 'x'\nmax_age_days = 1\nmultiplier = 0\n",
         "not toml at all [",
     ],

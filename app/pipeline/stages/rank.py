@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import FailureKind, RankingModelError
-from app.core.vocabulary import Scores, Stage, Variant
+from app.core.vocabulary import Heads, Scores, Stage, Variant
 from app.pipeline.context import RequestContext
 from app.pipeline.stages.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
 from app.release.plan import ModelAnswer, Routed
@@ -17,6 +17,7 @@ from app.release.plan import ModelAnswer, Routed
 ANSWER_S = 0.002
 FALLBACK = ModelUsed()
 _NO_SCORES: Scores = np.empty(0, dtype=np.float32)
+_NO_ANSWER = ModelAnswer(_NO_SCORES, "")
 
 
 class RemoteModel(Protocol):
@@ -46,8 +47,11 @@ class ShadowScorer(Protocol):
         ...
 
 
-def scores_by_candidate(hydrated: HydratedCandidates, values: Scores) -> tuple[Scored, int]:
-    """Spread the scores of the first `len(values)` rows over the candidates.
+def scores_by_candidate(
+    hydrated: HydratedCandidates, values: Scores, heads: Heads | None = None
+) -> tuple[Scored, int]:
+    """Spread the scores (and the heads, where the model gave them) of the first
+    `len(values)` rows over the candidates.
 
     Rows are the hydrated candidates' blobs in order; a candidate without a score gets NaN.
     One whose score is NaN or Inf is dropped; the count of those is returned too.
@@ -56,11 +60,16 @@ def scores_by_candidate(hydrated: HydratedCandidates, values: Scores) -> tuple[S
     scored_at = hydrated.found[: len(values)]
     finite = np.isfinite(values)
     scores[scored_at[finite]] = values[finite]
+    spread = None
+    if heads is not None:
+        spread = np.full((len(hydrated.positions), heads.shape[1]), np.nan, dtype=np.float32)
+        spread[scored_at[finite]] = heads[finite]
     if finite.all():
-        return Scored(hydrated.positions, scores), 0
+        return Scored(hydrated.positions, scores, spread), 0
     keep = np.ones(len(scores), dtype=bool)
     keep[scored_at[~finite]] = False
-    return Scored(hydrated.positions[keep], scores[keep]), int((~finite).sum())
+    kept_heads = None if spread is None else spread[keep]
+    return Scored(hydrated.positions[keep], scores[keep], kept_heads), int((~finite).sum())
 
 
 class Scorer:
@@ -111,26 +120,28 @@ class Scorer:
 
     async def _values(
         self, rows: npt.NDArray[np.float32], ctx: RequestContext
-    ) -> tuple[Scores, ModelUsed]:
+    ) -> tuple[ModelAnswer, ModelUsed]:
         remote = await self._remote(rows, ctx)
         if remote is not None:
             variant, answer = remote
             shadow = ctx.artifacts.routing.shadow
             if shadow is not None and self._shadow is not None:
                 self._shadow.compare(rows, answer.scores, shadow, ctx.request_id)
-            return answer.scores, ModelUsed(variant, answer.version)
+            return answer, ModelUsed(variant, answer.version)
         if self._fallback is None:
-            return _NO_SCORES, FALLBACK
+            return _NO_ANSWER, FALLBACK
+        # In process the combined score alone: rerank then weighs no heads.
         try:
-            return await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S), FALLBACK
+            scores = await self._fallback.score(rows, ctx.remaining_s() - ANSWER_S)
+            return ModelAnswer(scores, ""), FALLBACK
         except RankingModelError:
-            return _NO_SCORES, FALLBACK
+            return _NO_ANSWER, FALLBACK
 
     async def run(self, packed: Packed, ctx: RequestContext) -> Ranked:
         rows = packed.rows
-        values, model = await self._values(rows, ctx) if len(rows) else (_NO_SCORES, FALLBACK)
+        answer, model = await self._values(rows, ctx) if len(rows) else (_NO_ANSWER, FALLBACK)
         ctx.metrics.answer_count[model.variant].inc()
-        scored, bad = scores_by_candidate(packed.hydrated.items, values)
+        scored, bad = scores_by_candidate(packed.hydrated.items, answer.scores, answer.heads)
         if bad:
             ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")
         return Ranked(packed.hydrated.asked, scored, model)

@@ -10,6 +10,7 @@ from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.stages.types import Ranked, RankedItem, Recommendation
 from app.release.rules import rerank
+from app.release.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -41,6 +42,7 @@ class Reranker:
             vectors=None
             if catalog.vectors is None or rules.diversity.relevance >= 1.0
             else catalog.vectors[positions],
+            likes=None if scored.heads is None else scored.heads[:, HEAD_NAMES.index("like")],
         )
         # Only the chosen few become Python strings.
         chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()

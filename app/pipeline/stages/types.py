@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.core.vocabulary import Indices, Positions, Removal, Scores, Variant
+from app.core.vocabulary import Heads, Indices, Positions, Removal, Scores, Variant
 from app.release.neighbours import NOWHERE, Nearby
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
@@ -144,10 +144,12 @@ class ModelUsed:
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """Candidates in recall order and their scores; NaN marks one that was not scored."""
+    """Candidates in recall order and their scores; NaN marks one that was not scored.
+    `heads`, [candidates, heads], where the model answered each head's probability."""
 
     positions: Positions
     scores: Scores
+    heads: Heads | None = None
 
 
 @dataclass(frozen=True, slots=True)

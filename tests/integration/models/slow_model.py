@@ -30,7 +30,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         self.input_name: str = config["input"][0]["name"]
-        self.output_name: str = config["output"][0]["name"]
+        self.output_names: list[str] = [output["name"] for output in config["output"]]
         self.delay_s = int(_parameter(config, "delay_ms", "0")) / 1000.0
         self.delay_file = _parameter(config, "delay_file", "")
         options = ort.SessionOptions()
@@ -39,7 +39,8 @@ class TritonPythonModel:
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.onnx_input: str = self.session.get_inputs()[0].name
-        self.onnx_output: str = self.session.get_outputs()[0].name
+        # As the real model: the config's first output is the file's first, others by name.
+        self.onnx_outputs = [self.session.get_outputs()[0].name, *self.output_names[1:]]
 
     def _delay_s(self) -> float:
         if not self.delay_file:
@@ -57,11 +58,17 @@ class TritonPythonModel:
             for request in requests
         ]
         rows = np.concatenate(batches)
-        scores = self.session.run([self.onnx_output], {self.onnx_input: rows})[0]
-        scores = np.ascontiguousarray(scores.reshape(-1, 1), dtype=np.float32)
+        answers = self.session.run(self.onnx_outputs, {self.onnx_input: rows})
+        answers[0] = answers[0].reshape(-1, 1)
+        answers = [np.ascontiguousarray(answer, dtype=np.float32) for answer in answers]
         bounds = np.cumsum([0, *(batch.shape[0] for batch in batches)])
         return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(self.output_name, scores[a:b])])
+            pb_utils.InferenceResponse(
+                [
+                    pb_utils.Tensor(name, answer[a:b])
+                    for name, answer in zip(self.output_names, answers, strict=True)
+                ]
+            )
             for a, b in itertools.pairwise(bounds)
         ]
 

@@ -107,7 +107,7 @@ def _session(path: Path) -> Any:
 def _run(session: Any, batch: FloatArray) -> FloatArray:
     import numpy as np
 
-    (scores,) = session.run(None, {session.get_inputs()[0].name: batch})
+    (scores,) = session.run([session.get_outputs()[0].name], {session.get_inputs()[0].name: batch})
     flat: FloatArray = np.asarray(scores, dtype=np.float32).reshape(-1)
     return flat
 

@@ -163,8 +163,11 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
     ]
     for op, inputs, output in steps:
         graph.node.append(helper.make_node(op, inputs, [output], name=output))
+    # The score's output now comes from the blend; any other (the heads) stays as it was.
+    others = [output for output in graph.output if output.name != out]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [None, 1]))
+    graph.output.extend(others)
     onnx.checker.check_model(model)
     return bytes(model.SerializeToString())
 

@@ -169,9 +169,10 @@ class _Ranker:
             model.onnx_model, options, providers=["CPUExecutionProvider"]
         )
         self._input = schema.input_name
+        self._output = [schema.output_name]
 
     def score(self, rows: FloatArray) -> npt.NDArray[np.float32]:
-        (scores,) = self._session.run(None, {self._input: rows})
+        (scores,) = self._session.run(self._output, {self._input: rows})
         flat: npt.NDArray[np.float32] = np.asarray(scores, dtype=np.float32).reshape(-1)
         return flat
 

@@ -28,7 +28,7 @@ from app.release.catalog import (
 from app.release.foldin import FOLDIN_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
-from app.release.schema import FeatureSchema
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema
 from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
 from recsys_tools.world.files import write_manifest
 
@@ -109,6 +109,36 @@ def with_input_width(config: str, input_name: str, width: int) -> str:
     return re.sub(rf"({re.escape(input_name)}:\d+x){old}\b", rf"\g<1>{width}", config)
 
 
+HEADS_BLOCK = f"""  {{
+    name: "{HEADS_OUTPUT}"
+    data_type: TYPE_FP32
+    dims: [ {len(HEAD_NAMES)} ]
+  }}"""
+
+
+def with_heads_output(config: str, heads: bool) -> str:
+    """The Triton config text with the heads output declared when the model answers it
+    (`heads`), and without it (the block and the comment lines just above) when it does
+    not: a config names only outputs its model has."""
+    block = re.compile(rf',?\n(?:[ \t]*#[^\n]*\n)*[ \t]*\{{\s*name:\s*"{HEADS_OUTPUT}"[^}}]*\}}')
+    if not heads:
+        return block.sub("", config, count=1)
+    if block.search(config):
+        return config
+    outputs = re.search(r"\boutput\s*\[.*?\n\]", config, flags=re.DOTALL)
+    if outputs is None:
+        return config
+    end = outputs.end() - 1  # the closing bracket
+    head, tail = config[:end].rstrip("\n"), config[end:]
+    return f"{head},\n{HEADS_BLOCK}\n{tail}"
+
+
+def _onnx_outputs(path: Path) -> list[str]:
+    import onnx
+
+    return [output.name for output in onnx.load(str(path), load_external_data=False).graph.output]
+
+
 def install_model(world: Path, model_repository: Path, model_name: str, version: int = 1) -> Path:
     """Copy the world's model into a version (1 unless told) of its Triton model directory,
     under its id.
@@ -141,6 +171,7 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
     schema = world_schema(world, None)
     original = config.read_text()
     text = with_input_width(original, schema.input_name, schema.width)
+    text = with_heads_output(text, HEADS_OUTPUT in _onnx_outputs(source))
     stamp = read_stamp(world)
     if stamp is not None:
         text = with_world_parameter(text, stamp.world_id)

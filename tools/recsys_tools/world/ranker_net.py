@@ -30,14 +30,16 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
+
 FloatArray = npt.NDArray[np.float32]
 Labels = npt.NDArray[np.int8]
 # The share of training rows kept back to decide when to stop.
 VALIDATION = 0.1
 # What a like is worth against a plain interaction in the combined score.
 LIKE_WEIGHT = 0.5
-# The heads' names, in the order of the network's two logits.
-HEADS = ("interact", "like")
+# The heads' names, in the order of the network's two logits: the served contract's.
+HEADS = HEAD_NAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +238,8 @@ def fit_best(
 
 
 def export_net(net: RankerNet, input_name: str, output_name: str, width: int) -> bytes:
-    """The network as an ONNX graph: `input_name` [n, width] in, `output_name` [n, 1] out."""
+    """The network as an ONNX graph: `input_name` [n, width] in; `output_name` [n, 1] (the
+    combined score) and HEADS_OUTPUT [n, 2] (each head's probability) out."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -288,7 +291,7 @@ def export_net(net: RankerNet, input_name: str, output_name: str, width: int) ->
         ],
         "net_logits",
     )
-    probabilities = node("Sigmoid", [logits], "net_heads")
+    probabilities = node("Sigmoid", [logits], HEADS_OUTPUT)
     # score = p_interact * p_like-weighted value: [n, 2] @ [[0], [0]] would lose the product,
     # so the two columns are sliced and multiplied.
     axis = constant("net_axis", np.array([1], dtype=np.int64))
@@ -309,7 +312,10 @@ def export_net(net: RankerNet, input_name: str, output_name: str, width: int) ->
         nodes,
         "ranker_net",
         [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [None, width])],
-        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [None, 1])],
+        [
+            helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [None, 1]),
+            helper.make_tensor_value_info(HEADS_OUTPUT, TensorProto.FLOAT, [None, len(HEADS)]),
+        ],
         initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
+from app.release.schema import HEADS_OUTPUT
 from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,
@@ -25,6 +26,7 @@ from recsys_tools.model.engine.calibration import (
 from recsys_tools.model.engine.checks import check_accelerator, check_serving, check_signature
 from recsys_tools.model.engine.commands import commands_for
 from recsys_tools.model.engine.config import config_text, read_config, serving_config
+from recsys_tools.model.engine.graph import graph_io
 from recsys_tools.model.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
 from recsys_tools.model.engine.options import BuildOptions, shown
 from recsys_tools.model.engine.profile import Profile, profile_for
@@ -99,7 +101,8 @@ def build_engine(options: BuildOptions) -> EngineReport:
     try:
         onnx_name, table = _write(staging, options, schema, ready, profile, report)
         world_id = stamp.world_id if stamp is not None else None
-        config = serving_config(source, options, profile, table, world_id)
+        heads = any(tensor.name == HEADS_OUTPUT for tensor in graph_io(model)[1])
+        config = serving_config(source, options, profile, table, world_id, heads)
         (staging / "config.pbtxt").write_text(config_text(config, options, profile))
         read_config(staging / "config.pbtxt")  # what Triton will parse, parsed back
         if options.out.exists():

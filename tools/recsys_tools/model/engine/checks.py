@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
 from recsys_tools.model.engine.config import find_accelerator
 from recsys_tools.model.engine.graph import ONNX_FLOAT, Tensor, graph_io
 from recsys_tools.model.engine.options import DEFAULT_CONFIG
@@ -58,7 +59,7 @@ ACCELERATOR_KEYS = frozenset(
 
 
 def _one(kind: str, model: list[Tensor], config: Any, where: str) -> tuple[Tensor, Any]:
-    if len(model) != 1 or len(config) != 1:
+    if len(model) != 1 or len(config) != 1:  # a second output is checked apart (the heads)
         raise ConfigError(
             f"the ranker has {len(model)} {kind}s and {where} declares {len(config)}: the "
             f"service sends one packed row matrix and reads one score per row"
@@ -73,7 +74,8 @@ def check_signature(config: Any, model: Any, schema: FeatureSchema, where: str) 
     fp32 = model_config_pb2.TYPE_FP32
     inputs, outputs = graph_io(model)
     m_in, c_in = _one("input", inputs, config.input, where)
-    m_out, c_out = _one("output", outputs, config.output, where)
+    heads = _heads_checked(outputs[1:], config.output[1:], where)
+    m_out, c_out = _one("output", outputs[:1], config.output[:1], where)
     fix = "rebuild the world, or correct the config"
     for kind, m, c, expected in (
         ("input", m_in, c_in, schema.input_name),
@@ -102,8 +104,27 @@ def check_signature(config: Any, model: Any, schema: FeatureSchema, where: str) 
         )
     return [
         f"model.onnx, {where} and the schema agree: input {m_in.name!r} FP32 [n, {schema.width}],"
-        f" output {m_out.name!r} FP32 [n, 1], model {config.name!r}"
+        f" output {m_out.name!r} FP32 [n, 1]{heads}, model {config.name!r}"
     ]
+
+
+def _heads_checked(model: list[Tensor], config: Any, where: str) -> str:
+    """The outputs after the score may only be the heads, [n, 2] and dims [2]; the config
+    may leave them out (the build then serves the score alone), never add them."""
+    shape = [len(HEAD_NAMES)]
+    for tensor in model:
+        if tensor.name != HEADS_OUTPUT or len(tensor.dims) != 2 or tensor.dims[1] != shape[0]:
+            raise ConfigError(
+                f"model.onnx output {tensor.name!r} {list(tensor.dims)}: after the score the "
+                f"ranker may only answer {HEADS_OUTPUT!r} [n, {shape[0]}]"
+            )
+    for output in config:
+        if output.name != HEADS_OUTPUT or list(output.dims) != shape:
+            raise ConfigError(
+                f"{where} output {output.name!r} dims {list(output.dims)}: after the score a "
+                f"config may only declare {HEADS_OUTPUT!r} dims {shape}"
+            )
+    return f" and {HEADS_OUTPUT!r} FP32 [n, {shape[0]}]" if model else ""
 
 
 def _check_widths(m_in: Tensor, config_dims: list[int], width: int, where: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
+from app.release.schema import HEADS_OUTPUT
 from recsys_tools.model.engine.options import shown
 
 if TYPE_CHECKING:
@@ -52,13 +53,24 @@ def _accelerator(config: Any) -> Any:
 
 
 def serving_config(
-    source: Any, options: BuildOptions, profile: Profile, table: str | None, world_id: str | None
+    source: Any,
+    options: BuildOptions,
+    profile: Profile,
+    table: str | None,
+    world_id: str | None,
+    heads: bool = True,
 ) -> Any:
-    """The source config with the engine's platform, precision and profile (and world id)."""
+    """The source config with the engine's platform, precision and profile (and world id);
+    without the heads output where the model has none (`heads`)."""
     from app.release.world import WORLD_ID_PARAMETER
 
     config = type(source)()
     config.CopyFrom(source)
+    if not heads:
+        # Triton refuses a config naming an output its model lacks.
+        kept = [output for output in config.output if output.name != HEADS_OUTPUT]
+        del config.output[:]
+        config.output.extend(kept)
     if options.engine == "plan":
         config.platform, config.backend, config.default_model_filename = "tensorrt_plan", "", ""
         config.optimization.ClearField("execution_accelerators")

@@ -29,6 +29,6 @@ def scores(model: Any, rows: FloatArray) -> FloatArray:
     import numpy as np
 
     session = _session(model)
-    (out,) = session.run(None, {session.get_inputs()[0].name: rows})
+    (out,) = session.run([session.get_outputs()[0].name], {session.get_inputs()[0].name: rows})
     flat: FloatArray = np.asarray(out, dtype=np.float32).reshape(-1)
     return flat

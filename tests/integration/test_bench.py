@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
 import pytest
 from recsys_tools.localstack import free_port
 
+from app.release.catalog import MANIFEST_FILE
 from loadtest.bench import (
     P99_BOUND_MS,
     Processes,
@@ -122,7 +124,11 @@ def test_a_perf_analyzer_run_that_measures_nothing_says_why() -> None:
 
 
 def test_the_model_cost_is_its_dense_layers_per_row(stack: Stack) -> None:
-    # The demo's MLP: the schema's row -> 64 -> 32 -> 1, two FLOPs a multiply-add.
+    # The demo's ranker: two cross layers (width x width) where the build kept them, then
+    # the row -> 64 -> 32 -> two heads; two FLOPs a multiply-add.
+    training = json.loads((stack.world / MANIFEST_FILE).read_text())["training"]
     width = stack.schema.width
-    expected = 2 * (width * 64 + 64 * 32 + 32 * 1)
+    cross = 2 if training["network"] == "dcn" else 0
+    expected = 2 * (cross * width * width + width * 64 + 64 * 32 + 32 * 2)
     assert model_flops_per_row(stack.world / "model.onnx") == expected
+    assert training["flops_per_row"] == expected

@@ -7,7 +7,14 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import SchemaError
-from app.release.schema import ModelSignature, load_schema, parse_schema, signature_mismatches
+from app.release.schema import (
+    HEAD_NAMES,
+    HEADS_OUTPUT,
+    ModelSignature,
+    load_schema,
+    parse_schema,
+    signature_mismatches,
+)
 from tests.unit.tiny_schema import TINY_SCHEMA_JSON, tiny_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +99,9 @@ def test_triton_configs_agree_with_the_packaged_schema(config_path: str) -> None
     assert [i.name for i in config.input] == [schema.input_name]
     assert list(config.input[0].dims) == [schema.width]
     assert config.input[0].data_type == model_config_pb2.TYPE_FP32
-    assert [o.name for o in config.output] == [schema.output_name]
+    # The score, then each head's probability (install-model drops them for a headless model).
+    assert [o.name for o in config.output] == [schema.output_name, HEADS_OUTPUT]
     assert list(config.output[0].dims) == [1]
+    assert list(config.output[1].dims) == [len(HEAD_NAMES)]
     assert config.max_batch_size >= 1024
     assert config.HasField("dynamic_batching")

@@ -39,6 +39,8 @@ class TrainingReport:
     auc_similarity: float
     auc_heads: dict[str, float | None]
     like_rate: float
+    network: str  # the shape kept: "mlp" or "dcn"
+    flops_per_row: int
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -114,6 +116,8 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
         auc_similarity=auc(labels[test], rows[test][:, product].sum(axis=1)),
         auc_heads=head_aucs(model, rows[test], labels[test], liked[test]),
         like_rate=float(liked[labels == 1].mean()) if labels.any() else 0.0,
+        network=model.shape.kind,
+        flops_per_row=model.flops_per_row,
     )
     return TrainedRanker(export_onnx(model, schema), report)
 

@@ -89,6 +89,22 @@ def test_the_build_keeps_the_shape_with_the_lower_validation_loss(
     assert net.considered[net.shape.kind] == net.validation_loss
 
 
+def test_with_rows_of_other_users_the_build_keeps_the_better_auc_there(planted: Arrays) -> None:
+    rows, interacted, liked = planted
+    shapes = (replace(MLP, epochs=3), replace(DCN, epochs=3))
+    check = (rows[8000:], interacted[8000:])
+    net = fit_best(rows[:6000], interacted[:6000], liked[:6000], shapes, seed=4, check=check)
+    assert set(net.considered) == {"mlp", "dcn"}
+    assert net.considered[net.shape.kind] == max(net.considered.values())
+    assert net.considered[net.shape.kind] == pytest.approx(
+        auc(check[1], net.scores(check[0])), abs=1e-4
+    )
+    # Rows of one class tell nothing: the validation loss decides.
+    flat = (rows[8000:], np.ones(len(rows) - 8000, np.int8))
+    fallback = fit_best(rows[:6000], interacted[:6000], liked[:6000], shapes, seed=4, check=flat)
+    assert fallback.validation_loss == min(fallback.considered.values())
+
+
 def _log(weights: list[float] | None, positive: list[bool]) -> InteractionLog:
     n = len(positive)
     return InteractionLog(

@@ -60,7 +60,7 @@ class NetShape:
 
 DCN = NetShape()
 MLP = NetShape(cross_layers=0)
-# "auto" trains each and keeps the one with the lowest validation loss (fit_best).
+# "auto" trains each and keeps the better (fit_best).
 NETWORKS = {"dcn": (DCN,), "mlp": (MLP,), "auto": (MLP, DCN)}
 
 
@@ -229,12 +229,26 @@ def fit_best(
     liked: Labels | None,
     shapes: tuple[NetShape, ...],
     seed: int = 7,
+    check: tuple[FloatArray, Labels] | None = None,
 ) -> RankerNet:
-    """Each shape trained on the same rows and the same validation share; the one with the
-    lowest validation loss is kept, with every shape's loss in `considered`."""
+    """Each shape trained on the same rows; the one kept is the one whose score tells the
+    `check` rows' positives best (AUC; rows of users none of them learnt from), else the
+    one with the lowest validation loss. `considered` holds every shape's figure.
+
+    Measured on the sessions log: the cross layers reached the lower validation loss (rows
+    of the users they learnt from, whose embeddings they can memorise crosses of) and the
+    lower AUC on other users (0.846 against 0.860), so users apart decide where given."""
+    from sklearn.metrics import roc_auc_score
+
     nets = [fit_net(rows, interacted, liked, shape, seed) for shape in shapes]
-    chosen = min(nets, key=lambda net: net.validation_loss)
-    return replace(chosen, considered={net.shape.kind: net.validation_loss for net in nets})
+    if check is not None and 0 < check[1].sum() < len(check[1]) and len(nets) > 1:
+        figures = [round(float(roc_auc_score(check[1], net.scores(check[0]))), 5) for net in nets]
+        chosen = nets[int(np.argmax(figures))]
+    else:
+        figures = [net.validation_loss for net in nets]
+        chosen = min(nets, key=lambda net: net.validation_loss)
+    considered = {net.shape.kind: figure for net, figure in zip(nets, figures, strict=True)}
+    return replace(chosen, considered=considered)
 
 
 def export_net(net: RankerNet, input_name: str, output_name: str, width: int) -> bytes:

@@ -75,10 +75,11 @@ def fit_ranker(
     seed: int = 7,
     liked: npt.NDArray[np.int8] | None = None,
     network: str = "auto",
+    check: tuple[FloatArray, npt.NDArray[np.int8]] | None = None,
 ) -> RankerNet:
-    """Fit the ranking network (a key of NETWORKS) on packed rows; export it with
-    export_onnx."""
-    return fit_best(rows, labels, liked, NETWORKS[network], seed)
+    """Fit the ranking network (a key of NETWORKS) on packed rows, choosing on `check` where
+    there is a choice (fit_best); export it with export_onnx."""
+    return fit_best(rows, labels, liked, NETWORKS[network], seed, check)
 
 
 def head_aucs(

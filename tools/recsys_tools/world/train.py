@@ -41,6 +41,7 @@ class TrainingReport:
     like_rate: float
     network: str  # the shape kept: "mlp" or "dcn"
     flops_per_row: int
+    considered: dict[str, float]  # each shape's AUC on users none learnt from
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -106,10 +107,15 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
     labels, liked = world.interactions.clicked, world.interactions.liked
     rng = np.random.default_rng(seed)
     test = rng.random(len(labels)) < 0.2
-    model = fit_ranker(rows[~test], labels[~test], seed, liked[~test])
+    # A tenth of the users are kept from the networks to choose between them (fit_best).
+    apart = ~test & (world.interactions.users % 10 == 0)
+    learn = ~test & ~apart
+    model = fit_ranker(
+        rows[learn], labels[learn], seed, liked[learn], check=(rows[apart], labels[apart])
+    )
     product = schema.blocks["user_item_product"]
     report = TrainingReport(
-        train_rows=int((~test).sum()),
+        train_rows=int((~test).sum()),  # learnt from, or kept apart to choose the network
         test_rows=int(test.sum()),
         click_rate=float(labels.mean()),
         auc_model=auc(labels[test], model.predict_proba(rows[test])[:, 1]),
@@ -119,6 +125,7 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
         like_rate=float(liked[labels == 1].mean()) if labels.any() else 0.0,
         network=model.shape.kind,
         flops_per_row=model.flops_per_row,
+        considered=model.considered,
     )
     return TrainedRanker(export_onnx(model, schema), report)
 

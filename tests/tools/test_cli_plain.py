@@ -170,3 +170,21 @@ def test_the_demo_never_overwrites_a_world_it_did_not_build(tmp_path: Path) -> N
     _assert_one_plain_line(output, "not a complete world", "left alone")
     assert sorted(p.name for p in world.iterdir()) == ["items.npz"]
     assert (world / "items.npz").read_bytes() == b"not the demo's"
+
+
+def test_every_command_prints_its_help() -> None:
+    """argparse formats help text with %: one stray percent sign breaks `recsys --help`."""
+    import argparse
+
+    from recsys_tools.cli import _parser
+
+    parser = _parser()
+    assert "build-world" in parser.format_help()
+    pending = [parser]
+    while pending:
+        current = pending.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    assert sub.format_help(), sub.prog
+                    pending.append(sub)

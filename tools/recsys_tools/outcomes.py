@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> None:
 def register(commands: Commands) -> None:
     outcomes = commands.add_parser(
         "outcomes",
-        help="each variant's click, like and purchase rates with 95% intervals",
+        help="each variant's click, like and purchase rates with 95%% intervals",
         description=__doc__,
     )
     outcomes.add_argument("--api", default="http://127.0.0.1:8080", help="the API's base URL")

@@ -139,7 +139,7 @@ def like_logit(taste: FloatArray, quality: FloatArray, log_price: FloatArray) ->
     """Whether a click turns into a like: taste and quality count, popularity and the
     device do not, and a dear item has to be better to be liked (a second objective that
     is not the first one again)."""
-    logit = 6.0 * taste + 2.5 * quality - 0.5 * log_price - 0.5
+    logit = 6.0 * taste + 2.5 * quality - 0.5 * log_price - 2.0
     as_float32: FloatArray = logit.astype(np.float32)
     return as_float32
 

@@ -8,7 +8,7 @@ item-to-item and popularity baselines, each head's AUC, and the median over seed
 ratio the target is set in: recall + pre-rank + rank against recall alone.
 
 - sessions (recsys_tools.world.sessions): users rate items in sessions of one theme; what
-  they rate next is told by what they rated last;
+  they rate next is told by what they rated last; its item table gives each item's genre;
 - drift (recsys_tools.world.drift, its history): each user rates a few items of one group;
   nothing sequential to find, where the cascade must not lose to recall.
 """
@@ -26,8 +26,8 @@ from typing import Any
 from recsys_tools.world.derive import interactions_schema_path
 from recsys_tools.world.drift import write_drift_log
 from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import LogColumns
-from recsys_tools.world.sessions import write_session_log
+from recsys_tools.world.logs import ItemColumns, LogColumns
+from recsys_tools.world.sessions import write_session_items, write_session_log
 
 from app.release.schema import load_schema
 from loadtest.record import record
@@ -35,8 +35,17 @@ from loadtest.record import record
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
 
-def _figures(log: Path, world: Path, seed: int, network: str) -> dict[str, Any]:
-    recipe = WorldRecipe(interactions=log, columns=COLUMNS, seed=seed, network=network)
+def _figures(
+    log: Path, world: Path, seed: int, network: str, items: Path | None = None
+) -> dict[str, Any]:
+    recipe = WorldRecipe(
+        interactions=log,
+        columns=COLUMNS,
+        seed=seed,
+        network=network,
+        items=items,
+        item_columns=ItemColumns(category="genre"),
+    )
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     evaluation = report["evaluation"]
     stages = evaluation["stages"]
@@ -75,10 +84,11 @@ def measure(folder: Path, seeds: list[int], networks: list[str]) -> dict[str, An
     for seed in seeds:
         here = folder / f"seed{seed}"
         sessions = write_session_log(here / "sessions.csv", seed=seed)
+        genres = write_session_items(here / "items.csv")
         drift = write_drift_log(here / "drift", seed=seed)
         for network in networks:
             logs["sessions"][network].append(
-                _figures(sessions, here / f"sessions-{network}", seed, network)
+                _figures(sessions, here / f"sessions-{network}", seed, network, genres)
             )
             logs["drift"][network].append(
                 _figures(drift.history, here / f"drift-{network}", seed, network)

@@ -12,9 +12,10 @@ from app.release.neighbours import Nearby
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 
-SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean")
-# Pre-rank weighs the first three; the last two (the candidate's best and mean similarity to
-# the latest positives, unweighted) are for the ranking model's sequence block only.
+SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category")
+# Pre-rank weighs the first three; the others are for the ranking model's sequence block
+# only: the candidate's best and mean likeness to the latest positives (unweighted), and the
+# recency-weighted share of them in its category.
 WEIGHED = 3
 
 
@@ -25,9 +26,11 @@ def prerank_signals(
     vectors: npt.NDArray[np.float32],
     nearby: Nearby,
     decay: float,
+    categories: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.float32]:
     """One row per candidate, one column per signal in SIGNALS' order; `nearby` is what the
-    world's neighbours say is near `recent` (Neighbours.around, with the same decay)."""
+    world's neighbours say is near `recent` (Neighbours.around, with the same decay);
+    `categories`, each catalog item's category code (None: that column stays 0)."""
     signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
     if not len(positions):
         return signals
@@ -49,6 +52,9 @@ def prerank_signals(
     each = candidate @ latest.T  # [candidates, latest positives]
     signals[:, 3] = each.max(axis=1)
     signals[:, 4] = each.mean(axis=1)
+    if categories is not None:
+        same = categories[positions][:, None] == categories[recent][None, :]
+        signals[:, 5] = (same @ weights) / weights.sum()
     return signals
 
 

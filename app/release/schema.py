@@ -31,7 +31,7 @@ ALL_BLOCKS: frozenset[str] = (
     frozenset(BlockName.__args__) - OPTIONAL_BLOCKS  # type: ignore[attr-defined]
 )
 # What relates a candidate to what the user did last (app.pipeline.signals computes them).
-SequenceSignal = Literal["similar", "recent", "recent_max", "recent_mean"]
+SequenceSignal = Literal["similar", "recent", "recent_max", "recent_mean", "recent_category"]
 
 
 class _ModelIO(BaseModel):

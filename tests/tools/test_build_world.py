@@ -304,9 +304,15 @@ def test_the_holdout_is_the_latest_fifth_of_each_users_positives(public: Public)
 
 
 def test_the_packaged_schema_documents_what_the_registry_computes(schema: FeatureSchema) -> None:
-    # The packaged schema's 121 columns, and the four sequence signals after them.
-    assert schema.width == load_schema().width + 4 == 125
-    assert schema.sequence == ("similar", "recent", "recent_max", "recent_mean")
+    # The packaged schema's 121 columns, and the five sequence signals after them.
+    assert schema.width == load_schema().width + 5 == 126
+    assert schema.sequence == (
+        "similar",
+        "recent",
+        "recent_max",
+        "recent_mean",
+        "recent_category",
+    )
     for name in schema.user_dense:
         assert schema.docs[name].meaning == USER_FEATURES[name].meaning
     for name in schema.item_dense:

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from recsys_tools.world.derive import interactions_schema_path
 from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import LogColumns
-from recsys_tools.world.sessions import SessionShape, write_session_log
+from recsys_tools.world.logs import ItemColumns, LogColumns
+from recsys_tools.world.sessions import SessionShape, write_session_items, write_session_log
 
+from app.pipeline.signals import SIGNALS
 from app.release.catalog import load_catalog
 from app.release.schema import load_schema
 
@@ -29,7 +30,14 @@ SMALL = SessionShape(genres=5, themes_per_genre=8, items_per_theme=25, users=500
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("sessions")
     log = write_session_log(folder / "sessions.csv", seed=3, shape=SMALL)
-    recipe = WorldRecipe(interactions=log, columns=COLUMNS, seed=5)
+    items = write_session_items(folder / "items.csv", shape=SMALL)
+    recipe = WorldRecipe(
+        interactions=log,
+        columns=COLUMNS,
+        seed=5,
+        items=items,
+        item_columns=ItemColumns(category="genre"),
+    )
     schema = load_schema(interactions_schema_path())
     return folder / "world", build_world_from_log(recipe, folder / "world", schema)
 
@@ -57,8 +65,10 @@ def test_the_world_serves_the_cascade_it_was_evaluated_with(
     world, report = built
     schema = load_schema(world / "feature_schema.json")
     catalog = load_catalog(world, schema, nprobe=8)
-    assert schema.sequence == ("similar", "recent", "recent_max", "recent_mean")
+    assert schema.sequence == SIGNALS[1:]
     assert catalog.neighbours is not None
+    # The item table's genres are the catalog's categories: the category signal reads them.
+    assert len(np.unique(catalog.categories)) == SMALL.genres
     assert catalog.vectors is not None
     assert catalog.prerank.user > 0
     # Items of one theme are one another's neighbours: the session's theme is found.

@@ -124,7 +124,7 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     latest = np.array([2], np.int64)
     near = NEIGHBOURS.around(latest, 0.9)
     signals = prerank_signals(positions, user, latest, VECTORS, near, 0.9)
-    assert SIGNALS == ("user", "similar", "recent", "recent_max", "recent_mean")
+    assert SIGNALS == ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category")
     np.testing.assert_allclose(signals[:, 0], [0.2, 0.6, 1.0], atol=1e-3)
     np.testing.assert_allclose(signals[:, 1], [0.0, 0.8, 0.0], atol=1e-6)
     # Item 2's vector is (1, 0.4): item n scores 1 + 0.4 n / 5.
@@ -138,6 +138,16 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     np.testing.assert_allclose(two[:, 4], each.mean(axis=1), atol=1e-6)
     # Recency: the later positive (item 0) weighs twice the earlier at decay 0.5.
     np.testing.assert_allclose(two[:, 2], each @ [1 / 3, 2 / 3], atol=1e-5)
+    # Without categories that column stays 0; with them, the recency-weighted share of the
+    # latest positives in the candidate's category.
+    assert (two[:, 5] == 0).all()
+    categories = np.array([7, 7, 8, 8, 8, 9], np.int64)  # item 2 in 8, item 0 in 7
+    sharing = prerank_signals(
+        positions, user, np.array([2, 0], np.int64), VECTORS, near, 0.5, categories
+    )
+    # Items 1 (7), 3 (7) and 5 (9): the later positive's category, the earlier's, neither.
+    np.testing.assert_allclose(sharing[:, 5], [2 / 3, 1 / 3, 0.0], atol=1e-6)
+    np.testing.assert_allclose(sharing[:, :5], two[:, :5])
     alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NOWHERE, 0.9)
     assert (alone[:, 1:] == 0).all()
 

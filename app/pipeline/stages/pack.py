@@ -35,6 +35,7 @@ class RowPacker:
             catalog.vectors,
             user.nearby,
             self._decay,
+            catalog.categories,
         )
         return sequence_columns(schema, signals)
 

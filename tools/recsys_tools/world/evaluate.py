@@ -85,6 +85,7 @@ class ServedModel:
     onnx_model: bytes
     neighbours: Neighbours | None = None
     prerank: PrerankWeights = field(default_factory=PrerankWeights)
+    categories: IntArray | None = None  # each item's category code, as the catalog holds it
 
 
 def _ragged(owner: IntArray, size: int) -> IntArray:
@@ -242,6 +243,7 @@ class _Evaluator:
             self.vectors,
             q.near,
             DECAY,
+            self.model.categories,
         )
         return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
 

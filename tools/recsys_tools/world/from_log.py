@@ -148,6 +148,7 @@ class _Learnt:
     popularity: FloatArray
     neighbours: Neighbours
     ranker: _Ranker
+    categories: IntArray  # each item's category code, as the catalog holds it
 
     def blobs(self) -> tuple[FloatArray, FloatArray]:
         users = np.concatenate([self.embeddings.users, self.user_dense], axis=1)
@@ -163,6 +164,7 @@ class _Learnt:
             self.ranker.onnx_model,
             self.neighbours,
             self.ranker.prerank,
+            self.categories,
         )
 
 
@@ -194,12 +196,13 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
     # What the service knows of each user at the moment of their targets: their latest
     # positives before it, and the neighbours learnt from the early part.
     neighbours, recent = positive_neighbours(early), latest_positives(early)
+    categories = category_codes(part.items)
 
     def sequence(users: IntArray, items: IntArray) -> FloatArray | None:
         if not schema.sequence:
             return None
         signals = example_signals(
-            users, items, embeddings.users, embeddings.items, neighbours, recent
+            users, items, embeddings.users, embeddings.items, neighbours, recent, categories
         )
         return sequence_columns(schema, signals)
 
@@ -219,7 +222,14 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
     liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
     # Pre-rank and the blend learn on the blending users' pools, as the service builds them.
     pools = user_pools(
-        blending, embeddings.users, embeddings.items, neighbours, recent, before, liked_keys
+        blending,
+        embeddings.users,
+        embeddings.items,
+        neighbours,
+        recent,
+        before,
+        liked_keys,
+        categories,
     )
     prerank = fit_prerank(pools)
     lists = ranked_lists(pools, prerank, BLEND_DEPTH)
@@ -346,7 +356,7 @@ def _learn(
         f"{ranker.positives:,}",
         clock.took(f"{label}.ranker"),
     )
-    return _Learnt(embeddings, users, items, counts, neighbours, ranker)
+    return _Learnt(embeddings, users, items, counts, neighbours, ranker, category_codes(part.items))
 
 
 def _seen_lists(part: InteractionLog) -> SeenLists:

@@ -104,6 +104,7 @@ def user_pools(
     recent: Recent,
     seen: IntArray,
     liked: IntArray,
+    categories: IntArray | None = None,
 ) -> Pools:
     """`seen` and `liked` are sorted user * n_items + item keys (seen before the moment,
     liked after it)."""
@@ -123,7 +124,9 @@ def user_pools(
             kept_users.append(user)
             pools.append(pool)
             signals.append(
-                prerank_signals(pool, user_vectors[user], recent.of(user), vectors, near, DECAY)
+                prerank_signals(
+                    pool, user_vectors[user], recent.of(user), vectors, near, DECAY, categories
+                )
             )
             labels.append(mine)
     return Pools(np.asarray(kept_users, dtype=np.int64), pools, signals, labels)
@@ -198,6 +201,7 @@ def example_signals(
     item_vectors: FloatArray,
     neighbours: Neighbours,
     recent: Recent,
+    categories: IntArray | None = None,
 ) -> FloatArray:
     """The signals of each (user, item) example, as the service would compute them."""
     vectors = item_vectors.astype(np.float32)
@@ -210,6 +214,12 @@ def example_signals(
         user = int(users[rows[0]])
         latest = recent.of(user)
         out[rows] = prerank_signals(
-            items[rows], user_vectors[user], latest, vectors, nearby(neighbours, latest), DECAY
+            items[rows],
+            user_vectors[user],
+            latest,
+            vectors,
+            nearby(neighbours, latest),
+            DECAY,
+            categories,
         )
     return out

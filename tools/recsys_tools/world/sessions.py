@@ -6,7 +6,8 @@ rating several of its items one after the other; most sessions stay in the favou
 some stray. What the user will rate next is best told by what they rated last (the theme of
 the session under way), less by their long-run taste: a model that only knows the user's
 vector averages over every theme they touched. One file, columns
-user_id,item_id,rating,timestamp, in the form `recsys build-world` reads.
+user_id,item_id,rating,timestamp, in the form `recsys build-world` reads; and, beside it if
+asked, the item table (item_id,genre): what a catalog would say of each item.
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ def session_rows(shape: SessionShape, seed: int) -> list[tuple[str, str, float, 
                 rows.append((f"u{user}", f"i{item}", rating, moment))
             moment += int(rng.integers(DAY, 10 * DAY))
     return rows
+
+
+def write_session_items(path: Path, shape: SessionShape | None = None) -> Path:
+    """Each item's genre (its theme's), as an item table `--items --category-col genre`
+    reads."""
+    shape = shape or SessionShape()
+    per_genre = shape.themes_per_genre * shape.items_per_theme
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["item_id", "genre"])
+        writer.writerows((f"i{item}", f"g{item // per_genre}") for item in range(shape.items))
+    return path
 
 
 def write_session_log(path: Path, seed: int = 3, shape: SessionShape | None = None) -> Path:

@@ -53,6 +53,7 @@ from loadtest.cpu import tree_cpu_seconds
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot
 from loadtest.openloop import Load, demo_bodies, run, summarize, sweep
 from loadtest.plots import write_plots
+from loadtest.record import record_top
 from loadtest.service import ApiProcess, api_on, local_service
 
 log = logging.getLogger("loadtest.bench")
@@ -370,8 +371,8 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        # The other benchmarks' records (cascade, realtime, ...) share the file: kept.
+        record_top(args.out, report)
         for path in write_plots(report, args.out.parent / args.out.stem):
             log.info("wrote %s", path)
 

@@ -293,7 +293,13 @@ async def measure(
     rate = await max_rate(load, args.start_rate, args.step, args.duration)
     overhead = await overhead_p50(api.url, args.sequential, args.users)
     closed = await closed_loop(load, CLOSED_LOOP_CONNECTIONS, args.duration)
-    alone = await asyncio.to_thread(triton_alone, triton_url, args.model, args.rows)
+    alone = await asyncio.to_thread(
+        triton_alone,
+        triton_url,
+        args.model,
+        args.rows,
+        stability_percent=args.stability_percent,
+    )
     ratio = None
     if rate["max_rate_at_p99"] and alone["triton_alone_max_rate_at_p99"]:
         ratio = round(rate["max_rate_at_p99"] / alone["triton_alone_max_rate_at_p99"], 3)
@@ -349,6 +355,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--sequential", type=int, default=300)
     parser.add_argument("--model", default="ranking_model")
+    parser.add_argument(
+        "--stability-percent",
+        type=int,
+        default=10,
+        help="perf_analyzer's stability bound for Triton alone; a busy machine may need 30",
+    )
     parser.add_argument(
         "--rows", type=int, default=500, help="rows per request: what pre-rank keeps"
     )

@@ -276,38 +276,21 @@ def export_net(net: RankerNet, input_name: str, output_name: str, width: int) ->
         ],
         "net_x0",
     )
+
+    def linear(x: str, layer: Layer, name: str) -> str:
+        """x W + b, the weights as initializers named after the layer."""
+        product = node("MatMul", [x, constant(f"{name}_w", layer.weight)], f"{name}_m")
+        return node("Add", [product, constant(f"{name}_b", layer.bias)], f"{name}_lin")
+
     h = x0
     for i, layer in enumerate(net.cross):
-        linear = node(
-            "Add",
-            [
-                node("MatMul", [h, constant(f"net_cross{i}_w", layer.weight)], f"net_cross{i}_m"),
-                constant(f"net_cross{i}_b", layer.bias),
-            ],
-            f"net_cross{i}_lin",
-        )
-        h = node("Add", [node("Mul", [x0, linear], f"net_cross{i}_x"), h], f"net_cross{i}")
+        crossed = node("Mul", [x0, linear(h, layer, f"net_cross{i}")], f"net_cross{i}_x")
+        h = node("Add", [crossed, h], f"net_cross{i}")
     for i, layer in enumerate(net.deep):
-        linear = node(
-            "Add",
-            [
-                node("MatMul", [h, constant(f"net_deep{i}_w", layer.weight)], f"net_deep{i}_m"),
-                constant(f"net_deep{i}_b", layer.bias),
-            ],
-            f"net_deep{i}_lin",
-        )
-        h = node("Relu", [linear], f"net_deep{i}")
-    logits = node(
-        "Add",
-        [
-            node("MatMul", [h, constant("net_heads_w", net.heads.weight)], "net_heads_m"),
-            constant("net_heads_b", net.heads.bias),
-        ],
-        "net_logits",
-    )
+        h = node("Relu", [linear(h, layer, f"net_deep{i}")], f"net_deep{i}")
+    logits = linear(h, net.heads, "net_heads")
     probabilities = node("Sigmoid", [logits], HEADS_OUTPUT)
-    # score = p_interact * p_like-weighted value: [n, 2] @ [[0], [0]] would lose the product,
-    # so the two columns are sliced and multiplied.
+    # The score is a product of the two heads (no matrix gives it): each is sliced out.
     axis = constant("net_axis", np.array([1], dtype=np.int64))
     zero, one, two = (constant(f"net_at{k}", np.array([k], dtype=np.int64)) for k in (0, 1, 2))
     interact = node("Slice", [probabilities, zero, one, axis], "net_p_interact")

@@ -27,10 +27,13 @@ def prerank_signals(
     nearby: Nearby,
     decay: float,
     categories: npt.NDArray[np.int64] | None = None,
+    weighed_only: bool = False,
 ) -> npt.NDArray[np.float32]:
     """One row per candidate, one column per signal in SIGNALS' order; `nearby` is what the
     world's neighbours say is near `recent` (Neighbours.around, with the same decay);
-    `categories`, each catalog item's category code (None: that column stays 0)."""
+    `categories`, each catalog item's category code (None: that column stays 0).
+    `weighed_only`: the columns after pre-rank's three stay 0 (pre-rank over the whole
+    pool needs no more; the pack stage computes them for the rows it keeps)."""
     signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
     if not len(positions):
         return signals
@@ -49,6 +52,8 @@ def prerank_signals(
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
     taste = (weights @ latest) / weights.sum()
     signals[:, 2] = candidate @ taste
+    if weighed_only:
+        return signals
     each = candidate @ latest.T  # [candidates, latest positives]
     signals[:, 3] = each.max(axis=1)
     signals[:, 4] = each.mean(axis=1)

@@ -148,6 +148,12 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     # Items 1 (7), 3 (7) and 5 (9): the later positive's category, the earlier's, neither.
     np.testing.assert_allclose(sharing[:, 5], [2 / 3, 1 / 3, 0.0], atol=1e-6)
     np.testing.assert_allclose(sharing[:, :5], two[:, :5])
+    # Pre-rank over the whole pool computes its own three only.
+    weighed = prerank_signals(
+        positions, user, np.array([2, 0], np.int64), VECTORS, near, 0.5, categories, True
+    )
+    np.testing.assert_allclose(weighed[:, :3], two[:, :3])
+    assert (weighed[:, 3:] == 0).all()
     alone = prerank_signals(positions, user, np.empty(0, np.int64), VECTORS, NOWHERE, 0.9)
     assert (alone[:, 1:] == 0).all()
 

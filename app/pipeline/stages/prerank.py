@@ -42,6 +42,7 @@ class PreRanker:
             catalog.vectors,
             user.nearby,
             self._decay,
+            weighed_only=True,
         )
         kept = best(prerank_scores(signals, catalog.prerank), self._keep)
         return Pool(pool.asked, pool.positions[kept])

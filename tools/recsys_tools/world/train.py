@@ -1,10 +1,9 @@
-"""Train the ranking MLP and export it to ONNX.
+"""Train the ranking network and export it to ONNX.
 
 It learns from a synthetic world's impressions, or from a log's positives against sampled
 negatives. The network and its export are ranker_net.py (PyTorch trains; serving needs
-neither). The training
-rows come from the same pack_rows (and encode_context) the service uses, so the model sees
-exactly what it will be sent.
+neither). The training rows come from the same pack_rows (and encode_context) the service
+uses, so the model sees exactly what it will be sent.
 """
 
 from __future__ import annotations

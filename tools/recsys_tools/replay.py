@@ -132,7 +132,9 @@ def register(commands: Commands) -> None:
         help="walk a log against a running service: hit@K before each positive, then post it",
         description=__doc__,
     )
-    replayed.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet")
+    replayed.add_argument(
+        "--interactions", type=Path, required=True, help="the log: CSV, TSV or Parquet"
+    )
     replayed.add_argument("--url", default="http://127.0.0.1:8080", help="the running API")
     add_log_flags(replayed)
     replayed.add_argument(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
+from recsys_tools.world.layout import add_layout_flags, layout_from
 from recsys_tools.world.ranker_net import NETWORKS
 
 if TYPE_CHECKING:
@@ -42,7 +43,10 @@ def _build_world(args: argparse.Namespace) -> None:
         columns=log_columns(args),
         items=args.items,
         item_columns=ItemColumns(
-            item_id=args.item_id_col, category=args.category_col, published=args.published_col
+            item_id=args.item_id_col,
+            category=args.category_col,
+            published=args.published_col,
+            layout=layout_from(args, "items", "--items"),
         ),
         keep_holdout=args.keep_holdout,
         seed=args.seed,
@@ -64,11 +68,13 @@ def log_columns(args: argparse.Namespace) -> LogColumns:
         time=args.time_col,
         weight=args.weight_col,
         min_weight=args.min_weight,
+        layout=layout_from(args, "interactions", "--interactions"),
     )
 
 
 def add_log_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that name an interaction log's columns, the same for every command."""
+    """The flags that name an interaction log's columns and lay-out (separator, header,
+    encoding), the same for every command."""
     parser.add_argument("--user-col", default="user_id", help="default: user_id")
     parser.add_argument("--item-col", default="item_id", help="default: item_id")
     parser.add_argument(
@@ -78,6 +84,7 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-weight", type=float, default=None, help="rows at or above it are positives"
     )
+    add_layout_flags(parser, "--interactions", "the log")
 
 
 def _interactions_schema() -> Path:
@@ -254,12 +261,20 @@ def _add_build_world(
     )
     built.add_argument("--world", type=Path, required=True, help="the world directory to write")
     built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
-    built.add_argument("--interactions", type=Path, required=True, help="CSV or Parquet log")
+    built.add_argument(
+        "--interactions",
+        type=Path,
+        required=True,
+        help="the log: CSV, TSV or Parquet, gzipped or not (any name with --interactions-format)",
+    )
     add_log_flags(built)
-    built.add_argument("--items", type=Path, default=None, help="CSV or Parquet item table")
+    built.add_argument(
+        "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"
+    )
     built.add_argument("--item-id-col", default="item_id", help="default: item_id")
     built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
     built.add_argument("--published-col", default=None, help="when each item was published")
+    add_layout_flags(built, "--items", "the item table")
     built.add_argument(
         "--keep-holdout",
         action="store_true",

@@ -1,4 +1,5 @@
-"""Reading an interaction log (and optionally an item table) from CSV or Parquet.
+"""Reading an interaction log (and optionally an item table) from CSV, TSV or Parquet, laid
+out as published (layout.py: separator, header, encoding, compression).
 
 Ids are kept as strings exactly as written: "296" stays "296", never "296.0". Rows are
 ordered by user, then time, so each user's history is one contiguous, time-ordered run.
@@ -19,6 +20,15 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from app.core.errors import ConfigError
+from recsys_tools.world.layout import (
+    SEPARATORS,
+    FileLayout,
+    file_format,
+    looks_like_data,
+    parse_options,
+    read_options,
+    warn_of_data_header,
+)
 
 StrArray = npt.NDArray[np.str_]
 IntArray = npt.NDArray[np.int64]
@@ -41,7 +51,6 @@ FLAGS = {
     "category": "--category-col",
     "published": "--published-col",
 }
-SUFFIXES = (".csv", ".tsv", ".parquet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,7 @@ class LogColumns:
     time: str = "timestamp"
     weight: str | None = None
     min_weight: float | None = None
+    layout: FileLayout = field(default_factory=FileLayout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +68,7 @@ class ItemColumns:
     item_id: str = "item_id"
     category: str | None = None
     published: str | None = None
+    layout: FileLayout = field(default_factory=FileLayout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,52 +138,87 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _check_file(path: Path, flag: str) -> None:
-    if path.suffix.lower() not in SUFFIXES:
-        raise ConfigError(
-            f"{path}: cannot read a {path.suffix or 'suffix-less'} file; "
-            f"give {flag} a .csv, .tsv or .parquet file"
-        )
+def _check_file(path: Path, layout: FileLayout, flag: str) -> str:
+    """The file's format, once it is known to exist and to be one this reads."""
+    kind = file_format(path, layout, flag)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; check the path given to {flag}")
+    return kind
 
 
-def _csv_options(path: Path) -> pa_csv.ParseOptions:
-    return pa_csv.ParseOptions(delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-
-
-def _column_names(path: Path) -> list[str]:
+def _column_names(path: Path, kind: str, layout: FileLayout, flag: str) -> list[str]:
     try:
-        if path.suffix.lower() == ".parquet":
+        if kind == "parquet":
             return list(pq.read_schema(path).names)
-        with pa_csv.open_csv(path, parse_options=_csv_options(path)) as reader:
-            return list(reader.schema.names)
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"cannot read {path}: {_one_line(exc)}") from exc
+        options = parse_options(kind, layout)
+        with pa_csv.open_csv(
+            path, read_options=read_options(layout), parse_options=options
+        ) as reader:
+            names = list(reader.schema.names)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read {path}: {_one_line(exc)}{_hint(kind, layout, flag)}"
+        ) from exc
+    if layout.header and looks_like_data(names):
+        warn_of_data_header(path, names, flag)
+    return names
 
 
-def _require_columns(path: Path, wanted: dict[str, str], present: list[str]) -> None:
+def _require_columns(
+    path: Path, wanted: dict[str, str], present: list[str], file_flag: str
+) -> None:
     """wanted maps a role (user, item...) to the column name that should hold it."""
     for role, name in wanted.items():
-        if name not in present:
-            raise ConfigError(
-                f"{path.name} has no column {name!r} (it has {', '.join(present)}); "
-                f"name the {role.replace('_', ' ')} column with {FLAGS[role]}"
+        if name in present:
+            continue
+        fix = f"name the {role.replace('_', ' ')} column with {FLAGS[role]}"
+        if looks_like_data(present):
+            # Naming a column after a value of the first row would lose that row.
+            fix = (
+                f"its first row looks like data, not a header: give {file_flag}-no-header "
+                f"and {file_flag}-columns NAME,... (then {FLAGS[role]} one of those names)"
             )
+        raise ConfigError(
+            f"{path.name} has no column {name!r} (it has {', '.join(present)}); {fix}"
+        )
 
 
-def _read_table(path: Path, columns: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+def _hint(kind: str, layout: FileLayout, flag: str) -> str:
+    """How the file was read, and the flags that read it otherwise."""
+    if kind == "parquet":
+        return ""
+    sep = layout.sep or SEPARATORS.get(kind, ",")
+    return (
+        f" (read as {kind}, separator {sep!r}, encoding {layout.encoding}: {flag}-sep, "
+        f"{flag}-encoding and {flag}-format change them)"
+    )
+
+
+def _read_table(
+    path: Path,
+    kind: str,
+    layout: FileLayout,
+    columns: list[str],
+    types: dict[str, pa.DataType],
+    flag: str,
+) -> pa.Table:
     """Read only `columns`, with `types` forced; everything else keeps its inferred type."""
     try:
-        if path.suffix.lower() == ".parquet":
+        if kind == "parquet":
             table = pq.read_table(path, columns=columns)
             return table.cast(
                 pa.schema([pa.field(n, types.get(n, table.schema.field(n).type)) for n in columns])
             )
         options = pa_csv.ConvertOptions(column_types=types, include_columns=columns)
-        return pa_csv.read_csv(path, parse_options=_csv_options(path), convert_options=options)
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"cannot read {path.name}: {_one_line(exc)}") from exc
+        return pa_csv.read_csv(
+            path,
+            read_options=read_options(layout),
+            parse_options=parse_options(kind, layout),
+            convert_options=options,
+        )
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        hint = _hint(kind, layout, flag)
+        raise ConfigError(f"cannot read {path.name}: {_one_line(exc)}{hint}") from exc
 
 
 def _strings(column: pa.ChunkedArray) -> StrArray:
@@ -266,17 +312,21 @@ def _categories(
 
 def read_items(path: Path, columns: ItemColumns) -> ItemInfo:
     """The catalog in table order; every listed item stays, with or without interactions."""
-    _check_file(path, FLAGS["items"])
+    layout = columns.layout
+    kind = _check_file(path, layout, FLAGS["items"])
     wanted = {"item_id": columns.item_id}
     if columns.category is not None:
         wanted["category"] = columns.category
     if columns.published is not None:
         wanted["published"] = columns.published
-    _require_columns(path, wanted, _column_names(path))
+    _require_columns(
+        path, wanted, _column_names(path, kind, layout, FLAGS["items"]), FLAGS["items"]
+    )
     types = {columns.item_id: pa.string()}
     if columns.category is not None:
         types[columns.category] = pa.string()
-    table = _read_table(path, list(dict.fromkeys(wanted.values())), types)
+    reading = list(dict.fromkeys(wanted.values()))
+    table = _read_table(path, kind, layout, reading, types, FLAGS["items"])
     id_column = table.column(columns.item_id)
     missing = _missing_ids(id_column)
     if missing.any():
@@ -331,7 +381,8 @@ def _weights(table: pa.Table, columns: LogColumns) -> FloatArray | None:
 
 
 def _log_table(path: Path, columns: LogColumns) -> pa.Table:
-    _check_file(path, FLAGS["log"])
+    layout = columns.layout
+    kind = _check_file(path, layout, FLAGS["log"])
     if columns.min_weight is not None and columns.weight is None:
         raise ConfigError(
             f"{FLAGS['min_weight']} needs a weight column; name it with {FLAGS['weight']}"
@@ -341,8 +392,9 @@ def _log_table(path: Path, columns: LogColumns) -> pa.Table:
     if columns.weight is not None:
         wanted["weight"] = columns.weight
         types[columns.weight] = pa.float64()
-    _require_columns(path, wanted, _column_names(path))
-    return _read_table(path, list(dict.fromkeys(wanted.values())), types)
+    _require_columns(path, wanted, _column_names(path, kind, layout, FLAGS["log"]), FLAGS["log"])
+    reading = list(dict.fromkeys(wanted.values()))
+    return _read_table(path, kind, layout, reading, types, FLAGS["log"])
 
 
 def _nothing_left(path: Path, rows_read: int, dropped: dict[str, int]) -> ConfigError:

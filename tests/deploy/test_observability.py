@@ -231,3 +231,35 @@ def test_dashboard_uses_only_recorded_series_that_exist() -> None:
     # And what changes under it: the answering variant, the shadow's agreement, reloads.
     for name in ("recsys_model_answers_total", "recsys_shadow_agreement", "recsys_reloads_total"):
         assert name in exprs, name
+
+
+def test_grafana_provisions_the_dashboard_over_the_hosts_prometheus() -> None:
+    """What recsys-grafana mounts: the data source names the Prometheus container it can
+    reach, and the dashboard provider reads the directory the dashboard is mounted at."""
+    from tests.deploy.test_units import QUADLET_DIR, parse_unit
+
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    source = _yaml_values((provisioning / "datasources" / "recsys.yml").read_text())
+    assert source["type"] == ["prometheus"]
+    assert source["url"] == ["http://recsys-prometheus:9090"]
+    grafana = parse_unit((QUADLET_DIR / "recsys-grafana.container").read_text())["Container"]
+    prometheus = parse_unit((QUADLET_DIR / "recsys-prometheus.container").read_text())
+    assert prometheus["Container"]["ContainerName"] == ["recsys-prometheus"]
+    # Both on the recsys bridge, where Podman's DNS resolves container names.
+    assert set(grafana["Network"]) & set(prometheus["Container"]["Network"]) == {"recsys.network"}
+    provider = _yaml_values((provisioning / "dashboards" / "recsys.yml").read_text())
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["Volume"]}
+    (path,) = provider["path"]
+    assert mounts[path] == "/etc/recsys/grafana/dashboards"
+    assert mounts["/etc/grafana/provisioning"] == "/etc/recsys/grafana/provisioning"
+
+
+def _yaml_values(text: str) -> dict[str, list[str]]:
+    """Every `key: value` line of a small YAML file, by key (each file here names one
+    data source or one provider, so a key's values are that one's)."""
+    values: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, colon, value = line.strip().removeprefix("- ").partition(":")
+        if colon and value.strip() and not line.lstrip().startswith("#"):
+            values.setdefault(key.strip(), []).append(value.strip())
+    return values

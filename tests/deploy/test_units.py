@@ -35,13 +35,21 @@ QUADLET_DIR = ROOT / "deploy" / "quadlet"
 PLAIN_DIR = ROOT / "deploy" / "systemd"
 HEALTH_CHECK = QUADLET_DIR / "triton-model-ready.py"
 
-CONTAINERS = ("recsys-triton", "recsys-redis", "recsys-api", "recsys-ingest", "recsys-prometheus")
+CONTAINERS = (
+    "recsys-triton",
+    "recsys-redis",
+    "recsys-api",
+    "recsys-ingest",
+    "recsys-prometheus",
+    "recsys-grafana",
+)
 HOST_ENV = ROOT / "deploy" / "host.env"
 # Registry images: named by tag, pinned by the digest host.env holds for each.
 PINNED = {
     "recsys-triton": ("nvcr.io/nvidia/tritonserver:26.10-py3", "RECSYS_TRITON_PIN"),
     "recsys-redis": ("docker.io/library/redis:7.2.16", "RECSYS_REDIS_PIN"),
     "recsys-prometheus": ("quay.io/prometheus/prometheus:v3.5.0", "RECSYS_PROMETHEUS_PIN"),
+    "recsys-grafana": ("docker.io/grafana/grafana:12.1.1", "RECSYS_GRAFANA_PIN"),
 }
 TRITON_IMAGE = PINNED["recsys-triton"][0] + "${RECSYS_TRITON_PIN}"
 # The gRPC protocols Triton answers only with its admin key: all but what the API uses.
@@ -284,7 +292,7 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 10  # five containers, three volumes, two networks
+    assert len(expected) == 12  # six containers, four volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -407,6 +415,7 @@ def test_registry_images_are_pinned_by_the_digests_in_one_file(units: dict[str, 
 def test_every_container_runs_unprivileged_on_a_read_only_root(units: dict[str, Unit]) -> None:
     users = {"recsys-triton": "1000:1000", "recsys-redis": "999:999", "recsys-api": "10001"}
     users |= {"recsys-ingest": "10001", "recsys-prometheus": "65534:65534"}
+    users |= {"recsys-grafana": "472:0"}
     for name in CONTAINERS:
         run = podman_run(units, name)
         assert run.value("--user") == users[name], name
@@ -423,6 +432,7 @@ def test_redis_and_triton_reach_nothing_but_the_internal_network(units: dict[str
         "recsys-api": ["recsys-internal", "recsys"],
         "recsys-ingest": ["recsys-internal"],
         "recsys-prometheus": ["recsys-internal", "recsys"],
+        "recsys-grafana": ["recsys"],
     }
     quadlet = parse_unit((QUADLET_DIR / "recsys-internal.network").read_text())
     assert one(quadlet, "Network", "Internal") == "true"
@@ -438,6 +448,7 @@ def test_only_the_api_and_prometheus_publish_and_where(units: dict[str, Unit]) -
         "recsys-api": ["${RECSYS_API_ADDRESS}:8080:8080"],
         "recsys-ingest": [],
         "recsys-prometheus": ["127.0.0.1:9090:9090"],
+        "recsys-grafana": ["127.0.0.1:3000:3000"],
     }
     # The API's address until the operator sets it: loopback, nothing beyond the host.
     assert _host_env()["RECSYS_API_ADDRESS"] == "127.0.0.1"

@@ -92,12 +92,12 @@ def test_the_command_checks_the_services_it_is_pointed_at(stack: Stack, tmp_path
     )
     out = io.StringIO()
     assert run_doctor(args, out=out) == 1
-    report = {f["check"]: f for f in json.loads(out.getvalue())}
+    report = {f["check"]: f for f in json.loads(out.getvalue())["findings"]}
     assert report["triton"]["status"] == "ok", report["triton"]
     assert report["redis"]["status"] == "ok", report["redis"]
     args.model_name = "no_such_model"
     out = io.StringIO()
     run_doctor(args, out=out)
-    report = {f["check"]: f for f in json.loads(out.getvalue())}
+    report = {f["check"]: f for f in json.loads(out.getvalue())["findings"]}
     assert report["triton"]["status"] == "fail"
     assert "no_such_model" in report["triton"]["finding"]

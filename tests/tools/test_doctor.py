@@ -151,7 +151,7 @@ def doctor(host: FakeHost, *argv: str) -> tuple[int, str]:
 
 def findings(host: FakeHost, *argv: str) -> dict[str, dict[str, str | None]]:
     _, output = doctor(host, "--json", *argv)
-    return {f["check"]: f for f in json.loads(output)}
+    return {f["check"]: f for f in json.loads(output)["findings"]}
 
 
 # The healthy host, the report, the exit status.
@@ -159,7 +159,7 @@ def findings(host: FakeHost, *argv: str) -> dict[str, dict[str, str | None]]:
 
 def test_a_healthy_host_passes_every_check(host: FakeHost) -> None:
     status, output = doctor(host, "--json")
-    report = json.loads(output)
+    report = json.loads(output)["findings"]
     assert [f["check"] for f in report] == [
         "nouveau",
         "nvidia-driver",
@@ -213,17 +213,33 @@ def test_warnings_alone_exit_zero(host: FakeHost) -> None:
     host.write("/proc/sys/vm/overcommit_memory", "0\n")
     host.commands[("podman", "--version")] = (0, "podman version 4.2.0\n")
     status, output = doctor(host, "--json")
-    assert {f["check"]: f["status"] for f in json.loads(output) if f["status"] != "ok"} == {
+    report = json.loads(output)
+    assert {f["check"]: f["status"] for f in report["findings"] if f["status"] != "ok"} == {
         "overcommit": "warn",
         "podman": "warn",
     }
     assert status == 0
+    checks = len(report["findings"])
+    assert report["summary"] == {
+        "status": "warn",
+        "exit_status": 0,
+        "checks": checks,
+        "ok": checks - 2,
+        "warn": 2,
+        "fail": 0,
+        "failed": [],
+        "warned": ["podman", "overcommit"],
+    }
 
 
 def test_a_host_without_any_tool_is_reported_not_crashed(host: FakeHost) -> None:
     host.commands.clear()
     status, output = doctor(host, "--json")
-    report = {f["check"]: f for f in json.loads(output)}
+    whole = json.loads(output)
+    report = {f["check"]: f for f in whole["findings"]}
+    assert whole["summary"]["status"] == "fail"
+    assert whole["summary"]["exit_status"] == status == 1
+    assert "nvidia-driver" in whole["summary"]["failed"]
     assert report["nvidia-driver"]["status"] == "fail"
     assert "nvidia-smi not found" in str(report["nvidia-driver"]["finding"])
     assert report["podman"]["status"] == "fail"
@@ -269,7 +285,7 @@ def test_recsys_doctor_on_the_command_line(
     with pytest.raises(SystemExit) as exited:
         recsys_main([*argv, "--json"])
     assert exited.value.code == 1  # no driver under an empty root, whatever this machine has
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["findings"]
     assert {f["check"]: f["status"] for f in report}["nvidia-driver"] == "fail"
 
 
@@ -477,9 +493,13 @@ def test_podman_before_4_1_cannot_pass_the_gpu(host: FakeHost) -> None:
     assert "CDI" in outcome.finding
 
 
-def test_podman_4_4_runs_quadlets(host: FakeHost) -> None:
-    host.commands[("podman", "--version")] = (0, "podman version 4.4.1\n")
+def test_podman_4_9_runs_quadlets_and_4_4_is_sent_to_the_plain_units(host: FakeHost) -> None:
+    host.commands[("podman", "--version")] = (0, "podman version 4.9.4-rhel\n")
     assert check_podman(host).status is Status.OK
+    host.commands[("podman", "--version")] = (0, "podman version 4.4.1\n")
+    outcome = check_podman(host)
+    assert outcome.status is Status.WARN
+    assert "4.9" in outcome.finding
 
 
 # 7. the driver's CUDA against the Triton release
@@ -745,7 +765,7 @@ def test_bad_service_settings_fail_both_service_checks(
     args = doctor_args("--json")
     args.skip_services = False
     assert run_doctor(args, host=host, out=out) == 1
-    report = {f["check"]: f for f in json.loads(out.getvalue())}
+    report = {f["check"]: f for f in json.loads(out.getvalue())["findings"]}
     for name in ("triton", "redis"):
         assert report[name]["status"] == "fail"
         assert "cannot configure the service checks" in str(report[name]["finding"])

@@ -37,10 +37,16 @@ _CDI_LIBRARY = re.compile(r"lib(?:cuda|nvidia-ml)\.so\." + _VERSION)
 _PODMAN = re.compile(r"podman version (\d+)\.(\d+)(?:\.(\d+))?\S*")
 _SEBOOL = re.compile(r"container_use_devices\s+-->\s+(on|off)")
 
-# Quadlets (.container files turned into services by a systemd generator) came in Podman 4.4;
-# CDI devices (--device nvidia.com/gpu=all) in 4.1.
-QUADLET_PODMAN = (4, 4)
+# Quadlets (.container files turned into services by a systemd generator) came in Podman 4.4,
+# but deploy/quadlet is written for (and checked against) the generator of 4.9 and later: an
+# older one refuses keys it does not know. The docs name this one threshold (a test checks).
+# CDI devices (--device nvidia.com/gpu=all) came in 4.1.
+QUADLET_PODMAN = (4, 9)
 CDI_PODMAN = (4, 1)
+
+
+def _dotted(version: tuple[int, int]) -> str:
+    return ".".join(str(part) for part in version)
 
 
 def first_line(text: str) -> str:
@@ -263,14 +269,15 @@ def check_podman(host: Host) -> Outcome:
     if major_minor < CDI_PODMAN:
         return fail(
             f"Podman {version} cannot pass CDI devices (--device nvidia.com/gpu=all needs 4.1)",
-            "dnf update podman (4.4 or newer also runs the quadlets)",
+            f"dnf update podman ({_dotted(QUADLET_PODMAN)} or newer also runs the quadlets)",
         )
     if major_minor < QUADLET_PODMAN:
         return warn(
-            f"Podman {version} predates quadlets (4.4): a recsys-triton.container unit is ignored",
+            f"Podman {version} is older than the quadlets' {_dotted(QUADLET_PODMAN)}: the "
+            "recsys-*.container units may be refused or ignored",
             "use the plain units in deploy/systemd: copy them to /etc/systemd/system/, then "
             "systemctl daemon-reload && systemctl enable --now recsys-triton; or dnf update "
-            "podman (RHEL 8.8 and later ship 4.4 or newer)",
+            f"podman (RHEL 8.10 ships {_dotted(QUADLET_PODMAN)})",
         )
     return ok(f"Podman {version} runs quadlets")
 

@@ -101,8 +101,24 @@ def exit_status(findings: Sequence[Finding]) -> int:
     return 1 if any(f.status is Status.FAIL for f in findings) else 0
 
 
+def summary(findings: Sequence[Finding]) -> dict[str, object]:
+    """The verdict first: the worst status, counts, and the checks to read."""
+    counts = {status.value: sum(f.status is status for f in findings) for status in Status}
+    worst = next((s for s in (Status.FAIL, Status.WARN) if counts[s.value]), Status.OK).value
+    return {
+        "status": worst,
+        "exit_status": exit_status(findings),
+        "checks": len(findings),
+        **counts,
+        "failed": [f.check for f in findings if f.status is Status.FAIL],
+        "warned": [f.check for f in findings if f.status is Status.WARN],
+    }
+
+
 def render_json(findings: Sequence[Finding]) -> str:
-    return json.dumps([f.as_dict() for f in findings], indent=2)
+    """{"summary": {...}, "findings": [...]}: a monitor reads one object, not a list."""
+    report = {"summary": summary(findings), "findings": [f.as_dict() for f in findings]}
+    return json.dumps(report, indent=2)
 
 
 def render_text(findings: Sequence[Finding]) -> str:

@@ -11,21 +11,28 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
+# Set-up says one line a step; what pip says goes to the log, shown when a step fails.
+SETUP_LOG := var/setup.log
+QUIETLY = >>$(SETUP_LOG) 2>&1 || { tail -n 30 $(SETUP_LOG); \
+  echo "set-up failed: the lines above end its log, $(SETUP_LOG)"; exit 1; }
+
 # The server (recsys-serving) and the operator's tools (tools/, recsys-tools), both editable.
 $(VENV)/.installed: pyproject.toml tools/pyproject.toml requirements/dev.lock requirements/torch.lock
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r requirements/dev.lock
-	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --retries 1 \
-	  --extra-index-url $(TORCH_INDEX) -r requirements/torch.lock
-	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . -e ./tools
-	touch $@
+	@mkdir -p var && echo "Setting up $(VENV): the service, its tools and their locked dependencies (a few minutes, once; log: $(SETUP_LOG))"
+	@$(PYTHON) -m venv $(VENV) $(QUIETLY)
+	@$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r requirements/dev.lock $(QUIETLY)
+	@$(VENV)/bin/pip install --quiet --require-hashes --no-deps --retries 1 \
+	  --extra-index-url $(TORCH_INDEX) -r requirements/torch.lock $(QUIETLY)
+	@$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . -e ./tools $(QUIETLY)
+	@touch $@
 
 # The local CPU Triton runs in an environment of its own, as Triton does in production.
 $(TRITON_ENV)/.installed: model_repository/requirements-local.lock model_repository/pytriton.lock
-	$(PYTHON) -m venv $(TRITON_ENV)
-	$(TRITON_ENV)/bin/pip install --quiet --require-hashes --no-deps \
-	  -r model_repository/requirements-local.lock -r model_repository/pytriton.lock
-	touch $@
+	@mkdir -p var && echo "Setting up $(TRITON_ENV): a local CPU Triton Inference Server (log: $(SETUP_LOG))"
+	@$(PYTHON) -m venv $(TRITON_ENV) $(QUIETLY)
+	@$(TRITON_ENV)/bin/pip install --quiet --require-hashes --no-deps \
+	  -r model_repository/requirements-local.lock -r model_repository/pytriton.lock $(QUIETLY)
+	@touch $@
 
 # The one command that refreshes every lock (newest releases the .in files and pyproject.toml
 # allow, each with its hashes); commit what it writes, after `make test` passes on it.
@@ -44,7 +51,7 @@ lock: $(VENV)/.installed
 
 # make demo WORLD=var/movies PORT=8081 serves that world as it is; without WORLD, the demo's.
 demo: setup
-	$(VENV)/bin/recsys demo $(if $(WORLD),--world $(WORLD)) $(if $(PORT),--port $(PORT))
+	@$(VENV)/bin/recsys demo $(if $(WORLD),--world $(WORLD)) $(if $(PORT),--port $(PORT))
 
 test: setup lint typecheck
 	$(VENV)/bin/pytest

@@ -36,7 +36,12 @@ COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
 
 def _figures(
-    log: Path, world: Path, seed: int, network: str, items: Path | None = None
+    log: Path,
+    world: Path,
+    seed: int,
+    network: str,
+    items: Path | None = None,
+    compare_inputs: bool = False,
 ) -> dict[str, Any]:
     recipe = WorldRecipe(
         interactions=log,
@@ -45,6 +50,7 @@ def _figures(
         network=network,
         items=items,
         item_columns=ItemColumns(category="genre"),
+        compare_inputs=compare_inputs,
     )
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     evaluation = report["evaluation"]
@@ -58,14 +64,25 @@ def _figures(
             stages["rank"]["ndcg@10"] / evaluation["methods"]["item_knn"]["ndcg@10"], 3
         ),
         "network": report["ranker"]["network"],
+        "inputs": report["inputs"],
         "prerank": report["ranker"]["prerank"],
         "blend": report["ranker"]["blend"],
         "build_seconds": report["seconds"]["total"],
     }
 
 
+def _inputs(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each compared input's median NDCG@10 change against everything, over the runs."""
+    changes: dict[str, list[float]] = {}
+    for run in runs:
+        for row in run["inputs"]["compared"]:
+            changes.setdefault(row["input"], []).append(row["change"])
+    return {name: round(statistics.median(values), 4) for name, values in changes.items()}
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
+        "median_ndcg_change_by_input": _inputs(runs),
         "median_rank_ndcg": statistics.median(run["stages"]["rank"]["ndcg@10"] for run in runs),
         "median_rank_over_recall_ndcg": statistics.median(
             run["rank_over_recall_ndcg"] for run in runs
@@ -77,7 +94,9 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def measure(folder: Path, seeds: list[int], networks: list[str]) -> dict[str, Any]:
+def measure(
+    folder: Path, seeds: list[int], networks: list[str], compare_inputs: bool = False
+) -> dict[str, Any]:
     logs: dict[str, dict[str, list[dict[str, Any]]]] = {
         name: {network: [] for network in networks} for name in ("sessions", "drift")
     }
@@ -88,7 +107,9 @@ def measure(folder: Path, seeds: list[int], networks: list[str]) -> dict[str, An
         drift = write_drift_log(here / "drift", seed=seed)
         for network in networks:
             logs["sessions"][network].append(
-                _figures(sessions, here / f"sessions-{network}", seed, network, genres)
+                _figures(
+                    sessions, here / f"sessions-{network}", seed, network, genres, compare_inputs
+                )
             )
             logs["drift"][network].append(
                 _figures(drift.history, here / f"drift-{network}", seed, network)
@@ -110,10 +131,20 @@ def main() -> None:
     parser.add_argument(
         "--networks", default="dcn,mlp", help="the ranking networks to build, side by side"
     )
+    parser.add_argument(
+        "--compare-inputs",
+        action="store_true",
+        help="evaluate the sessions log without its item table and each feature group too",
+    )
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        figures = measure(Path(folder), list(range(3, 3 + args.seeds)), args.networks.split(","))
+        figures = measure(
+            Path(folder),
+            list(range(3, 3 + args.seeds)),
+            args.networks.split(","),
+            args.compare_inputs,
+        )
     print(json.dumps({k: v for k, v in figures.items()}, indent=2))
     if args.out is not None:
         record(args.out, "cascade", figures)

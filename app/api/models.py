@@ -22,6 +22,7 @@ from pydantic.config import JsonDict
 from app.core.events import EventType
 from app.core.vocabulary import Variant
 from app.pipeline.stages.types import Moment, Query
+from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
 
 
 def _encodable(value: str) -> str:
@@ -71,6 +72,12 @@ class RecommendRequest(BaseModel):
         default_factory=list, max_length=MAX_EXCLUDED, description="ids never to return"
     )
     debug: bool = Field(default=False, description="add the time spent in each stage")
+    attributes: list[AttributeName] = Field(
+        default_factory=list,
+        max_length=len(ATTRIBUTE_NAMES),
+        description="item attributes to return with each item; none unless asked for. "
+        "null where the world's catalog has no such attribute",
+    )
 
     def query(self) -> Query:
         context = self.context
@@ -151,6 +158,9 @@ class RecommendedItem(BaseModel):
         "answer without being scored"
     )
     rank: int
+    attributes: dict[str, str | None] | None = Field(
+        default=None, description="only the attributes the request asked for"
+    )
 
 
 class ModelInfo(BaseModel):

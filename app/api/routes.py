@@ -130,13 +130,20 @@ async def recommend(
         ctx.request_id, result.model.variant.value, services.settings.answer_ttl_s
     )
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
+    items = [
+        RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
+        for rank, item in enumerate(result.items, start=1)
+    ]
+    if body.attributes:
+        positions = artifacts.lookup([item.item_id for item in items])
+        for item, words in zip(
+            items, artifacts.catalog.attributes.of(positions, body.attributes), strict=True
+        ):
+            item.attributes = words
     return RecommendResponse(
         request_id=ctx.request_id,
         user_id=body.user_id,
-        items=[
-            RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
-            for rank, item in enumerate(result.items, start=1)
-        ],
+        items=items,
         model=ModelInfo(
             name=artifacts.model.name,
             version=result.model.version or None,

@@ -66,6 +66,19 @@ class ReleaseReport:
     canary_percent: float
     shadow: str
 
+    def said(self) -> str:
+        """The release in a sentence, for the log."""
+        canary = (
+            f"version {self.canary} takes {self.canary_percent:g}% of users"
+            if self.canary
+            else "no canary"
+        )
+        shadow = f"version {self.shadow} scores in the shadow" if self.shadow else "no shadow"
+        return (
+            f"release {self.generation} serves model version {self.stable} ({canary}, "
+            f"{shadow}) on world {self.world_id or '(unstamped)'}, artifacts {self.artifacts}"
+        )
+
 
 async def warm(pool: TritonPool, routed: Routed, schema: FeatureSchema) -> None:
     """Score one full chunk on every Triton, as requests will: the first real request pays no
@@ -251,7 +264,7 @@ class Reloader:
         self._metrics.release_generation.set(self._ref.generation)
         export_routing(self._metrics, build.routing, previous.routing)
         report = self.report()
-        log.info("release %d serving: %s", report.generation, report)
+        log.info("%s", report.said())
         return report
 
     def _refused(self, exc: Exception) -> ReloadRefusedError:

@@ -330,13 +330,12 @@ async def start_services(
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(
-            "serving world %s: %d items, model %s (%d inputs wide, max batch %d), release %s",
-            stamp.world_id if stamp else "(unstamped)",
-            catalog.size,
+            "serving %s items with model %s (%d inputs wide, at most %d rows a batch); %s",
+            f"{catalog.size:,}",
             signature.name,
             schema.width,
             signature.max_batch_size,
-            reloader.report(),
+            reloader.report().said(),
         )
         return Services(
             settings=settings,

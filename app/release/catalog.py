@@ -14,6 +14,8 @@ On disk a world directory holds:
 - feature_schema.json: the schema the world was built for; the service serves it by default
 - neighbours.npz: each item's nearest items by co-occurrence (app.release.neighbours); optional
 - prerank.json: the pre-rank score's weights (app.release.prerank); optional
+- attributes.npz: words a client may ask for with each item, a title, the category names
+  (app.release.attributes); optional
 - manifest.json: how the world was built, its id and the digest of each file (app.release.world)
 """
 
@@ -29,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
+from app.release.attributes import ItemAttributes, load_attributes
 from app.release.neighbours import Neighbours, load_neighbours
 from app.release.prerank import PrerankWeights, load_prerank
 from app.release.schema import FeatureSchema
@@ -64,6 +67,7 @@ class Catalog:
     vectors: npt.NDArray[np.float32] | None = None
     neighbours: Neighbours | None = None
     prerank: PrerankWeights = field(default_factory=PrerankWeights)
+    attributes: ItemAttributes = field(default_factory=ItemAttributes)
 
     @property
     def size(self) -> int:
@@ -129,4 +133,5 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
         vectors,
         neighbours,
         load_prerank(world),
+        load_attributes(world, len(item_ids)),
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import ConfigError
+from app.release.attributes import ATTRIBUTES_FILE
 from app.release.catalog import (
     DEFAULT_USER_FILE,
     INDEX_FILE,
@@ -30,7 +31,14 @@ from app.release.schema import FeatureSchema, load_schema
 log = logging.getLogger(__name__)
 
 # What the service itself reads from the world directory, checked against the manifest.
-SERVED_FILES = (ITEMS_FILE, INDEX_FILE, DEFAULT_USER_FILE, NEIGHBOURS_FILE, PRERANK_FILE)
+SERVED_FILES = (
+    ITEMS_FILE,
+    INDEX_FILE,
+    DEFAULT_USER_FILE,
+    NEIGHBOURS_FILE,
+    PRERANK_FILE,
+    ATTRIBUTES_FILE,
+)
 WORLD_ID_PARAMETER = "world_id"
 
 

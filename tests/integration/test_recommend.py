@@ -14,6 +14,7 @@ from recsys_tools.world.files import load_items, load_seen, load_users
 
 from app.clients.feature_store import encode_seen
 from app.pipeline.packing import encode_context, pack_rows
+from app.release.attributes import load_attributes
 from app.release.catalog import MODEL_FILE
 from app.release.keyspace import KeySpace
 from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
@@ -122,6 +123,23 @@ async def test_default_request_has_twenty_items_and_no_timings(client: AsyncClie
     assert "timings_ms" not in answer
     assert answer["degraded"] == []
     assert len(set(_item_ids(answer))) == 20
+    assert all("attributes" not in item for item in answer["items"])
+
+
+async def test_attributes_come_only_when_asked_for(stack: Stack, client: AsyncClient) -> None:
+    held = load_attributes(stack.world, len(load_items(stack.world).ids))
+    answer = await _recommend(client, user_id="u3", attributes=["title"])
+    positions = _positions(stack, _item_ids(answer))
+    titles = [item["attributes"] for item in answer["items"]]
+    assert titles == [{"title": str(held.columns["title"][p])} for p in positions]
+    assert all(title["title"] for title in titles)
+    both = await _recommend(client, user_id="u3", attributes=["categories", "title"])
+    assert set(both["items"][0]["attributes"]) == {"categories", "title"}
+    unknown = await client.post(
+        "/recommend", json={"user_id": "u3", "attributes": ["title", "price"]}
+    )
+    assert unknown.status_code == 422
+    assert unknown.json()["fields"][0]["field"] == "attributes.1"
 
 
 def _positions(stack: Stack, item_ids: list[str]) -> list[int]:

@@ -130,7 +130,7 @@ def test_a_reload_reaches_every_worker(stack: Stack, tmp_path: Path, how: str) -
         assert labels == {answer.json()["artifacts"]}
         assert _scrape(api.url)["recsys_release_generation{}"] == 3
         # Each worker logs what it serves after a reload, as one process would.
-        assert api.log_tail(400).count("release 3 serving") == WORKERS
+        assert api.log_tail(400).count("release 3 serves") == WORKERS
         assert api.stop() == 0, api.log_tail()
 
 

@@ -86,7 +86,7 @@ def test_a_busy_port_is_refused_before_anything_loads(world: Path) -> None:
         code, output = _run(SERVE, _env(port=str(port), artifacts_dir=str(world)))
     assert code == 2
     _assert_one_plain_line(output, f"port {port}", "in use", "RECSYS_PORT")
-    assert "serving world" not in output
+    assert "items with model" not in output
 
 
 def test_a_missing_world(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from recsys_tools.world.layout import FileLayout
 from recsys_tools.world.logs import ItemColumns, LogColumns, read_items, read_log
 
 from app.core.errors import ConfigError
+from app.release.attributes import load_attributes
 
 # user, item, rating, unix seconds: the 100k ratings set's u.data, tab-separated, no header.
 RATINGS = [
@@ -96,6 +99,58 @@ def test_a_pipe_separated_latin1_item_table(tmp_path: Path) -> None:
         read_items(_u_item(tmp_path), ItemColumns(layout=utf8, category="title"))
 
 
+ONE_HOT = FileLayout(format="csv", sep="|", header=False, columns=ITEM_NAMES, encoding="latin-1")
+
+
+def test_one_hot_genres_dates_as_published_and_titles(tmp_path: Path) -> None:
+    columns = ItemColumns(
+        category_cols=("action..drama",),
+        published="released",
+        published_format="%d-%b-%Y",
+        title="title",
+        layout=ONE_HOT,
+    )
+    items = read_items(_u_item(tmp_path), columns)
+    assert items.category_names == ("action", "crime", "drama")
+    offsets, codes = items.category_offsets, items.category_codes
+    listed = [
+        [items.category_names[c] for c in codes[offsets[i] : offsets[i + 1]]]
+        for i in range(items.size)
+    ]
+    assert listed == [["drama"], ["crime"], ["action"], ["drama"], ["crime"], ["drama"]]
+    assert items.published is not None
+    assert items.published[0] == datetime(1997, 1, 24, tzinfo=UTC).timestamp()
+    assert items.titles is not None
+    assert items.titles[3] == "Légende (1995)"
+    # Named one by one, beside an A|B column: each item's categories, the column's first.
+    both = replace(columns, category="title", category_cols=("drama", "action"))
+    assert len(read_items(_u_item(tmp_path), both).category_names) == 6 + 2
+
+
+def test_category_columns_and_date_formats_are_refused_in_one_line(tmp_path: Path) -> None:
+    table = _u_item(tmp_path)
+    with pytest.raises(ConfigError, match=r"no column 'comedy'.*--category-cols"):
+        read_items(table, ItemColumns(category_cols=("action..comedy",), layout=ONE_HOT))
+    with pytest.raises(ConfigError, match="'action' comes before 'drama'"):
+        read_items(table, ItemColumns(category_cols=("drama..action",), layout=ONE_HOT))
+    unnamed = ItemColumns(published="released", layout=ONE_HOT)
+    with pytest.raises(ConfigError, match=r"'24-Jan-1997'.*--published-format"):
+        read_items(table, unnamed)
+    wrong = replace(unnamed, published_format="%Y-%m-%d")
+    with pytest.raises(ConfigError, match="does not match --published-format '%Y-%m-%d'"):
+        read_items(table, wrong)
+
+
+def test_a_log_time_in_a_format_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text("user_id,item_id,timestamp\nu1,a,03/02/2024 10:00\nu1,b,01/02/2024 09:30\n")
+    log = read_log(path, LogColumns(time_format="%d/%m/%Y %H:%M"))
+    # Ordered by time: 1 February before 3 February.
+    assert log.items.ids[log.item].tolist() == ["b", "a"]
+    with pytest.raises(ConfigError, match="--time-format"):
+        read_log(path, LogColumns())
+
+
 def test_build_world_reads_the_published_files_with_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -113,8 +168,26 @@ def test_build_world_reads_the_published_files_with_flags(
         *("--interactions-columns", ",".join(NAMES), "--weight-col", "rating"),
         *("--network", "mlp"),
     ]
-    assert main(argv) == 0
+    items = tmp_path / "u.item"
+    items.write_bytes(
+        "".join(
+            f"{i}|Film {i} (199{i % 10})|0{1 + i % 9}-Jan-199{i % 10}||http://x"
+            f"|{int(i % 3 == 0)}|{int(i % 3 == 1)}|{int(i % 3 == 2)}\n"
+            for i in range(30)
+        ).encode("latin-1")
+    )
+    with_items = [
+        *argv,
+        *("--items", str(items), "--items-sep", "pipe", "--items-no-header"),
+        *("--items-columns", ",".join(ITEM_NAMES), "--items-encoding", "latin-1"),
+        *("--category-cols", "action..drama", "--title-col", "title"),
+        *("--published-col", "released", "--published-format", "%d-%b-%Y"),
+    ]
+    assert main(with_items) == 0
     assert "The world is in" in capsys.readouterr().out
+    attributes = load_attributes(tmp_path / "world", 30)
+    assert attributes.columns["title"][7] == "Film 7 (1997)"
+    assert attributes.columns["categories"][7] == "crime"
     # A headerless file needs its names, and names need a headerless file.
     columns_at = argv.index("--interactions-columns")
     unnamed = argv[:columns_at] + argv[columns_at + 2 :]

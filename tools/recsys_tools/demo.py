@@ -31,10 +31,12 @@ from app.cli import ensure_port_free
 from app.core.errors import ConfigError
 from app.core.settings import Settings, load_settings
 from app.main import create_app
+from app.release.attributes import ATTRIBUTES_FILE
 from app.release.catalog import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, MODEL_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
 from app.release.schema import load_schema
 from app.release.world import world_schema
+from recsys_tools.demo_screen import answer_table, demo_logging, said_answer, said_training
 from recsys_tools.localstack import (
     ManagedProcess,
     TritonPorts,
@@ -56,16 +58,21 @@ EXAMPLE_USER = "u42"  # a user of the synthetic demo world
 
 
 def example_request(world: Path) -> dict[str, Any]:
-    """The request the demo shows: the demo's user, or else the world's first known user."""
+    """The request the demo shows: the demo's user, or else the world's first known user,
+    with the words the catalog holds for each item (a title, the categories)."""
     with np.load(world / USERS_FILE) as users:
         ids = users["ids"].astype(str)
     user = EXAMPLE_USER if EXAMPLE_USER in ids or len(ids) == 0 else str(ids[0])
-    return {
+    request: dict[str, Any] = {
         "user_id": user,
         "num_items": 10,
         "context": {"device": "mobile", "page": "home", "locale": "en-US"},
         "debug": True,
     }
+    if (world / ATTRIBUTES_FILE).is_file():
+        with np.load(world / ATTRIBUTES_FILE) as attributes:
+            request["attributes"] = sorted(attributes.files)
+    return request
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +93,29 @@ WORLD_FILES = (ITEMS_FILE, USERS_FILE, INDEX_FILE, DEFAULT_USER_FILE, MODEL_FILE
 def ensure_world(world: Path) -> None:
     """Serve a complete world as it is; build the demo world only where none or ours is."""
     missing = [name for name in WORLD_FILES if not (world / name).is_file()]
-    if not missing:
-        return
     source = read_manifest(world).get("source")
+    # A demo world built before titles were generated is built again, to show them.
+    untitled = source == SYNTHETIC and not (world / ATTRIBUTES_FILE).is_file()
+    if not missing and not untitled:
+        log.info("Serving the world in %s as it is.", world)
+        return
     if world.is_dir() and any(world.iterdir()) and source != SYNTHETIC:
         raise ConfigError(
             f"{world} is not a complete world (no {', '.join(missing)}) and the demo did not "
             "build it, so it is left alone: build it (recsys build-world --world "
             f"{world} ...) or choose another --world"
         )
-    log.info("building the demo world in %s (about a minute)", world)
+    log.info(
+        "Building the demo world in %s: %s items, %s users, a ranker trained on %s "
+        "impressions (about 20 s, once)...",
+        world,
+        f"{DEMO.items:,}",
+        f"{DEMO.users:,}",
+        f"{DEMO.impressions:,}",
+    )
+    started = time.monotonic()
     report = build_demo_world(world, load_schema(), DEMO)
-    log.info("ranker AUC on held-out impressions: %s", report)
+    log.info("Built in %.0f s. %s", time.monotonic() - started, said_training(report))
 
 
 def prepare_model_repository(options: StackOptions, model_name: str) -> Path:
@@ -151,7 +169,7 @@ def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalSt
         client = redis.Redis.from_url(redis_url)
         report = load_world_into_redis(options.world, client, schema, KeySpace("recsys"))
         client.close()
-        log.info("loaded %s into redis (pid %d)", report, redis_process.pid)
+        log.info("Redis (pid %d) holds %s.", redis_process.pid, report.said())
         ports = TritonPorts(grpc=free_port(), metrics=free_port())
         triton_process, triton_url = start_triton(
             default_triton_env(),
@@ -162,7 +180,7 @@ def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalSt
         )
         started.append(triton_process)
         log.info(
-            "triton (pid %d) serves %s over gRPC at %s, its metrics on :%d",
+            "Triton (pid %d) serves %s over gRPC at %s, its metrics on port %d.",
             triton_process.pid,
             schema.model_name,
             triton_url,
@@ -182,15 +200,17 @@ def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalSt
                 options.run_dir / "ingest",
             )
             started.append(consumer)
-            log.info("recsys-ingest (pid %d) applies POST /events", consumer.pid)
+            log.info("recsys-ingest (pid %d) applies what POST /events receives.", consumer.pid)
         yield LocalStack(settings, redis_process, triton_process, consumer)
     finally:
         for process in reversed(started):
             process.stop()
-        log.info("stopped %s", ", ".join(p.name for p in started) or "nothing")
+        log.info("Stopped %s.", ", ".join(p.name for p in started) or "nothing")
 
 
-async def _first_answer(client: httpx.AsyncClient, request: dict[str, Any]) -> httpx.Response:
+async def _first_answer(
+    client: httpx.AsyncClient, request: dict[str, Any]
+) -> tuple[httpx.Response, float]:
     """The example's answer once the service is ready, as a well-behaved client asks for it.
 
     This client shares the server's event loop, so its own work can make the service's
@@ -200,16 +220,19 @@ async def _first_answer(client: httpx.AsyncClient, request: dict[str, Any]) -> h
         if (await client.get("/readyz")).status_code == 200:
             break
         await asyncio.sleep(0.1)
-    answer = await client.post("/recommend", json=request)
     for _ in range(10):
+        started = time.perf_counter()
+        answer = await client.post("/recommend", json=request)
+        elapsed_ms = (time.perf_counter() - started) * 1000
         if answer.status_code != 503:
             break
         await asyncio.sleep(0.1)
-        answer = await client.post("/recommend", json=request)
-    return answer
+    return answer, elapsed_ms
 
 
-async def _show_a_click(client: httpx.AsyncClient, request: dict[str, Any], item: str) -> None:
+async def _show_a_click(
+    client: httpx.AsyncClient, request: dict[str, Any], item: str, title: str | None
+) -> None:
     """Real time, shown: the user clicks the top item; their next answer no longer holds it."""
     event = {
         "event_id": "demo-click-1",
@@ -218,19 +241,28 @@ async def _show_a_click(client: httpx.AsyncClient, request: dict[str, Any], item
         "type": "click",
     }
     posted = await client.post("/events", json={"events": [event]})
-    print(f"\nPOST /events {json.dumps(event)} -> {posted.status_code}", flush=True)
+    log.info(
+        "\nThe user clicks %s: POST /events answers %d.", _named(item, title), posted.status_code
+    )
     started = time.monotonic()
     while time.monotonic() - started < 5.0:
         answer = await client.post("/recommend", json=request)
         items = [entry["item_id"] for entry in answer.json().get("items", [])]
         if item not in items:
             waited_ms = (time.monotonic() - started) * 1000
-            print(
-                f"{waited_ms:.0f} ms later the answer no longer holds {item}: {items}", flush=True
+            log.info(
+                "%.0f ms later their next answer no longer holds it (it is seen now) and "
+                "begins with %s.",
+                waited_ms,
+                ", ".join(items[:5]),
             )
             return
         await asyncio.sleep(0.02)
-    print(f"the click on {item} had not reached the answer after 5 s", flush=True)
+    log.info("The click on %s had not reached the answer after 5 s.", item)
+
+
+def _named(item: str, title: str | None) -> str:
+    return f"{title} ({item})" if title else item
 
 
 class _DemoServer(uvicorn.Server):
@@ -260,9 +292,14 @@ class _DemoServer(uvicorn.Server):
 
 async def _serve_and_show(settings: Settings) -> None:
     request = example_request(settings.artifacts_dir)
+    # log_config=None: uvicorn's lines go to the demo's log file with the rest.
     server = _DemoServer(
         uvicorn.Config(
-            create_app(settings), host=settings.host, port=settings.port, access_log=False
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            access_log=False,
+            log_config=None,
         )
     )
     serving = asyncio.create_task(server.serve())
@@ -274,27 +311,36 @@ async def _serve_and_show(settings: Settings) -> None:
     base = f"http://{settings.host}:{settings.port}"
     try:
         async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
-            answer = await _first_answer(client, request)
+            answer, elapsed_ms = await _first_answer(client, request)
     except httpx.HTTPError:
         if not server.should_exit:
             raise
         await serving  # stopped before the first answer: nothing to show
         return
-    print(f"\nPOST {base}/recommend {json.dumps(request)}", flush=True)
-    print(json.dumps(answer.json(), indent=2), flush=True)
-    if answer.status_code == 200 and answer.json()["items"]:
-        async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
-            await _show_a_click(client, request, answer.json()["items"][0]["item_id"])
-    print(
-        f"\nServing on {base} (metrics at {base}/metrics, readiness at {base}/readyz). "
-        "Ctrl-C stops the API, Triton and Redis.\n",
-        flush=True,
+    log.info("\nPOST %s/recommend %s", base, json.dumps(request))
+    if answer.status_code != 200:
+        log.info("%d: %s", answer.status_code, answer.text)
+    else:
+        body = answer.json()
+        log.info("%s", "\n".join(answer_table(body)))
+        log.info("%s", said_answer(body, elapsed_ms))
+        if body["items"]:
+            top = body["items"][0]
+            title = (top.get("attributes") or {}).get("title")
+            async with httpx.AsyncClient(base_url=base, timeout=10.0) as client:
+                await _show_a_click(client, request, top["item_id"], title)
+    log.info(
+        "\nServing on %s: metrics at /metrics, readiness at /readyz, the API's own page at "
+        "/docs. Ctrl-C stops the API, Triton and Redis.",
+        base,
     )
     await serving
 
 
 def run_demo(options: StackOptions, host: str | None, port: int | None) -> None:
     """Host and port: the flags, else RECSYS_HOST and RECSYS_PORT, else the defaults."""
+    demo_logging(options.run_dir / "demo.log")
+    log.info("The demo's full log: %s", options.run_dir / "demo.log")
     chosen = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     address = load_settings(**chosen)
     ensure_port_free(address.host, address.port)

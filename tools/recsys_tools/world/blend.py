@@ -64,9 +64,10 @@ def fit_blend(
     model_probability: npt.NDArray[np.floating],
     labels: npt.NDArray[np.int8],
     sequence: FloatArray | None = None,
+    ignored: npt.NDArray[np.bool_] | None = None,
 ) -> Blend:
     """The weights, by logistic regression on held-out examples (each input scaled by its
-    spread for the fit, the weights scaled back)."""
+    spread for the fit, the weights scaled back); `ignored` sequence signals weigh 0."""
     from sklearn.linear_model import LogisticRegression
 
     columns = [recall, _logit(model_probability)]
@@ -81,6 +82,8 @@ def fit_blend(
     # neighbour signal -14 halved what real time bought on a drifting log (replay hit@10
     # 0.15 -> 0.10), as the items near a user's new taste were pushed down.
     used = np.ones(features.shape[1], dtype=bool)
+    if ignored is not None and sequence is not None:
+        used[2:][ignored] = False
     while True:
         fitted = LogisticRegression(C=1.0, max_iter=1000).fit(
             features[:, used] / spread[used], labels

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.release.attributes import save_attributes
 from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
 from app.release.foldin import PLAIN, save_foldin
 from app.release.neighbours import save_neighbours
@@ -24,6 +25,7 @@ from recsys_tools.world.identity import STAMPED_FILES, stamp_world
 from recsys_tools.world.index import build_index, save_index
 from recsys_tools.world.neighbours import item_neighbours
 from recsys_tools.world.synth import generate_world
+from recsys_tools.world.titles import generated_attributes
 from recsys_tools.world.train import train_ranker
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ def build_demo_world(
     log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)
+    save_attributes(world, generated_attributes(generated.items.categories, seed))
     report = trained.report.as_dict()
     write_manifest(
         world,

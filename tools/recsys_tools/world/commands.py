@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
+from recsys_tools.world.inputs import ITEM_FEATURES
 from recsys_tools.world.layout import add_layout_flags, layout_from
 from recsys_tools.world.ranker_net import NETWORKS
 
@@ -45,9 +46,14 @@ def _build_world(args: argparse.Namespace) -> None:
         item_columns=ItemColumns(
             item_id=args.item_id_col,
             category=args.category_col,
+            category_cols=_names(args.category_cols),
             published=args.published_col,
+            published_format=args.published_format,
+            title=args.title_col,
             layout=layout_from(args, "items", "--items"),
         ),
+        item_features=args.item_features,
+        compare_inputs=args.compare_inputs,
         keep_holdout=args.keep_holdout,
         seed=args.seed,
         index_factory=args.index_factory,
@@ -55,6 +61,7 @@ def _build_world(args: argparse.Namespace) -> None:
     )
     report = build_world_from_log(recipe, args.world, schema)
     print(_evaluation_table(report))
+    print(_inputs_table(report["inputs"]))
     print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
 
 
@@ -68,8 +75,13 @@ def log_columns(args: argparse.Namespace) -> LogColumns:
         time=args.time_col,
         weight=args.weight_col,
         min_weight=args.min_weight,
+        time_format=args.time_format,
         layout=layout_from(args, "interactions", "--interactions"),
     )
+
+
+def _names(listed: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (listed or "").split(",") if n.strip())
 
 
 def add_log_flags(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +91,12 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--item-col", default="item_id", help="default: item_id")
     parser.add_argument(
         "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+    )
+    parser.add_argument(
+        "--time-format",
+        default=None,
+        help="the time column's strptime format where it is neither unix seconds nor ISO "
+        "text, such as %%d/%%m/%%Y %%H:%%M",
     )
     parser.add_argument("--weight-col", default=None, help="a rating or weight column")
     parser.add_argument(
@@ -110,6 +128,21 @@ def _evaluation_table(report: dict[str, Any]) -> str:
         figures = evaluation["methods"][name]
         lines.append(
             f"{name:<14}{'':>10}{_figure(figures['recall@10'])}{_figure(figures['ndcg@10'])}"
+        )
+    return "\n".join(lines)
+
+
+def _inputs_table(inputs: dict[str, Any]) -> str:
+    """What each input bought: the ranked list's figures without it, and which were used."""
+    rows = inputs["compared"]
+    lines = [f"\nWhat each input bought (item table: {inputs['item_features']}):"]
+    width = max(len(row["input"]) for row in rows) + 2
+    lines.append(f"{'':<{width}}{'recall@10':>10}{'ndcg@10':>10}{'vs served':>10}")
+    for row in rows:
+        kept = "  (served)" if row["used"] else ""
+        lines.append(
+            f"{row['input']:<{width}}{_figure(row['recall@10'])}{_figure(row['ndcg@10'])}"
+            f"{row['change']:>+10.4f}{kept}"
         )
     return "\n".join(lines)
 
@@ -273,8 +306,41 @@ def _add_build_world(
     )
     built.add_argument("--item-id-col", default="item_id", help="default: item_id")
     built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
+    built.add_argument(
+        "--category-cols",
+        default=None,
+        metavar="A,B,C",
+        help="one column per category, set (1, true) where the item is in it: names, or "
+        "FIRST..LAST for every column between them; beside --category-col or alone",
+    )
     built.add_argument("--published-col", default=None, help="when each item was published")
+    built.add_argument(
+        "--published-format",
+        default=None,
+        help="its strptime format where it is neither unix seconds nor ISO text, such as "
+        "%%d-%%b-%%Y for 01-Jan-1995",
+    )
+    built.add_argument(
+        "--title-col",
+        default=None,
+        help="a title kept in the catalog: /recommend returns it when asked "
+        '(attributes: ["title"]) and the demo prints it',
+    )
     add_layout_flags(built, "--items", "the item table")
+    built.add_argument(
+        "--item-features",
+        choices=ITEM_FEATURES,
+        default="auto",
+        help="whether the item table's categories and publish dates feed the features: auto "
+        "(the default) evaluates the world without them too and keeps them unless they "
+        "lower the ranked list's NDCG@10; titles are kept either way",
+    )
+    built.add_argument(
+        "--compare-inputs",
+        action="store_true",
+        help="also evaluate without each derived feature group (user dense, item dense, "
+        "sequence), one more training apiece, to see what each buys (report.json inputs)",
+    )
     built.add_argument(
         "--keep-holdout",
         action="store_true",
@@ -285,7 +351,8 @@ def _add_build_world(
         choices=sorted(NETWORKS),
         default="auto",
         help="the ranker: cross layers and a deep tower (dcn), the tower alone (mlp), or "
-        "both trained and the one with the lower validation loss kept (auto, the default)",
+        "both trained and the one whose score ranks users it did not learn from better "
+        "kept (auto, the default)",
     )
     built.add_argument("--seed", type=int, default=7)
     built.set_defaults(run=_build_world)

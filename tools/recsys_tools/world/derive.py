@@ -101,6 +101,24 @@ def category_codes(items: ItemInfo) -> IntArray:
     return codes
 
 
+def item_attributes(items: ItemInfo) -> dict[str, npt.NDArray[np.str_]]:
+    """The words a client may ask for with each item: its title, its categories as A|B."""
+    attributes: dict[str, npt.NDArray[np.str_]] = {}
+    if items.titles is not None:
+        attributes["title"] = items.titles
+    if items.category_names:
+        names = np.asarray(items.category_names, dtype=np.str_)
+        offsets = items.category_offsets
+        attributes["categories"] = np.asarray(
+            [
+                "|".join(names[items.category_codes[offsets[i] : offsets[i + 1]]].tolist())
+                for i in range(items.size)
+            ],
+            dtype=np.str_,
+        )
+    return attributes
+
+
 def _item_of_category_entry(items: ItemInfo) -> IntArray:
     """For each (item, category) entry, the item it belongs to."""
     return np.repeat(np.arange(items.size), np.diff(items.category_offsets))

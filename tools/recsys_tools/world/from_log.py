@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.pipeline.signals import sequence_columns
+from app.release.attributes import save_attributes
 from app.release.catalog import MODEL_FILE
 from app.release.foldin import save_foldin
 from app.release.neighbours import Neighbours, save_neighbours
@@ -39,6 +40,7 @@ from recsys_tools.world.build import REPORT_FILE, write_catalog
 from recsys_tools.world.derive import (
     category_codes,
     check_derivable,
+    item_attributes,
     item_dense,
     popularity,
     published_at,
@@ -54,6 +56,12 @@ from recsys_tools.world.files import (
     save_holdout,
     save_table,
     write_manifest,
+)
+from recsys_tools.world.inputs import (
+    ITEM_TABLE,
+    ignored_columns,
+    ignored_signals,
+    weigh_inputs,
 )
 from recsys_tools.world.logs import (
     FLAGS,
@@ -106,6 +114,13 @@ class WorldRecipe:
     seed: int = 7
     index_factory: str = "auto"
     network: str = "auto"  # a key of ranker_net.NETWORKS
+    # Whether the item table's categories and publish times feed the features: auto keeps
+    # them where the evaluation says they do not lower the ranked list's NDCG@10.
+    item_features: str = "auto"
+    # Also evaluate without each of FEATURE_GROUPS: one more training apiece.
+    compare_inputs: bool = False
+    # What this build leaves out: FEATURE_GROUPS the ranker never sees, and ITEM_TABLE.
+    without: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -217,6 +232,7 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
         None if rated is None else rated[learning],
         recipe.network,
         check=(rows[~learning], examples.labels[~learning]),
+        ignored=ignored_columns(schema, recipe.without, part),
     )
     liked = targets & part.positive
     liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
@@ -240,7 +256,13 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
     listed = example_rows(schema, user_blobs, item_blobs, moments, rng, listed_sequence)
     recall, probability = recall_scores(schema, listed), model.predict_proba(listed)[:, 1]
     blend = _choose_blend(
-        schema, prerank, lists.users, lists.labels, recall, probability, listed_sequence
+        schema,
+        prerank,
+        (lists.users, lists.labels),
+        recall,
+        probability,
+        listed_sequence,
+        ignored_signals(schema, recipe.without, part),
     )
     onnx_model = blended_onnx(export_onnx(model, schema), schema, blend)
     return _Ranker(
@@ -274,15 +296,17 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
 def _choose_blend(
     schema: FeatureSchema,
     prerank: PrerankWeights,
-    users: IntArray,
-    labels: npt.NDArray[np.int8],
+    listed: tuple[IntArray, npt.NDArray[np.int8]],
     recall: npt.NDArray[np.float64],
     probability: npt.NDArray[np.floating],
     sequence: FloatArray | None,
+    ignored: BoolArray,
 ) -> Blend:
     """Of the blend fitted on half the listed users, pre-rank's own weights and recall's
     order (the MLP left out of both), the one that orders the other half's lists best: the
-    MLP earns its place only where it helps on users the blend did not see."""
+    MLP earns its place only where it helps on users the blend did not see. `ignored`
+    sequence signals get no weight (the inputs left out of this build)."""
+    users, labels = listed
     # Pre-rank weighs three signals; the sequence block's others get no weight of its own.
     weighed = tuple(getattr(prerank, name, 0.0) for name in schema.sequence)
     plain = prerank_blend(prerank.user, weighed)
@@ -293,7 +317,9 @@ def _choose_blend(
     def part(rows: BoolArray) -> FloatArray | None:
         return None if sequence is None else sequence[rows]
 
-    fitted = fit_blend(recall[fitting], probability[fitting], labels[fitting], part(fitting))
+    fitted = fit_blend(
+        recall[fitting], probability[fitting], labels[fitting], part(fitting), ignored
+    )
     checking = ~fitting
 
     def quality(blend: Blend) -> float:
@@ -448,11 +474,17 @@ def _read(recipe: WorldRecipe, clock: _Clock) -> InteractionLog:
 
 
 def _write(
-    world: Path, schema: FeatureSchema, recipe: WorldRecipe, part: InteractionLog, learnt: _Learnt
+    world: Path,
+    schema: FeatureSchema,
+    recipe: WorldRecipe,
+    part: InteractionLog,
+    learnt: _Learnt,
+    attributes: dict[str, npt.NDArray[np.str_]],
 ) -> tuple[int, SeenLists]:
     """Write the world's files; returns how many users have features, and the seen lists."""
     items, users, seen = _tables(part, learnt)
     write_catalog(world, schema, items, users, recipe.index_factory)
+    save_attributes(world, attributes)
     save_table(world, seen)
     save_table(world, _positive_lists(part))
     save_foldin(world, foldin_params(part))
@@ -483,7 +515,10 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         f"{len(holdout.users):,}",
         clock.took("holdout"),
     )
-    learnt = _learn(train, schema, recipe, clock, "train")
+    first_recipe = recipe
+    if recipe.item_features == "off":
+        first_recipe = replace(recipe, without=recipe.without | {ITEM_TABLE})
+    learnt = _learn(train, schema, first_recipe, clock, "train")
     with clock.step("evaluate"):
         evaluation = evaluate(
             train, holdout, learnt.served(), schema, recipe.index_factory, recipe.seed
@@ -494,12 +529,26 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         clock.took("evaluate"),
         json.dumps(evaluation["methods"]),
     )
+    # Each comparison trains the shape the first training kept: the inputs differ, not it.
+    kept = replace(recipe, network=learnt.ranker.network["kind"])
+
+    def learn_again(without: frozenset[str]) -> tuple[_Learnt, Any]:
+        again = _learn(train, schema, replace(kept, without=without), clock, "compare")
+        served = again.served()
+        return again, evaluate(train, holdout, served, schema, recipe.index_factory, recipe.seed)
+
+    with clock.step("inputs"):
+        weighed = weigh_inputs(
+            train, (learnt, evaluation), learn_again, recipe.item_features, recipe.compare_inputs
+        )
+    learnt, evaluation = weighed.learnt, weighed.evaluation
+    recipe = replace(recipe, without=weighed.without)
     served = train
     if not recipe.keep_holdout:
         served = whole
         learnt = _learn(whole, schema, recipe, clock, "all")
     with clock.step("write"):
-        users, seen = _write(world, schema, recipe, served, learnt)
+        users, seen = _write(world, schema, recipe, served, learnt, item_attributes(whole.items))
     log.info("wrote the world to %s %s", world, clock.took("write"))
     report: dict[str, Any] = {
         "source": {
@@ -509,6 +558,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         "served": "train part" if recipe.keep_holdout else "all interactions",
         "counts": _counts(whole, served, users),
         "evaluation": evaluation,
+        "inputs": weighed.report,
         "histories": _histories(seen),
         "ranker": {
             "rows": learnt.ranker.rows,

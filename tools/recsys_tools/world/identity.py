@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.core.atomic_files import copy_atomically, write_atomically
 from app.core.errors import ConfigError
+from app.release.attributes import ATTRIBUTES_FILE
 from app.release.catalog import (
     DEFAULT_USER_FILE,
     INDEX_FILE,
@@ -44,6 +45,7 @@ STAMPED_FILES = (
     SCHEMA_FILE,
     NEIGHBOURS_FILE,
     PRERANK_FILE,
+    ATTRIBUTES_FILE,
 )
 CONFIG_FILE = "config.pbtxt"
 

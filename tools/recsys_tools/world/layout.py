@@ -37,7 +37,8 @@ class FileLayout:
 
 def file_format(path: Path, layout: FileLayout, flag: str) -> str:
     """The file's format: named by the layout, else by its suffix (under a compression
-    suffix); a file whose suffix says nothing is refused with the flag that names it."""
+    suffix), else delimited text where a separator is named; any other file is refused
+    with the flag that names its format."""
     if layout.format is not None:
         return layout.format
     suffixes = [s.lower() for s in path.suffixes]
@@ -46,6 +47,8 @@ def file_format(path: Path, layout: FileLayout, flag: str) -> str:
     found = suffixes[-1].lstrip(".") if suffixes else ""
     if found in FORMATS:
         return found
+    if layout.sep is not None:
+        return "csv"  # a separator named: delimited text, whatever the suffix
     shown = f".{found} file" if found else "suffix-less file"
     raise ConfigError(
         f"{path}: cannot tell the format of a {shown}; give {flag} a .csv, .tsv or .parquet "

@@ -49,7 +49,11 @@ FLAGS = {
     "min_weight": "--min-weight",
     "item_id": "--item-id-col",
     "category": "--category-col",
+    "category_cols": "--category-cols",
     "published": "--published-col",
+    "published_format": "--published-format",
+    "time_format": "--time-format",
+    "title": "--title-col",
 }
 
 
@@ -60,14 +64,21 @@ class LogColumns:
     time: str = "timestamp"
     weight: str | None = None
     min_weight: float | None = None
+    # A strptime format for the time column, where it is neither numbers nor ISO text.
+    time_format: str | None = None
     layout: FileLayout = field(default_factory=FileLayout)
 
 
 @dataclass(frozen=True, slots=True)
 class ItemColumns:
     item_id: str = "item_id"
-    category: str | None = None
+    category: str | None = None  # names, several as A|B|C
+    # One column per category, set (1, true, yes) where the item is in it; an entry
+    # FIRST..LAST names every column from FIRST to LAST, as the file orders them.
+    category_cols: tuple[str, ...] = ()
     published: str | None = None
+    published_format: str | None = None  # strptime, as time_format
+    title: str | None = None
     layout: FileLayout = field(default_factory=FileLayout)
 
 
@@ -84,6 +95,7 @@ class ItemInfo:
     category_offsets: IntArray
     category_codes: IntArray
     published: IntArray | None
+    titles: StrArray | None = None
 
     @property
     def size(self) -> int:
@@ -232,8 +244,14 @@ def _missing_ids(column: pa.ChunkedArray) -> BoolArray:
     return filled
 
 
-def _parse_text_time(value: str) -> int | None:
+def _parse_text_time(value: str, fmt: str | None) -> int | None:
     text = value.strip()
+    if fmt is not None:
+        try:
+            moment = datetime.strptime(text, fmt)
+        except ValueError:
+            return None
+        return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
     for parse in (int, float):
         try:
             number = parse(text)
@@ -248,18 +266,20 @@ def _parse_text_time(value: str) -> int | None:
     return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
 
 
-def _text_times(column: pa.Array) -> tuple[IntArray, str | None]:
+def _text_times(column: pa.Array, fmt: str | None) -> tuple[IntArray, str | None]:
     """Parse each distinct string once; returns the seconds and the first unreadable value."""
     encoded = pc.dictionary_encode(column)
     texts = [str(value) for value in encoded.dictionary.to_pylist()]
-    parsed = [_parse_text_time(text) for text in texts]
+    parsed = [_parse_text_time(text, fmt) for text in texts]
     bad = next((t for t, p in zip(texts, parsed, strict=True) if p is None), None)
     lookup = np.array([0 if p is None else p for p in parsed], dtype=np.int64)
     return lookup[np.asarray(encoded.indices.to_numpy(zero_copy_only=False))], bad
 
 
-def _seconds(column: pa.Array) -> tuple[IntArray, str | None]:
+def _seconds(column: pa.Array, fmt: str | None) -> tuple[IntArray, str | None]:
     kind = column.type
+    if fmt is not None:
+        return _text_times(pc.cast(column, pa.string()), fmt)
     if pa.types.is_integer(kind):
         return np.asarray(column.to_numpy(), dtype=np.int64), None
     if pa.types.is_floating(kind):
@@ -270,11 +290,14 @@ def _seconds(column: pa.Array) -> tuple[IntArray, str | None]:
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         as_seconds = pc.cast(column, pa.timestamp("s", getattr(kind, "tz", None)), safe=False)
         return np.asarray(pc.cast(as_seconds, pa.int64()).to_numpy(), dtype=np.int64), None
-    return _text_times(pc.cast(column, pa.string()))
+    return _text_times(pc.cast(column, pa.string()), None)
 
 
-def unix_seconds(column: pa.ChunkedArray, path: Path, name: str, role: str) -> IntArray:
-    """Unix seconds from integers, floats, timestamps or ISO text; NO_TIME where blank.
+def unix_seconds(
+    column: pa.ChunkedArray, path: Path, name: str, role: str, fmt: str | None = None
+) -> IntArray:
+    """Unix seconds from integers, floats, timestamps or ISO text (or text in `fmt`, a
+    strptime format); NO_TIME where blank.
 
     A datetime without a zone is taken as UTC, as a log's clock usually is.
     """
@@ -284,48 +307,120 @@ def unix_seconds(column: pa.ChunkedArray, path: Path, name: str, role: str) -> I
         valid = pc.and_(valid, pc.not_equal(pc.utf8_trim_whitespace(values), ""))
     present = np.asarray(pc.fill_null(valid, False).to_numpy(zero_copy_only=False), dtype=bool)
     result = np.full(len(values), NO_TIME, dtype=np.int64)
-    seconds, bad = _seconds(values.filter(pa.array(present)))
+    seconds, bad = _seconds(values.filter(pa.array(present)), fmt)
     if bad is not None:
+        format_flag = FLAGS[f"{role}_format"]
+        if fmt is not None:
+            raise ConfigError(
+                f"{path.name}: {bad!r} in column {name!r} does not match {format_flag} "
+                f"{fmt!r}; fix the format (strptime codes, such as %d-%b-%Y for 01-Jan-1995)"
+            )
         raise ConfigError(
             f"{path.name}: {bad!r} in column {name!r} is neither unix seconds nor an ISO "
-            f"datetime; fix the file or name another column with {FLAGS[role]}"
+            f"datetime; name its format with {format_flag} (strptime codes, such as "
+            f"%d-%b-%Y for 01-Jan-1995), fix the file or name another column with "
+            f"{FLAGS[role]}"
         )
     result[present] = seconds
     return result
 
 
-def _categories(
-    column: pa.ChunkedArray | None, n_items: int
-) -> tuple[tuple[str, ...], IntArray, IntArray]:
-    """'A|B' lists, in the table's order; an empty cell is an item without category."""
-    if column is None:
-        return (), np.zeros(n_items + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+# What a one-hot category column holds where the item is not in that category.
+_UNSET = ("", "0", "0.0", "false", "no", "n", "f")
+
+
+def _listed(column: pa.ChunkedArray) -> tuple[IntArray, StrArray]:
+    """Each 'A|B' cell's names, as (item index, name) pairs in the table's order."""
     lists = pc.split_pattern(pc.fill_null(column.combine_chunks(), ""), "|")
     names = pc.utf8_trim_whitespace(pc.list_flatten(lists))
     parents = np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64)
     named = np.asarray(pc.not_equal(names, "").to_numpy(zero_copy_only=False), dtype=bool)
-    vocabulary, codes = np.unique(_strings(names)[named], return_inverse=True)
-    counts = np.bincount(parents[named], minlength=n_items)
+    return parents[named], _strings(names)[named]
+
+
+def _one_hot(table: pa.Table, names: tuple[str, ...]) -> tuple[IntArray, StrArray]:
+    """(item index, column name) for each set cell of the one-hot columns."""
+    parents: list[IntArray] = []
+    labels: list[StrArray] = []
+    for name in names:
+        text = pc.utf8_lower(pc.utf8_trim_whitespace(pc.cast(table.column(name), pa.string())))
+        unset = pc.fill_null(pc.is_in(text, value_set=pa.array(_UNSET)), True)
+        rows = np.flatnonzero(~np.asarray(unset.to_numpy(zero_copy_only=False), dtype=bool))
+        parents.append(rows.astype(np.int64))
+        labels.append(np.full(len(rows), name))
+    if not parents:
+        return np.zeros(0, np.int64), np.zeros(0, np.str_)
+    return np.concatenate(parents), np.concatenate(labels)
+
+
+def _categories(
+    pairs: list[tuple[IntArray, StrArray]], n_items: int
+) -> tuple[tuple[str, ...], IntArray, IntArray]:
+    """Each item's categories from (item index, name) pairs, in the order first given;
+    an item named in no pair has none."""
+    parents = np.concatenate([p for p, _ in pairs]) if pairs else np.zeros(0, np.int64)
+    names = np.concatenate([n for _, n in pairs]) if pairs else np.zeros(0, np.str_)
+    vocabulary, codes = np.unique(names, return_inverse=True)
+    # One entry per (item, category), the first given; then grouped by item, stably.
+    _, first = np.unique(parents * max(len(vocabulary), 1) + codes, return_index=True)
+    first = np.sort(first)
+    first = first[np.argsort(parents[first], kind="stable")]
+    counts = np.bincount(parents[first], minlength=n_items)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return tuple(vocabulary.tolist()), offsets, codes.astype(np.int64)
+    return tuple(vocabulary.tolist()), offsets, codes[first].astype(np.int64)
+
+
+def category_columns(spec: tuple[str, ...], present: list[str], path: Path) -> tuple[str, ...]:
+    """The one-hot columns `spec` names, a FIRST..LAST entry spanning the file's order."""
+    chosen: list[str] = []
+    for entry in spec:
+        first, dots, last = entry.partition("..")
+        ends = [first, last] if dots else [entry]
+        for end in ends:
+            if end not in present:
+                raise ConfigError(
+                    f"{path.name} has no column {end!r} (it has {', '.join(present)}); "
+                    f"{FLAGS['category_cols']} names columns, or FIRST..LAST"
+                )
+        if not dots:
+            chosen.append(entry)
+            continue
+        start, stop = present.index(first), present.index(last)
+        if stop < start:
+            raise ConfigError(
+                f"{FLAGS['category_cols']} {entry}: {last!r} comes before {first!r} in "
+                f"{path.name}; name the range first column first"
+            )
+        chosen.extend(present[start : stop + 1])
+    return tuple(dict.fromkeys(chosen))
+
+
+def _item_wanted(columns: ItemColumns) -> dict[str, str]:
+    wanted = {"item_id": columns.item_id}
+    for role in ("category", "published", "title"):
+        name = getattr(columns, role)
+        if name is not None:
+            wanted[role] = name
+    return wanted
 
 
 def read_items(path: Path, columns: ItemColumns) -> ItemInfo:
     """The catalog in table order; every listed item stays, with or without interactions."""
     layout = columns.layout
     kind = _check_file(path, layout, FLAGS["items"])
-    wanted = {"item_id": columns.item_id}
-    if columns.category is not None:
-        wanted["category"] = columns.category
-    if columns.published is not None:
-        wanted["published"] = columns.published
-    _require_columns(
-        path, wanted, _column_names(path, kind, layout, FLAGS["items"]), FLAGS["items"]
-    )
+    wanted = _item_wanted(columns)
+    present = _column_names(path, kind, layout, FLAGS["items"])
+    _require_columns(path, wanted, present, FLAGS["items"])
+    one_hot = category_columns(columns.category_cols, present, path)
     types = {columns.item_id: pa.string()}
-    if columns.category is not None:
-        types[columns.category] = pa.string()
-    reading = list(dict.fromkeys(wanted.values()))
+    for role in ("category", "title"):
+        if role in wanted:
+            types[wanted[role]] = pa.string()
+    if columns.published is not None and columns.published_format is not None:
+        types[columns.published] = pa.string()
+    for name in one_hot:
+        types.setdefault(name, pa.string())
+    reading = list(dict.fromkeys([*wanted.values(), *one_hot]))
     table = _read_table(path, kind, layout, reading, types, FLAGS["items"])
     id_column = table.column(columns.item_id)
     missing = _missing_ids(id_column)
@@ -341,14 +436,23 @@ def read_items(path: Path, columns: ItemColumns) -> ItemInfo:
             f"{path.name} lists item {unique[counts > 1][0]!r} more than once "
             f"({int((counts > 1).sum())} ids repeat); keep one row per item"
         )
-    category = None if columns.category is None else table.column(columns.category)
-    names, offsets, codes = _categories(category, len(ids))
+    pairs = [_one_hot(table, one_hot)]
+    if columns.category is not None:
+        pairs.insert(0, _listed(table.column(columns.category)))
+    names, offsets, codes = _categories(pairs, len(ids))
     published = None
     if columns.published is not None:
         published = unix_seconds(
-            table.column(columns.published), path, columns.published, "published"
+            table.column(columns.published),
+            path,
+            columns.published,
+            "published",
+            columns.published_format,
         )
-    return ItemInfo(ids, names, offsets, codes, published)
+    titles = None
+    if columns.title is not None:
+        titles = _strings(pc.fill_null(table.column(columns.title), ""))
+    return ItemInfo(ids, names, offsets, codes, published, titles)
 
 
 def _in_catalog(column: pa.ChunkedArray, items: ItemInfo | None) -> BoolArray:
@@ -363,7 +467,7 @@ def _item_index(column: pa.ChunkedArray, items: ItemInfo | None) -> tuple[ItemIn
     if items is None:
         encoded = pc.dictionary_encode(column.combine_chunks())
         ids = _strings(encoded.dictionary)
-        names, offsets, codes = _categories(None, len(ids))
+        names, offsets, codes = _categories([], len(ids))
         index = np.asarray(encoded.indices.to_numpy(), dtype=np.int64)
         return ItemInfo(ids, names, offsets, codes, None), index
     found = pc.index_in(column, value_set=pa.array(items.ids.tolist(), pa.string()))
@@ -389,6 +493,8 @@ def _log_table(path: Path, columns: LogColumns) -> pa.Table:
         )
     wanted = {"user": columns.user, "item": columns.item, "time": columns.time}
     types = {columns.user: pa.string(), columns.item: pa.string()}
+    if columns.time_format is not None:
+        types[columns.time] = pa.string()
     if columns.weight is not None:
         wanted["weight"] = columns.weight
         types[columns.weight] = pa.float64()
@@ -432,7 +538,7 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
         raise _nothing_left(path, rows_read, dropped)
     table = table.filter(pa.array(keep))
     catalog, item = _item_index(table.column(columns.item), items)
-    time = unix_seconds(table.column(columns.time), path, columns.time, "time")
+    time = unix_seconds(table.column(columns.time), path, columns.time, "time", columns.time_format)
     if (time == NO_TIME).any():
         raise ConfigError(
             f"{path.name}: {int((time == NO_TIME).sum()):,} rows have no {columns.time!r}; "

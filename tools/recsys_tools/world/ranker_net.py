@@ -122,9 +122,13 @@ def fit_net(
     liked: Labels | None = None,
     shape: NetShape = DCN,
     seed: int = 7,
+    ignored: npt.NDArray[np.bool_] | None = None,
 ) -> RankerNet:
     """Train on packed rows: `interacted` for every row, `liked` read where interacted is 1
-    (None: no like signal; the like head learns nothing and the score is P(interact))."""
+    (None: no like signal; the like head learns nothing and the score is P(interact)).
+
+    `ignored` columns are scaled by 0 as the row is standardised, in training and in the
+    graph: the network never sees them (how the build measures what a feature group buys)."""
     import torch
     from torch import nn
 
@@ -135,6 +139,8 @@ def fit_net(
     mean = rows.mean(axis=0, dtype=np.float64).astype(np.float32)
     scale = rows.std(axis=0, dtype=np.float64).astype(np.float32)
     scale[scale < 1e-6] = 1.0
+    if ignored is not None:
+        scale[ignored] = np.inf
     width = rows.shape[1]
     cross = [nn.Linear(width, width) for _ in range(shape.cross_layers)]
     for linear in cross:
@@ -230,6 +236,7 @@ def fit_best(
     shapes: tuple[NetShape, ...],
     seed: int = 7,
     check: tuple[FloatArray, Labels] | None = None,
+    ignored: npt.NDArray[np.bool_] | None = None,
 ) -> RankerNet:
     """Each shape trained on the same rows; the one kept is the one whose score tells the
     `check` rows' positives best (AUC; rows of users none of them learnt from), else the
@@ -240,7 +247,7 @@ def fit_best(
     lower AUC on other users (0.846 against 0.860), so users apart decide where given."""
     from sklearn.metrics import roc_auc_score
 
-    nets = [fit_net(rows, interacted, liked, shape, seed) for shape in shapes]
+    nets = [fit_net(rows, interacted, liked, shape, seed, ignored) for shape in shapes]
     if check is not None and 0 < check[1].sum() < len(check[1]) and len(nets) > 1:
         figures = [round(float(roc_auc_score(check[1], net.scores(check[0]))), 5) for net in nets]
         chosen = nets[int(np.argmax(figures))]

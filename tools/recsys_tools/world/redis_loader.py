@@ -53,6 +53,12 @@ class LoadReport:
     users: int
     seen_lists: int
 
+    def said(self) -> str:
+        return (
+            f"{self.items:,} item and {self.users:,} user feature blobs, "
+            f"{self.seen_lists:,} histories"
+        )
+
 
 def _batches(pairs: Iterable[tuple[str, bytes]], size: int) -> Iterator[list[tuple[str, bytes]]]:
     iterator = iter(pairs)

@@ -76,10 +76,12 @@ def fit_ranker(
     liked: npt.NDArray[np.int8] | None = None,
     network: str = "auto",
     check: tuple[FloatArray, npt.NDArray[np.int8]] | None = None,
+    ignored: npt.NDArray[np.bool_] | None = None,
 ) -> RankerNet:
     """Fit the ranking network (a key of NETWORKS) on packed rows, choosing on `check` where
-    there is a choice (fit_best); export it with export_onnx."""
-    return fit_best(rows, labels, liked, NETWORKS[network], seed, check)
+    there is a choice (fit_best), never looking at `ignored` columns; export it with
+    export_onnx."""
+    return fit_best(rows, labels, liked, NETWORKS[network], seed, check, ignored)
 
 
 def head_aucs(

@@ -7,7 +7,7 @@ LOCK := --generate-hashes --python-version 3.11 --quiet
 # PyTorch's CPU wheels (training only; PyPI's default torch is the multi-GB CUDA build).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup lock demo test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
+.PHONY: setup lock demo browser test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -53,13 +53,21 @@ lock: $(VENV)/.installed
 demo: setup
 	@$(VENV)/bin/recsys demo $(if $(WORLD),--world $(WORLD)) $(if $(PORT),--port $(PORT))
 
-test: setup lint typecheck
+test: setup browser lint typecheck
 	$(VENV)/bin/pytest
 
 # The same suite beside a process that keeps one core busy: a machine half taken, as CI's
 # may be (it can also be two or three times slower than this one).
-test-loaded: setup lint typecheck
+test-loaded: setup browser lint typecheck
 	$(VENV)/bin/python -m loadtest.busy --cores 1 -- $(VENV)/bin/pytest
+
+# The debug pages' browser test drives Debian's Chromium: installed once where it is missing
+# and this is root with apt-get; elsewhere that one test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || { \
+	  mkdir -p var; echo "Installing Debian's Chromium for the browser test (log: $(SETUP_LOG))"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	    >>$(SETUP_LOG) 2>&1 || echo "Chromium could not be installed: the browser test is skipped"; }
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -71,7 +79,7 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(VENV)/bin/pytest tests/unit tests/tools tests/deploy
 
-integration: setup
+integration: setup browser
 	$(VENV)/bin/pytest tests/integration
 
 # CPU per request, the highest rate inside the p99 bound, the overhead around recall and rank.

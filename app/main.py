@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from app.api.admin import router as admin_router
+from app.api.debug import router as debug_router
 from app.api.errors import install_error_handlers
 from app.api.events import router as events_router
 from app.api.gate import Gate, Gated
@@ -178,6 +179,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events_router)
     if resolved.admin_token is not None:
         app.include_router(admin_router)
+    if resolved.debug_pages:
+        app.include_router(debug_router)
     install_error_handlers(app)
     app.add_middleware(
         Gate,

@@ -15,7 +15,9 @@ side by side in one run:
 - the API's resident memory against the data it holds;
 - at 100 candidates, requests/s with 4 connections in a closed loop (a second API process
   on the same stack).
-- with 4 connections in a closed loop, requests/s (the form peers publish figures in).
+- with 4 connections in a closed loop, requests/s (the form peers publish figures in);
+- what tracing costs: the API's CPU per request with the debug pages off, at 1% and at 100%
+  of requests traced (loadtest/trace_cost.py), each its own API process, rounds interleaved.
 With --out X.json, the JSON goes there and the plots into the folder X (loadtest/plots.py).
 
     python -m loadtest.bench                     # the demo world in var/world
@@ -35,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,56 +50,19 @@ from app.release.rules import RerankRules
 from app.release.schema import ModelSignature
 from app.release.world import world_schema
 from loadtest.closedloop import closed_loop
-from loadtest.cpu import tree_cpu_seconds
+from loadtest.cpu import Processes, cpu_per_request
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot
-from loadtest.openloop import Load, demo_bodies, run, summarize, sweep
+from loadtest.openloop import Load, demo_bodies, run, sweep
 from loadtest.plots import write_plots
 from loadtest.record import record_top
 from loadtest.service import ApiProcess, api_on, local_service
+from loadtest.trace_cost import measure_trace_cost
 
 log = logging.getLogger("loadtest.bench")
 P99_BOUND_MS = 50.0
 NUM_ITEMS = 20
 SMALL_CANDIDATES = 100
 CLOSED_LOOP_CONNECTIONS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Processes:
-    api: int
-    redis: int
-    triton: int
-
-
-def _cpu(processes: Processes) -> dict[str, float]:
-    return {
-        name: tree_cpu_seconds(pid)
-        for name, pid in (
-            ("api", processes.api),
-            ("redis", processes.redis),
-            ("triton", processes.triton),
-        )
-    }
-
-
-async def cpu_per_request(
-    load: Load, processes: Processes, rate: float, duration_s: float
-) -> dict[str, Any]:
-    before = _cpu(processes)
-    result = await run(load, rate, duration_s)
-    after = _cpu(processes)
-    summary = summarize(result)
-    answered = max(summary.ok, 1)
-    return {
-        "rate": rate,
-        "requests": summary.requests,
-        "ok": summary.ok,
-        "p50_ms": summary.latency.p50_ms,
-        "p99_ms": summary.latency.p99_ms,
-        "cpu_ms_per_request": {
-            name: round((after[name] - before[name]) * 1000.0 / answered, 3) for name in before
-        },
-    }
 
 
 async def max_rate(
@@ -364,6 +328,12 @@ def main() -> None:
     parser.add_argument(
         "--rows", type=int, default=500, help="rows per request: what pre-rank keeps"
     )
+    parser.add_argument(
+        "--trace-rounds",
+        type=int,
+        default=3,
+        help="rounds of the API's CPU with tracing off, at 1%% and at 100%% (0: skip)",
+    )
     parser.add_argument("--settings", nargs="*", default=[], help="NAME=VALUE for the API")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args()
@@ -375,6 +345,15 @@ def main() -> None:
         report = asyncio.run(measure(api, processes, stack.settings.triton_url, args))
         with api_on(stack, api.log_path.with_name("api-small.log"), **small) as small_api:
             at_small = asyncio.run(rate_at_small_candidates(small_api, args))
+        if args.trace_rounds > 0:
+            report["trace_cost"] = measure_trace_cost(
+                stack,
+                api.log_path.parent,
+                args.cpu_rate,
+                args.duration,
+                args.users,
+                args.trace_rounds,
+            )
     report["rate_at_100_candidates"] = at_small.pop("rate_at_100_candidates")
     report["at_100_candidates"] = at_small
     with np.load(args.world / ITEMS_FILE) as items:

@@ -1,9 +1,14 @@
-"""CPU seconds used by processes and their descendants, from /proc (Linux)."""
+"""CPU seconds used by processes and their descendants, from /proc (Linux), and the CPU a
+steady load costs each of the stack's processes per request."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from loadtest.openloop import Load, run, summarize
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -39,3 +44,41 @@ def tree_cpu_seconds(pid: int) -> float:
             total += (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
         stack.extend(tree.get(current, []))
     return total
+
+
+@dataclass(frozen=True, slots=True)
+class Processes:
+    api: int
+    redis: int
+    triton: int
+
+
+def _cpu(processes: Processes) -> dict[str, float]:
+    return {
+        name: tree_cpu_seconds(pid)
+        for name, pid in (
+            ("api", processes.api),
+            ("redis", processes.redis),
+            ("triton", processes.triton),
+        )
+    }
+
+
+async def cpu_per_request(
+    load: Load, processes: Processes, rate: float, duration_s: float
+) -> dict[str, Any]:
+    before = _cpu(processes)
+    result = await run(load, rate, duration_s)
+    after = _cpu(processes)
+    summary = summarize(result)
+    answered = max(summary.ok, 1)
+    return {
+        "rate": rate,
+        "requests": summary.requests,
+        "ok": summary.ok,
+        "p50_ms": summary.latency.p50_ms,
+        "p99_ms": summary.latency.p99_ms,
+        "cpu_ms_per_request": {
+            name: round((after[name] - before[name]) * 1000.0 / answered, 3) for name in before
+        },
+    }

@@ -42,6 +42,8 @@ ShortLabel = Annotated[str, StringConstraints(max_length=32)]
 MAX_EXCLUDED = 500
 REQUEST_ID_HEADER = "x-request-id"
 BUDGET_HEADER = "x-request-timeout-ms"
+# Asks for this request to be traced (with the debug pages on): any value but 0.
+TRACE_HEADER = "X-Recsys-Trace"
 
 
 class ClientContext(BaseModel):

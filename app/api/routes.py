@@ -15,6 +15,7 @@ from app.api.errors import GATE_ERRORS, documented, error_body
 from app.api.models import (
     BUDGET_HEADER,
     REQUEST_ID_HEADER,
+    TRACE_HEADER,
     ErrorField,
     Liveness,
     ModelInfo,
@@ -25,6 +26,7 @@ from app.api.models import (
 )
 from app.core.metrics import Outcome
 from app.pipeline.context import RequestContext, caller_shortened
+from app.pipeline.trace import Trace
 from app.process.health import failing, readiness
 from app.process.workers import exposition
 
@@ -62,6 +64,14 @@ HEADERS = [
         "schema": {"type": "integer", "minimum": 1},
     },
     {
+        "name": TRACE_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "with the debug pages on, trace this request (any value but 0): its "
+        "trace is at /debug/trace/{request_id}",
+        "schema": {"type": "string"},
+    },
+    {
         "name": REQUEST_ID_HEADER,
         "in": "header",
         "required": False,
@@ -70,6 +80,16 @@ HEADERS = [
         "schema": {"type": "string"},
     },
 ]
+
+
+def _traced_request(body: RecommendRequest, budget_s: float) -> dict[str, Any]:
+    return {
+        "user_id": body.user_id,
+        "context": body.context.model_dump(exclude_none=True),
+        "num_items": body.num_items,
+        "excluded": len(body.exclude_item_ids),
+        "budget_ms": round(budget_s * 1000.0),
+    }
 
 
 def requested_budget_ms(raw: str | None) -> int | None:
@@ -116,12 +136,20 @@ async def recommend(
         metrics=services.metrics,
         user_id=body.user_id,
     )
+    traces = services.traces
+    if traces is not None and traces.chosen(
+        body.debug or request.headers.get(TRACE_HEADER, "") not in ("", "0")
+    ):
+        # Only a chosen request pays for its trace: the others, one random draw.
+        ctx.trace = Trace(ctx.request_id, time.time(), _traced_request(body, budget_s))
     try:
         result = await services.pipeline.run(body.query(), ctx)
     except Exception:
         log.exception("request %s failed", ctx.request_id)
         error = error_body("internal_error", "the request failed", ctx.request_id)
         return JSONResponse(error.model_dump(), status_code=500)
+    if traces is not None and ctx.trace is not None:
+        traces.keep(ctx.trace)
     state.outcome = Outcome.DEGRADED if ctx.degraded else Outcome.OK
     # Out of budget on the service's own budget (not one its caller shortened): the gate
     # lets this answer's service time teach the admission limit (app/api/gate.py).

@@ -147,6 +147,21 @@ class Settings(BaseSettings):
         description="enables /admin (reload, rollback), for callers sending this bearer "
         "token of 16 characters or more; unset: no /admin at all",
     )
+    debug_pages: bool = Field(
+        default=False,
+        description="serves /debug/: traces of recent requests and why an item was or was "
+        "not served; only to callers with the admin token, or on loopback when none is set",
+    )
+    trace_sample_percent: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description="the share of requests traced while /debug/ is on; a request with "
+        "debug: true or the X-Recsys-Trace header always is",
+    )
+    trace_ring_size: int = Field(
+        default=200, ge=1, le=10_000, description="traces each worker keeps, the latest"
+    )
     feature_schema: Path | None = Field(default=None, description="default: the packaged schema")
     rules_file: Path | None = Field(default=None, description="default: the packaged rules")
 

@@ -16,6 +16,7 @@ from app.core.throttled_log import ThrottledLog
 from app.core.vocabulary import Stage
 
 if TYPE_CHECKING:
+    from app.pipeline.trace import Trace
     from app.release.artifacts import ServingArtifacts
 
 degradations = ThrottledLog(logging.getLogger("recsys.degraded"))
@@ -45,6 +46,8 @@ class RequestContext:
     user_id: str = ""
     degraded: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # Set for a traced request only (app/pipeline/trace.py); stages record into it.
+    trace: Trace | None = None
 
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -61,12 +64,16 @@ class RequestContext:
             return
         self.degraded.append(flag)
         self.metrics.degraded_count[stage, kind].inc()
+        if self.trace is not None:
+            self.trace.fell_back(flag, str(cause))
         degradations.warning(
             (stage, kind), "%s fell back (%s): %s [request %s]", stage, kind, cause, self.request_id
         )
 
     def count(self, stage: Stage, candidates: int) -> None:
         self.metrics.stage_count[stage].observe(candidates)
+        if self.trace is not None:
+            self.trace.counted(stage, candidates)
 
     @contextmanager
     def stage(self, name: Stage) -> Iterator[None]:
@@ -77,3 +84,5 @@ class RequestContext:
             elapsed = time.perf_counter() - start
             self.timings_ms[name] = round(elapsed * 1000.0, 3)
             self.metrics.stage_timer[name].observe(elapsed)
+            if self.trace is not None:
+                self.trace.span(name, start, elapsed)

@@ -38,6 +38,7 @@ from app.pipeline.stages.rank import Scorer
 from app.pipeline.stages.rerank import Reranker
 from app.pipeline.stages.types import Hydrated, Pool
 from app.pipeline.step import Step
+from app.pipeline.trace import TraceRing
 from app.process.reload import Reloader, model_routing
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -74,6 +75,8 @@ class Services:
     trending: TrendingItems
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
+    # The recent requests' traces, with the debug pages on (app/pipeline/trace.py).
+    traces: TraceRing | None = None
     draining: bool = field(default=False)
     # What readiness last learnt from Redis and Triton (app.process.health), reused for a second.
     readiness_checks: CachedCall[dict[str, bool]] = field(
@@ -352,5 +355,8 @@ async def start_services(
             trending=trending,
             world=stamp,
             item_memory=item_memory,
+            traces=TraceRing(settings.trace_ring_size, settings.trace_sample_percent)
+            if settings.debug_pages
+            else None,
         )
     raise AssertionError("unreachable: the block returns or raises")  # for the type checker

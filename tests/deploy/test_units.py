@@ -643,6 +643,7 @@ def test_api_env_example_holds_valid_settings() -> None:
     assert settings.release_file == Path("/var/lib/recsys/release/release.toml")
     assert settings.rules_file == Path("/var/lib/recsys/release/rules.toml")
     assert settings.admin_token is None  # /admin is off unless a token is set
+    assert settings.debug_pages is False  # so is /debug/: one setting turns it on
     api = parse_unit((PLAIN_DIR / "recsys-api.service").read_text())
     stop_timeout = float(PodmanRun.parse(one(api, "Service", "ExecStart")).value("--stop-timeout"))
     assert settings.drain_s + settings.shutdown_grace_s < stop_timeout

@@ -13,8 +13,6 @@ from recsys_tools.localstack import free_port
 from app.release.catalog import MANIFEST_FILE
 from loadtest.bench import (
     P99_BOUND_MS,
-    Processes,
-    cpu_per_request,
     held_data_bytes,
     max_rate,
     memory_report,
@@ -24,7 +22,7 @@ from loadtest.bench import (
     triton_alone,
 )
 from loadtest.closedloop import closed_loop
-from loadtest.cpu import tree_cpu_seconds
+from loadtest.cpu import Processes, cpu_per_request, tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies
 from loadtest.plots import write_plots
 from tests.integration.conftest import SMALL_WORLD, Stack

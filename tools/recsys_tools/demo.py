@@ -331,7 +331,9 @@ async def _serve_and_show(settings: Settings) -> None:
                 await _show_a_click(client, request, top["item_id"], title)
     log.info(
         "\nServing on %s: metrics at /metrics, readiness at /readyz, the API's own page at "
-        "/docs. Ctrl-C stops the API, Triton and Redis.",
+        "/docs; why each answer is what it is at %s/debug/. Ctrl-C stops the API, Triton "
+        "and Redis.",
+        base,
         base,
     )
     await serving
@@ -346,7 +348,10 @@ def run_demo(options: StackOptions, host: str | None, port: int | None) -> None:
     ensure_port_free(address.host, address.port)
     try:
         with local_stack(options, ingest=True) as stack:
-            served = stack.settings.model_copy(update={"host": address.host, "port": address.port})
+            # The demo is the operator's own: its debug pages are on (on loopback only,
+            # unless an admin token is set).
+            update = {"host": address.host, "port": address.port, "debug_pages": True}
+            served = stack.settings.model_copy(update=update)
             asyncio.run(_serve_and_show(served))
     except KeyboardInterrupt:
         log.info("interrupted")

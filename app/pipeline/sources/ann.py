@@ -95,6 +95,8 @@ class PooledSearch:
 class AnnSource:
     """The `wanted` nearest items to the user's embedding; none, flagged, when search fails."""
 
+    name = "ann"
+
     def __init__(self, search: VectorSearch) -> None:
         self._search = search
 

@@ -29,6 +29,8 @@ def merge_popular(found: Positions, popular_order: Positions, extra: int) -> Pos
 class PopularSource:
     """`count` popular items, plus as many as the sources before fell short of `wanted`."""
 
+    name = "popular"
+
     def __init__(self, count: int) -> None:
         self._count = count
 

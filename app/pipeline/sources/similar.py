@@ -13,6 +13,8 @@ class SimilarSource:
     before did not find. A world without neighbours, or a user without positives, adds none:
     the ANN source already follows their vector."""
 
+    name = "similar"
+
     def __init__(self, count: int) -> None:
         self._count = count
 

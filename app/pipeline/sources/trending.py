@@ -13,6 +13,8 @@ from app.pipeline.stages.types import Recalling
 class TrendingSource:
     """Up to `count` of the trending items the sources before did not find, hottest first."""
 
+    name = "trending"
+
     def __init__(self, trending: Callable[[], Positions], count: int) -> None:
         self._trending = trending
         self._count = count

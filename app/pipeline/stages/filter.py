@@ -35,9 +35,14 @@ class CandidateFilter:
         self._backfill = backfill
 
     async def run(self, pool: Pool, ctx: RequestContext) -> Pool:
-        kept = pool
+        kept, trace = pool, ctx.trace
         for candidate_filter in self._filters:
             result = await candidate_filter.filter(kept, ctx)
             ctx.metrics.removed_count[result.reason].inc(len(result.removed))
             kept = Pool(pool.asked, result.kept)
-        return await self._backfill.fill(pool, kept, ctx)
+            if trace is not None:
+                trace.filtered(result.reason, result.removed, ctx.artifacts.catalog.item_ids)
+        filled = await self._backfill.fill(pool, kept, ctx)
+        if trace is not None:
+            trace.backfilled = filled.candidates - kept.candidates
+        return filled

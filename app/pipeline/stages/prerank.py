@@ -44,5 +44,8 @@ class PreRanker:
             self._decay,
             weighed_only=True,
         )
-        kept = best(prerank_scores(signals, catalog.prerank), self._keep)
+        scores = prerank_scores(signals, catalog.prerank)
+        if ctx.trace is not None:
+            ctx.trace.preranked(pool.positions, scores, self._keep)
+        kept = best(scores, self._keep)
         return Pool(pool.asked, pool.positions[kept])

@@ -144,4 +144,8 @@ class Scorer:
         scored, bad = scores_by_candidate(packed.hydrated.items, answer.scores, answer.heads)
         if bad:
             ctx.degrade(Stage.RANK, FailureKind.BAD_DATA, f"{bad} scores are NaN or Inf")
-        return Ranked(packed.hydrated.asked, scored, model)
+        ranked = Ranked(packed.hydrated.asked, scored, model)
+        if ctx.trace is not None:
+            artifacts = ctx.artifacts
+            ctx.trace.ranked(packed, ranked, artifacts.schema, artifacts.catalog.item_ids)
+        return ranked

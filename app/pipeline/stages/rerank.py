@@ -44,6 +44,8 @@ class Reranker:
             else catalog.vectors[positions],
             likes=None if scored.heads is None else scored.heads[:, HEAD_NAMES.index("like")],
         )
+        if ctx.trace is not None:
+            ctx.trace.reranked(ranked, selection.positions, selection.scores, catalog, rules)
         # Only the chosen few become Python strings.
         chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
         return [

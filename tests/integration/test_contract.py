@@ -165,7 +165,7 @@ async def test_the_openapi_document_lists_every_status(client: AsyncClient) -> N
     }  # fmt: skip
     assert "Retry-After" in recommend["responses"]["503"]["headers"]
     parameters = {p["name"].lower() for p in recommend["parameters"]}
-    assert parameters == {"x-request-timeout-ms", "x-request-id"}
+    assert parameters == {"x-request-timeout-ms", "x-request-id", "x-recsys-trace"}
     metrics = document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
     hour = document["components"]["schemas"]["ClientContext"]["properties"]["hour"]

@@ -194,7 +194,8 @@ class Trace:
             change = _change(raw, score, int(model_rank[j]), served)
             if change:
                 changes.append({"item_id": item_id, "change": change})
-        left_out = [j for j in order[:wanted].tolist() if j not in set(chosen.tolist())]
+        served_at = set(chosen.tolist())
+        left_out = [j for j in order[:wanted].tolist() if j not in served_at]
         served_categories = catalog.categories[scored.positions[chosen]]
         for j in left_out:
             rule = _left_out_by(j, scored.positions, served_categories, catalog, rules)

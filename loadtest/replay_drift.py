@@ -16,8 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from recsys_tools.demo import LocalStack
 from recsys_tools.localstack import start_ingest
-from recsys_tools.replay import replay, rows_in_time_order
+from recsys_tools.replay import Row, replay, rows_in_time_order
 from recsys_tools.world.derive import interactions_schema_path
 from recsys_tools.world.drift import write_drift_log
 from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
@@ -31,6 +32,21 @@ log = logging.getLogger("loadtest.replay_drift")
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
 
+def replay_twice(
+    url: str, stack: LocalStack, world: Path, folder: Path, rows: list[Row], k: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rows replayed posting nothing, then again posting each (a real recsys-ingest
+    applies them), on one Redis load: the static figure and the real-time one."""
+    settings = {"RECSYS_REDIS_URL": stack.settings.redis_url, "RECSYS_ARTIFACTS_DIR": str(world)}
+    consumer = start_ingest(settings, folder / "ingest")
+    try:
+        static = asyncio.run(replay(url, rows, k, events=False))
+        live = asyncio.run(replay(url, rows, k, events=True))
+    finally:
+        consumer.stop()
+    return static, live
+
+
 def measure(folder: Path, k: int, seed: int) -> dict[str, Any]:
     drift = write_drift_log(folder, seed=seed)
     world = folder / "world"
@@ -38,16 +54,7 @@ def measure(folder: Path, k: int, seed: int) -> dict[str, Any]:
     build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     rows = rows_in_time_order(read_log(drift.later, COLUMNS), drift.since)
     with local_service(world) as (api, stack):
-        settings = {
-            "RECSYS_REDIS_URL": stack.settings.redis_url,
-            "RECSYS_ARTIFACTS_DIR": str(world),
-        }
-        consumer = start_ingest(settings, folder / "ingest")
-        try:
-            static = asyncio.run(replay(api.url, rows, k, events=False))
-            live = asyncio.run(replay(api.url, rows, k, events=True))
-        finally:
-            consumer.stop()
+        static, live = replay_twice(api.url, stack, world, folder, rows, k)
     hit = f"hit@{k}"
     return {
         "log": "generated, drifting tastes (recsys_tools/world/drift.py)",

@@ -156,8 +156,9 @@ class EventsAccepted(BaseModel):
 class RecommendedItem(BaseModel):
     item_id: str
     score: float | None = Field(
-        description="the ranking model's score; null for an item that filled a degraded "
-        "answer without being scored"
+        description="the ranking model's score after the rules: a log-odds (any real number, "
+        "higher is better; a world whose schema says its model answers a probability: 0 "
+        "to 1); null for an item that filled a degraded answer without being scored"
     )
     rank: int
     attributes: dict[str, str | None] | None = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -12,6 +13,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.errors import ConfigError
+from app.release.schema import ScoreScale
 
 
 class DiversityRule(BaseModel):
@@ -33,8 +35,8 @@ class ObjectivesRule(BaseModel):
         default=0.0,
         ge=0,
         le=1,
-        description="how much more a like counts than a plain interaction: each score is "
-        "multiplied by (1 - like) + like * P(like | interaction), the model's like head; 0 "
+        description="how much more a like counts than a plain interaction: each score's odds "
+        "are multiplied by (1 - like) + like * P(like | interaction), the model's like head; 0 "
         "ranks by the model's score alone (which already values likes as it was trained to)",
     )
 
@@ -43,7 +45,11 @@ class BoostRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1)
     max_age_days: float = Field(gt=0)
-    multiplier: float = Field(gt=0)
+    multiplier: float = Field(
+        gt=0,
+        description="what the score's odds are multiplied by (a log-odds score gains its log; "
+        "a probability score, of a schema that says so, is multiplied)",
+    )
 
 
 class BlockRule(BaseModel):
@@ -79,26 +85,34 @@ class Selection:
     scores: npt.NDArray[np.float32]
 
 
-def weighed_objectives(
-    scores: npt.NDArray[np.float32], likes: npt.NDArray[np.float32] | None, rules: RerankRules
+def log_factors(
+    likes: npt.NDArray[np.float32] | None, age_days: npt.NDArray[np.float32], rules: RerankRules
 ) -> npt.NDArray[np.float32]:
-    """The score valued by the like head where the rules weigh it and the model gave it; a
-    candidate without a like probability (NaN) keeps its score."""
+    """The log of what the rules multiply each candidate by: the like head's value where the
+    rules weigh it and the model gave it (a candidate without one, NaN, keeps 1), times
+    every boost whose age window the item falls in."""
+    factors = np.zeros(len(age_days), dtype=np.float64)
     weight = rules.objectives.like
-    if weight == 0 or likes is None:
-        return scores
-    value = np.where(np.isnan(likes), 1.0, (1 - weight) + weight * likes)
-    return (scores * value).astype(np.float32, copy=False)
-
-
-def boosted_scores(
-    scores: npt.NDArray[np.float32], age_days: npt.NDArray[np.float32], rules: RerankRules
-) -> npt.NDArray[np.float32]:
-    """Multiply the model score by every boost whose age window the item falls in."""
-    factor = np.ones_like(scores)
+    if weight > 0 and likes is not None:
+        value = np.where(np.isnan(likes), 1.0, (1 - weight) + weight * likes)
+        # A like probability of exactly 0 with a weight of 1 would be log(0): the item
+        # falls to the bottom of the scored ones, not out of them.
+        factors += np.log(np.maximum(value, np.finfo(np.float32).tiny))
     for boost in rules.boost:
-        factor[age_days <= boost.max_age_days] *= boost.multiplier
-    return (scores * factor).astype(np.float32, copy=False)
+        factors[age_days <= boost.max_age_days] += math.log(boost.multiplier)
+    return factors.astype(np.float32)
+
+
+def adjusted_scores(
+    scores: npt.NDArray[np.float32],
+    factors: npt.NDArray[np.float32],
+    scale: ScoreScale,
+) -> npt.NDArray[np.float32]:
+    """The scores with the rules' factors applied: a log-odds score gains their log (the
+    odds are multiplied, the order never saturates); a probability is multiplied."""
+    if scale == "log_odds":
+        return (scores + factors).astype(np.float32, copy=False)
+    return (scores * np.exp(factors)).astype(np.float32, copy=False)
 
 
 def rank_within_group(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
@@ -191,6 +205,7 @@ def rerank(
     n_items: int,
     vectors: npt.NDArray[np.float32] | None = None,
     likes: npt.NDArray[np.float32] | None = None,
+    scale: ScoreScale = "log_odds",
 ) -> Selection:
     """Choose the top n_items candidates.
 
@@ -206,9 +221,10 @@ def rerank(
     With `vectors` (the candidates' embeddings) and a diversity relevance under 1, the
     answer is chosen from the head of that order by maximal marginal relevance. With
     `likes` (the model's like head) and an [objectives] like weight, each score is first
-    valued by it.
+    valued by it. `scale` says what the scores are (the schema's model.score): the rules'
+    multipliers multiply a probability, and a log-odds score's odds.
     """
-    final = boosted_scores(weighed_objectives(scores, likes, rules), age_days, rules)
+    final = adjusted_scores(scores, log_factors(likes, age_days, rules), scale)
     unscored = np.isnan(final)
     scored = np.flatnonzero(~unscored)
     cap = rules.diversity.max_per_category

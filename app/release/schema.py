@@ -34,12 +34,19 @@ ALL_BLOCKS: frozenset[str] = (
 SequenceSignal = Literal["similar", "recent", "recent_max", "recent_mean", "recent_category"]
 
 
+# What the model's score output is: `log_odds` (any real number; rules add the log of their
+# multipliers), or `probability` (0 to 1; rules multiply it), the default for a schema
+# written before the score was a log-odds.
+ScoreScale = Literal["log_odds", "probability"]
+
+
 class _ModelIO(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1)
     input: str = Field(min_length=1)
     output: str = Field(min_length=1)
     datatype: Literal["FP32"] = "FP32"
+    score: ScoreScale = "probability"
 
 
 class _DenseFeature(BaseModel):
@@ -123,6 +130,7 @@ class FeatureSchema:
     input_name: str
     output_name: str
     datatype: str
+    score_scale: ScoreScale
     embedding_dim: int
     user_dense: tuple[str, ...]
     item_dense: tuple[str, ...]
@@ -179,6 +187,7 @@ def _from_spec(spec: _SchemaFile, source: str) -> FeatureSchema:
         input_name=spec.model.input,
         output_name=spec.model.output,
         datatype=spec.model.datatype,
+        score_scale=spec.model.score,
         embedding_dim=spec.embedding_dim,
         user_dense=tuple(feature.name for feature in spec.user_features),
         item_dense=tuple(feature.name for feature in spec.item_features),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 from recsys_tools.cli import main
@@ -32,11 +31,9 @@ from recsys_tools.localstack import (
 from app.core.settings import Settings
 from app.release.world import read_stamp, world_schema
 from tests.integration.conftest import in_process_settings, serving
+from tests.integration.movie_log import build_movie_world, write_movie_log
 
 pytestmark = pytest.mark.integration
-START = 1_500_000_000
-GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War"]
-MIN_RATING = 3.5
 
 
 @dataclass(frozen=True)
@@ -55,70 +52,14 @@ class Movies:
         return in_process_settings(**{"artifacts_dir": self.world, **here, **overrides})
 
 
-def _write_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:
-    """Users who love two genres, rate them high and the rest low; ids are sparse integers."""
-    rng = np.random.default_rng(4)
-    movie_ids = rng.choice(np.arange(1, 5000), size=240, replace=False)
-    genres = rng.integers(0, len(GENRES), size=len(movie_ids))
-    with (folder / "movies.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["movieId", "title", "genres"])
-        for movie, genre in zip(movie_ids.tolist(), genres.tolist(), strict=True):
-            second = GENRES[(genre + 1) % len(GENRES)]
-            writer.writerow([movie, f"Movie {movie}", f"{GENRES[genre]}|{second}"])
-    rated: dict[str, set[str]] = {}
-    with (folder / "ratings.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["userId", "movieId", "rating", "timestamp"])
-        for user in range(1, 121):
-            loved = rng.choice(len(GENRES), size=2, replace=False)
-            liked = np.isin(genres, loved)
-            weights = np.where(liked, 6.0, 1.0)
-            picks = rng.choice(len(movie_ids), size=25, replace=False, p=weights / weights.sum())
-            for day, pick in enumerate(picks.tolist()):
-                rating = rng.choice([4.0, 4.5, 5.0]) if liked[pick] else rng.choice([1.0, 2.0, 3.0])
-                moment = START + (day * 120 + user) * 3600
-                writer.writerow([user, int(movie_ids[pick]), rating, moment])
-                rated.setdefault(str(user), set()).add(str(movie_ids[pick]))
-    return folder / "ratings.csv", folder / "movies.csv", rated
-
-
-def _build_world(ratings: Path, movies: Path, world: Path, *extra: str) -> None:
-    code = main(
-        [
-            "build-world",
-            "--interactions",
-            str(ratings),
-            "--user-col",
-            "userId",
-            "--item-col",
-            "movieId",
-            "--weight-col",
-            "rating",
-            "--min-weight",
-            str(MIN_RATING),
-            "--items",
-            str(movies),
-            "--item-id-col",
-            "movieId",
-            "--category-col",
-            "genres",
-            "--world",
-            str(world),
-            *extra,
-        ]
-    )
-    assert code == 0
-
-
 @pytest.fixture(scope="module")
 def movies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Movies]:
     folder = tmp_path_factory.mktemp("movies")
-    ratings, table, rated = _write_log(folder)
+    ratings, table, rated = write_movie_log(folder)
     world = folder / "world"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        _build_world(ratings, table, world)
+        build_movie_world(ratings, table, world)
     options = StackOptions(world, project_root() / "model_repository", folder / "run")
     repository = prepare_model_repository(options, world_schema(world, None).model_name)
     started: list[ManagedProcess] = []
@@ -183,7 +124,9 @@ def test_the_report_has_the_evaluation_and_it_is_printed(movies: Movies) -> None
 
 async def test_readiness_fails_when_triton_loads_another_worlds_model(movies: Movies) -> None:
     other = movies.folder / "other-world"
-    _build_world(movies.folder / "ratings.csv", movies.folder / "movies.csv", other, "--seed", "9")
+    build_movie_world(
+        movies.folder / "ratings.csv", movies.folder / "movies.csv", other, "--seed", "9"
+    )
     async with serving(movies.settings()) as api:
         assert (await api.get("/readyz")).json()["checks"]["model_world"] is True
         main(["install-model", "--world", str(other), "--model-repository", str(movies.repository)])

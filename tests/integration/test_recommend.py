@@ -108,7 +108,8 @@ async def test_the_like_weight_ranks_by_the_score_valued_by_the_like_head(
         answer = await _recommend(liking, user_id="u7", num_items=15)
     scores, likes = _model_outputs(stack, "u7")
     seen = _seen(stack, "u7")
-    valued = {item: scores[item] * likes[item] for item in scores if item not in seen}
+    # The score is a log-odds: a like weight of 1 multiplies its odds by P(like).
+    valued = {item: scores[item] + np.log(likes[item]) for item in scores if item not in seen}
     expected = sorted(valued, key=lambda item: (-valued[item], int(item[1:])))[:15]
     assert _item_ids(answer) == expected
     returned = [item["score"] for item in answer["items"]]

@@ -24,10 +24,10 @@ def test_the_blended_model_computes_the_blend_on_the_packed_row() -> None:
     blend = Blend(recall=0.7, model=0.3, bias=-0.2)
     session = ort.InferenceSession(blended_onnx(export_onnx(mlp, schema), schema, blend))
     (served,) = session.run([schema.output_name], {schema.input_name: rows[:20]})
-    p = np.clip(mlp.predict_proba(rows[:20])[:, 1], 1e-6, 1 - 1e-6)
-    z = 0.7 * recall_scores(schema, rows[:20]) + 0.3 * np.log(p / (1 - p)) - 0.2
+    z = 0.7 * recall_scores(schema, rows[:20]) + 0.3 * mlp.scores(rows[:20]) - 0.2
     assert served.shape == (20, 1)
-    np.testing.assert_allclose(served[:, 0], 1 / (1 + np.exp(-z)), rtol=1e-4, atol=1e-5)
+    # The score is the blend's log-odds itself: no sigmoid to saturate.
+    np.testing.assert_allclose(served[:, 0], z, rtol=1e-4, atol=1e-4)
     # The heads pass through the blend untouched, for rerank's objectives.
     assert [out.name for out in session.get_outputs()] == [schema.output_name, "heads"]
     (heads,) = session.run(["heads"], {schema.input_name: rows[:20]})
@@ -53,15 +53,14 @@ def test_the_sequence_signals_enter_the_blend_from_their_block() -> None:
     blend = Blend(recall=0.5, model=0.25, bias=0.1, sequence=(2.0, -1.0))
     session = ort.InferenceSession(blended_onnx(export_onnx(mlp, schema), schema, blend))
     (served,) = session.run([schema.output_name], {schema.input_name: rows[:20]})
-    p = np.clip(mlp.predict_proba(rows[:20])[:, 1], 1e-6, 1 - 1e-6)
     sequence = rows[:20, schema.blocks["sequence"]]
     z = (
         0.5 * recall_scores(schema, rows[:20])
-        + 0.25 * np.log(p / (1 - p))
+        + 0.25 * mlp.scores(rows[:20])
         + sequence @ np.array([2.0, -1.0])
         + 0.1
     )
-    np.testing.assert_allclose(served[:, 0], 1 / (1 + np.exp(-z)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(served[:, 0], z, rtol=1e-4, atol=1e-4)
 
 
 def test_the_blend_learns_a_sequence_signal_that_tells_the_positives() -> None:

@@ -449,3 +449,19 @@ def test_with_a_gpu_only_the_build_commands_run(monkeypatch: pytest.MonkeyPatch)
     assert ran == [("true", "build")]
     with pytest.raises(ConfigError, match="'fail' exited 1"):
         run_build([Command("build", "fail", ("false",))])
+
+
+def test_a_plan_at_reduced_precision_holds_the_scores_tail_to_fp32(
+    world: Path, tmp_path: Path
+) -> None:
+    from recsys_tools.model.engine.commands import plan_build
+
+    options = _options(world, tmp_path, engine="plan")
+    report = build_engine(options)
+    tail = ("net_heads_m", "blend_abc", "score")
+    argv = plan_build(options, report.release, report.profile, MODEL_FILE, tail).argv
+    assert "--fp16" in argv
+    assert "--precisionConstraints=obey" in argv
+    assert "--layerPrecisions=net_heads_m:fp32,blend_abc:fp32,score:fp32" in argv
+    full = plan_build(replace(options, precision="fp32"), report.release, report.profile, "m", tail)
+    assert not any(flag.startswith("--layerPrecisions") for flag in full.argv)

@@ -290,12 +290,13 @@ def test_derived_features_on_a_hand_made_log(tmp_path: Path, schema: FeatureSche
     assert category_codes(log.items).tolist() == [0, 1, 2]  # X, Y, and none shares code 2
 
 
-def test_the_holdout_is_the_latest_fifth_of_each_users_positives(public: Public) -> None:
+def test_the_holdout_is_the_latest_fifth_of_each_users_rows(public: Public) -> None:
+    # Cut as split-log cuts a log: each user's first floor(0.8 n) rows (at least one) stay.
     log = read_log(public.recipe.interactions, PUBLIC)
     holdout = split_holdout(log, 0.2)
-    positives = np.bincount(log.user, minlength=log.n_users)
+    rows = np.bincount(log.user, minlength=log.n_users)
     held = np.bincount(log.user[~holdout.train], minlength=log.n_users)
-    expected = np.where(positives >= 2, np.maximum(1, np.ceil(positives * 0.2 - 1e-9)), 0)
+    expected = rows - np.maximum(1, np.floor(rows * 0.8 + 1e-9))
     np.testing.assert_array_equal(held, expected)
     for user in range(log.n_users):
         mine = log.user == user

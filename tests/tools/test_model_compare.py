@@ -123,6 +123,8 @@ def test_command_prints_json(world: Path, capsys: pytest.CaptureFixture[str]) ->
         "spearman_mean",
         "max_abs_diff",
         "mean_abs_diff",
+        "ties_added",
+        "tied_gap_max",
     }
     assert "TensorRT" in printed["tensorrt"]
 

@@ -54,11 +54,14 @@ def test_the_score_is_the_interaction_valued_by_the_like(planted: Arrays) -> Non
     net = fit_net(rows[:4000], interacted[:4000], liked[:4000], replace(FAST, epochs=2), seed=2)
     heads = net.head_probabilities(rows[:100])
     w = net.shape.like_weight
-    np.testing.assert_allclose(net.scores(rows[:100]), heads[:, 0] * ((1 - w) + w * heads[:, 1]))
-    # Without a like label the like head is left out of the score.
+    # A log-odds: the interact head's odds, multiplied by the like value.
+    odds = heads[:, 0] / (1 - heads[:, 0]) * ((1 - w) + w * heads[:, 1])
+    np.testing.assert_allclose(net.scores(rows[:100]), np.log(odds), rtol=1e-6)
+    # Without a like label the like head is left out of the score: its log-odds alone.
     alone = fit_net(rows[:4000], interacted[:4000], None, replace(FAST, epochs=2), seed=2)
     assert alone.shape.like_weight == 0.0
-    np.testing.assert_allclose(alone.scores(rows[:100]), alone.head_probabilities(rows[:100])[:, 0])
+    p = alone.head_probabilities(rows[:100])[:, 0]
+    np.testing.assert_allclose(alone.scores(rows[:100]), np.log(p / (1 - p)), rtol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [MLP, DCN], ids=["mlp", "dcn"])

@@ -52,10 +52,11 @@ def test_exported_onnx_returns_the_score_and_the_heads(trained: Trained) -> None
     rows = training_rows(world, schema)[:50]
     scores, heads = session.run(None, {schema.input_name: rows})
     assert scores.shape == (50, 1)
-    assert np.all((scores >= 0) & (scores <= 1))
     assert np.all((heads >= 0) & (heads <= 1))
-    # A score never exceeds the interaction it values.
-    assert np.all(scores[:, 0] <= heads[:, 0] + 1e-6)
+    # The score is a log-odds: the interact head's, never more (the like value is at most 1).
+    interact = np.log(heads[:, 0] / (1 - heads[:, 0]))
+    assert np.all(scores[:, 0] <= interact + 1e-4)
+    assert np.all(scores[:, 0] >= interact + np.log(0.5) - 1e-4)
 
 
 def test_index_factory_by_catalog_size() -> None:

@@ -10,11 +10,13 @@ from app.release.rules import (
     DiversityRule,
     ObjectivesRule,
     RerankRules,
-    boosted_scores,
+    adjusted_scores,
     load_rules,
+    log_factors,
     rank_within_group,
     rerank,
 )
+from app.release.schema import ScoreScale
 
 NO_RULES = RerankRules()
 CAP_ONE = RerankRules(diversity=DiversityRule(max_per_category=1))
@@ -28,6 +30,7 @@ def _rerank(
     n_items: int = 10,
     tie_keys: list[int] | None = None,
     likes: list[float] | None = None,
+    scale: ScoreScale = "probability",
 ) -> tuple[list[int], list[float]]:
     n = len(scores)
     selection = rerank(
@@ -38,6 +41,7 @@ def _rerank(
         rules=rules,
         n_items=n_items,
         likes=None if likes is None else np.array(likes, dtype=np.float32),
+        scale=scale,
     )
     return selection.positions.tolist(), selection.scores.tolist()
 
@@ -96,10 +100,40 @@ def test_boosts_compound() -> None:
             BoostRule(name="day", max_age_days=1, multiplier=3.0),
         )
     )
-    boosted = boosted_scores(
-        np.array([1.0, 1.0, 1.0], np.float32), np.array([0.5, 3.0, 10.0], np.float32), rules
+    ones, ages = np.array([1.0, 1.0, 1.0], np.float32), np.array([0.5, 3.0, 10.0], np.float32)
+    factors = log_factors(None, ages, rules)
+    np.testing.assert_allclose(adjusted_scores(ones, factors, "probability"), [6.0, 2.0, 1.0])
+    # A log-odds score gains the log of the product: its odds are multiplied.
+    np.testing.assert_allclose(
+        adjusted_scores(ones, factors, "log_odds"), 1.0 + np.log([6.0, 2.0, 1.0]), rtol=1e-6
     )
-    np.testing.assert_allclose(boosted, [6.0, 2.0, 1.0])
+
+
+def test_a_boost_raises_a_negative_log_odds_score() -> None:
+    # Multiplying a log-odds of -2 by 2 would sink the item: the odds are what is multiplied.
+    rules = RerankRules(boost=(BoostRule(name="fresh", max_age_days=7, multiplier=2.0),))
+    positions, scores = _rerank([-2.0, -1.5], age_days=[1.0, 30.0], rules=rules, scale="log_odds")
+    assert positions == [0, 1]
+    assert scores == pytest.approx([-2.0 + np.log(2.0), -1.5])
+
+
+def test_the_like_weight_adds_its_log_to_a_log_odds_score() -> None:
+    full = RerankRules(objectives=ObjectivesRule(like=1.0))
+    positions, values = _rerank(
+        [3.0, 2.5, -1.0], likes=[0.1, 0.9, 0.0], rules=full, scale="log_odds"
+    )
+    assert positions == [1, 0, 2]
+    assert values[:2] == pytest.approx([2.5 + np.log(0.9), 3.0 + np.log(0.1)])
+    # A like head of exactly 0 sinks the item far, never to -inf or NaN.
+    assert np.isfinite(values[2])
+    assert values[2] < -80
+
+
+def test_log_odds_scores_far_past_a_sigmoids_range_keep_their_order() -> None:
+    scores = [30.0, 29.5, 31.0, 18.0]
+    positions, values = _rerank(scores, scale="log_odds")
+    assert positions == [2, 0, 1, 3]
+    assert values == pytest.approx([31.0, 30.0, 29.5, 18.0])
 
 
 def test_rank_within_group() -> None:
@@ -124,8 +158,13 @@ def test_load_rules_file(tmp_path: Path) -> None:
 
 
 def test_packaged_rules_load() -> None:
-    assert load_rules().diversity.max_per_category > 0
-    assert load_rules().objectives.like == 0.0
+    # Rules that change nothing the model decided, but a lift for fresh items (a publish
+    # time the model's features cannot see until users have found the item).
+    rules = load_rules()
+    assert rules.diversity.max_per_category == 0
+    assert rules.diversity.relevance == 1.0
+    assert rules.objectives.like == 0.0
+    assert [boost.name for boost in rules.boost] == ["fresh"]
 
 
 def test_the_like_weight_values_each_score_by_its_like_head() -> None:

@@ -5,7 +5,8 @@ from app.release.schema import FeatureSchema, parse_schema
 TINY_SCHEMA_JSON = """
 {
   "version": 1,
-  "model": {"name": "m", "input": "features", "output": "score", "datatype": "FP32"},
+  "model": {"name": "m", "input": "features", "output": "score", "datatype": "FP32",
+            "score": "log_odds"},
   "embedding_dim": 2,
   "user_dense": ["activity"],
   "item_dense": ["price"],

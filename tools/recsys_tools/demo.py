@@ -28,7 +28,7 @@ import redis
 import uvicorn
 
 from app.cli import ensure_port_free
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, RecsysError
 from app.core.settings import Settings, load_settings
 from app.main import create_app
 from app.release.attributes import ATTRIBUTES_FILE
@@ -90,13 +90,23 @@ class StackOptions:
 WORLD_FILES = (ITEMS_FILE, USERS_FILE, INDEX_FILE, DEFAULT_USER_FILE, MODEL_FILE)
 
 
+def _scores_log_odds(world: Path) -> bool:
+    try:
+        return world_schema(world, None).score_scale == "log_odds"
+    except RecsysError:
+        return False
+
+
 def ensure_world(world: Path) -> None:
     """Serve a complete world as it is; build the demo world only where none or ours is."""
     missing = [name for name in WORLD_FILES if not (world / name).is_file()]
     source = read_manifest(world).get("source")
-    # A demo world built before titles were generated is built again, to show them.
-    untitled = source == SYNTHETIC and not (world / ATTRIBUTES_FILE).is_file()
-    if not missing and not untitled:
+    # A demo world built before titles were generated is built again, to show them; one
+    # built before the score was a log-odds, to serve it.
+    stale = source == SYNTHETIC and (
+        not (world / ATTRIBUTES_FILE).is_file() or not _scores_log_odds(world)
+    )
+    if not missing and not stale:
         log.info("Serving the world in %s as it is.", world)
         return
     if world.is_dir() and any(world.iterdir()) and source != SYNTHETIC:

@@ -43,6 +43,7 @@ class Reranker:
             if catalog.vectors is None or rules.diversity.relevance >= 1.0
             else catalog.vectors[positions],
             likes=None if scored.heads is None else scored.heads[:, HEAD_NAMES.index("like")],
+            scale=ctx.artifacts.schema.score_scale,
         )
         if ctx.trace is not None:
             ctx.trace.reranked(ranked, selection.positions, selection.scores, catalog, rules)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from recsys_tools.model.holdout import load_holdout
+from recsys_tools.model.precision import fp16_copy, ties_made
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,6 +49,11 @@ class Agreement:
     spearman_mean: float
     max_abs_diff: float
     mean_abs_diff: float
+    # Candidates that lost a score of their own to the reduction, over every request (a tie
+    # orders them by whatever came before, not by the model), and the widest FP32 gap
+    # between two it made equal.
+    ties_added: int = 0
+    tied_gap_max: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +76,13 @@ class ModelReport:
 
 
 def reduce_model(model: Path, precision: str, out: Path) -> Path:
-    """Write an FP16 or INT8 copy of the model into `out`; inputs and outputs stay FP32."""
+    """Write an FP16 or INT8 copy of the model into `out`; inputs and outputs stay FP32, and
+    an FP16 copy keeps the score's tail in FP32 (precision.py)."""
     import onnx
 
     target = out / f"{model.stem}.{precision}.onnx"
     if precision == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        onnx.save(convert_float_to_float16(onnx.load(model), keep_io_types=True), target)
+        onnx.save(fp16_copy(onnx.load(model)), target)
     else:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -169,6 +174,7 @@ def agreement(labels: npt.NDArray[np.int8], base: Scores, reduced: Scores, top: 
     pairs = list(zip(base.requests, reduced.requests, strict=True))
     overlaps = [len(_top(a, top) & _top(b, top)) / min(top, len(a)) for a, b in pairs]
     diff = np.abs(base.rows.astype(np.float64) - reduced.rows)
+    ties = [ties_made(a, b) for a, b in pairs]
     return Agreement(
         auc_loss=auc(labels, base.rows) - auc(labels, reduced.rows),
         top_overlap_mean=float(np.mean(overlaps)),
@@ -177,6 +183,8 @@ def agreement(labels: npt.NDArray[np.int8], base: Scores, reduced: Scores, top: 
         spearman_mean=float(np.mean([spearmanr(a, b).statistic for a, b in pairs])),
         max_abs_diff=float(diff.max()),
         mean_abs_diff=float(diff.mean()),
+        ties_added=sum(made[0] for made in ties),
+        tied_gap_max=max((made[1] for made in ties), default=0.0),
     )
 
 
@@ -270,6 +278,8 @@ _ROWS = (
     ("Spearman mean", "spearman_mean", 4),
     ("max |score diff|", "max_abs_diff", 6),
     ("mean |score diff|", "mean_abs_diff", 6),
+    ("candidates tied", "ties_added", 0),
+    ("widest gap tied", "tied_gap_max", 6),
 )
 
 

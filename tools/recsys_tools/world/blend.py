@@ -1,12 +1,17 @@
-"""The ranker as served from interactions: the MLP's opinion blended with recall's own score.
+"""The ranker as served from interactions: the network's opinion blended with recall's score.
 
 Recall ranks by the user·item product of the embeddings, which on interaction data alone is
-hard to beat; an MLP trained against sampled negatives learns what tells a positive from a
-random item, which is not quite what orders recall's best candidates. So the served score is
+hard to beat; a network trained against sampled negatives learns what tells a positive from
+a random item, which is not quite what orders recall's best candidates. So the served score
+is the log-odds
 
-    sigmoid(w_recall * user·item + w_model * logit(mlp) + w_seq · sequence + bias)
+    w_recall * user·item + w_model * net + w_seq · sequence + bias
 
-with the three weights fitted on examples the MLP did not learn from: where the MLP adds
+(`net`, the network's own score, is a log-odds too). No sigmoid follows: with the weights
+real logs give (a recent-item weight of hundreds), the sum reaches 30 for the best
+candidates, where a float32 sigmoid is exactly 1.0 and every one of them would tie.
+
+with the weights fitted on examples the network did not learn from: where the MLP adds
 nothing its weight falls to zero and the answer keeps recall's order, where it knows better
 it moves items. The product is summed from the row's own user_item_product block, and the
 sequence signals (a schema that declares them) are the row's sequence block, so the served
@@ -25,8 +30,6 @@ import numpy.typing as npt
 from app.release.schema import FeatureSchema
 
 FloatArray = npt.NDArray[np.float32]
-# Probabilities are clipped this far from 0 and 1 before their logit is taken.
-EPSILON = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +56,9 @@ def recall_scores(schema: FeatureSchema, rows: FloatArray) -> npt.NDArray[np.flo
     return scores
 
 
-def _logit(probabilities: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
-    clipped = np.clip(probabilities.astype(np.float64), EPSILON, 1 - EPSILON)
-    logits: npt.NDArray[np.float64] = np.log(clipped) - np.log1p(-clipped)
-    return logits
-
-
 def fit_blend(
     recall: npt.NDArray[np.float64],
-    model_probability: npt.NDArray[np.floating],
+    model_score: npt.NDArray[np.floating],
     labels: npt.NDArray[np.int8],
     sequence: FloatArray | None = None,
     ignored: npt.NDArray[np.bool_] | None = None,
@@ -70,7 +67,7 @@ def fit_blend(
     spread for the fit, the weights scaled back); `ignored` sequence signals weigh 0."""
     from sklearn.linear_model import LogisticRegression
 
-    columns = [recall, _logit(model_probability)]
+    columns = [recall, model_score.astype(np.float64)]
     if sequence is not None:
         columns.extend(sequence.astype(np.float64).T)
     features = np.stack(columns, axis=1)
@@ -103,14 +100,15 @@ def fit_blend(
 
 
 def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> bytes:
-    """The exported MLP with the blend appended; same input, same output name and shape."""
+    """The exported network with the blend appended; same input, same output name and shape
+    (the score, now the blend's log-odds); the heads stay as the network answers them."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load_from_string(model_onnx)
     graph = model.graph
     out = schema.output_name
-    inner = f"{out}_mlp"
+    inner = f"{out}_net"
     for node in graph.node:
         node.output[:] = [inner if name == out else name for name in node.output]
     product = schema.blocks["user_item_product"]
@@ -121,9 +119,6 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
     constant("blend_product_start", [product.start], np.int64)
     constant("blend_product_end", [product.stop], np.int64)
     constant("blend_axis", [1], np.int64)
-    constant("blend_low", EPSILON, np.float32)
-    constant("blend_high", 1 - EPSILON, np.float32)
-    constant("blend_one", 1.0, np.float32)
     constant("blend_w_recall", blend.recall, np.float32)
     constant("blend_w_model", blend.model, np.float32)
     constant("blend_bias", blend.bias, np.float32)
@@ -153,16 +148,11 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
             "blend_product",
         ),
         ("ReduceSum", ["blend_product", "blend_axis"], "blend_recall"),
-        ("Clip", [inner, "blend_low", "blend_high"], "blend_p"),
-        ("Sub", ["blend_one", "blend_p"], "blend_q"),
-        ("Div", ["blend_p", "blend_q"], "blend_odds"),
-        ("Log", ["blend_odds"], "blend_logit"),
         ("Mul", ["blend_recall", "blend_w_recall"], "blend_a"),
-        ("Mul", ["blend_logit", "blend_w_model"], "blend_b"),
+        ("Mul", [inner, "blend_w_model"], "blend_b"),
         ("Add", ["blend_a", "blend_b"], "blend_abc_in" if sequence_steps else "blend_abc"),
         *sequence_steps,
-        ("Add", ["blend_abc", "blend_bias"], "blend_z"),
-        ("Sigmoid", ["blend_z"], out),
+        ("Add", ["blend_abc", "blend_bias"], out),
     ]
     for op, inputs, output in steps:
         graph.node.append(helper.make_node(op, inputs, [output], name=output))
@@ -178,12 +168,11 @@ def blended_onnx(model_onnx: bytes, schema: FeatureSchema, blend: Blend) -> byte
 def blend_scores(
     blend: Blend,
     recall: npt.NDArray[np.float64],
-    model_probability: npt.NDArray[np.floating],
+    model_score: npt.NDArray[np.floating],
     sequence: FloatArray | None = None,
 ) -> npt.NDArray[np.float64]:
-    """The blend's logit for each row, as the exported graph computes it (before the
-    sigmoid, which keeps the order)."""
-    z = blend.recall * recall + blend.model * _logit(model_probability) + blend.bias
+    """The blend's log-odds for each row, as the exported graph computes it."""
+    z = blend.recall * recall + blend.model * model_score.astype(np.float64) + blend.bias
     if blend.sequence and sequence is not None:
         z = z + sequence.astype(np.float64) @ np.asarray(blend.sequence, dtype=np.float64)
     scores: npt.NDArray[np.float64] = z

@@ -58,6 +58,7 @@ def _build_world(args: argparse.Namespace) -> None:
         seed=args.seed,
         index_factory=args.index_factory,
         network=args.network,
+        regularization=args.als_regularization,
     )
     report = build_world_from_log(recipe, args.world, schema)
     print(_evaluation_table(report))
@@ -353,6 +354,13 @@ def _add_build_world(
         help="the ranker: cross layers and a deep tower (dcn), the tower alone (mlp), or "
         "both trained and the one whose score ranks users it did not learn from better "
         "kept (auto, the default)",
+    )
+    built.add_argument(
+        "--als-regularization",
+        type=float,
+        default=None,
+        help="ALS's regularisation; default: each of a grid tried on the log's own split in "
+        "time, the one whose factors recall best what users went on to like kept",
     )
     built.add_argument("--seed", type=int, default=7)
     built.set_defaults(run=_build_world)

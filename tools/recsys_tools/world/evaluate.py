@@ -42,6 +42,7 @@ from recsys_tools.world.prerank_fit import (
     nearby,
     service_pool,
 )
+from recsys_tools.world.split import later_rows
 from recsys_tools.world.train import utc_hour_weekday
 
 FloatArray = npt.NDArray[np.float32]
@@ -94,25 +95,16 @@ def _ragged(owner: IntArray, size: int) -> IntArray:
 
 
 def split_holdout(log: InteractionLog, share: float) -> Holdout:
-    """The last ceil(share) of each user's positives by time (at least 1, users with 2 or more).
-
-    A user's other rows after their holdout begins are held out too: training only sees
-    what happened before the moment being predicted.
+    """Each user's latest `share` of rows by time (split.later_rows): the same cut
+    `recsys split-log` makes, so the build judges itself on a split shaped like the one its
+    world will be judged on (learn on each user's past, answer what came after). The held-out
+    items are the positives among those rows; every row from the moment a user's holdout
+    begins is kept out of training.
     """
-    rows = np.flatnonzero(log.positive)  # by user, then time
-    users = log.user[rows]
-    count = np.bincount(users, minlength=log.n_users)
-    # The epsilon keeps 0.2 * 5 (1.0000000000000002 in floating point) at 1, not 2.
-    wanted = np.clip(np.ceil(share * count - 1e-9), 1, np.maximum(count - 1, 1))
-    held = np.where(count >= 2, wanted, 0).astype(np.int64)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
-    rank = np.arange(len(rows)) - start[users]
-    out = rank >= (count - held)[users]
+    later = later_rows(log, share)
     begins = np.full(log.n_users, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(begins, users[out], log.time[rows[out]])
-    train = log.time < begins[log.user]
-    train[rows] = ~out
-    return _holdout_sets(log, train, rows[out], begins, share)
+    np.minimum.at(begins, log.user[later], log.time[later])
+    return _holdout_sets(log, ~later, np.flatnonzero(later & log.positive), begins, share)
 
 
 def _holdout_sets(
@@ -179,7 +171,7 @@ class _Ranker:
 
 
 @dataclass(frozen=True, slots=True)
-class _Query:
+class Query:
     user: int
     seen: IntArray
     relevant: IntArray
@@ -190,7 +182,7 @@ class _Query:
 
 
 @dataclass(frozen=True, slots=True)
-class _Cascade:
+class Cascade:
     """One user's lists, stage by stage: the pool each stage hands on and its best K."""
 
     recall: IntArray
@@ -199,18 +191,23 @@ class _Cascade:
     ranked: IntArray
 
 
-class _Evaluator:
-    def __init__(self, model: ServedModel, schema: FeatureSchema, index_factory: str) -> None:
+class Evaluator:
+    """The service's cascade over a world's arrays: `index`, the world's own (else one is
+    built with `index_factory`, as the build does for the part it evaluates)."""
+
+    def __init__(
+        self, model: ServedModel, schema: FeatureSchema, index_factory: str, index: Any = None
+    ) -> None:
         self.model = model
         self.schema = schema
         embeddings = np.ascontiguousarray(model.item_blobs[:, : schema.embedding_dim])
         self.vectors = embeddings.astype(np.float32)  # as the service holds them
-        self.index = build_index(embeddings, index_factory)
+        self.index = build_index(embeddings, index_factory) if index is None else index
         set_search_breadth(self.index, NPROBE)
         self.popular = np.argsort(-model.popularity, kind="stable").astype(np.int64)
         self.ranker = _Ranker(model, schema)
 
-    def search(self, queries: list[_Query]) -> IntArray:
+    def search(self, queries: list[Query]) -> IntArray:
         n_items = len(self.popular)
         deepest = max(len(q.seen) for q in queries) + K
         k = min(n_items, max(CANDIDATES, deepest))
@@ -220,7 +217,7 @@ class _Evaluator:
         ids: IntArray = found.astype(np.int64)
         return ids
 
-    def candidates(self, found: IntArray, q: _Query) -> IntArray:
+    def candidates(self, found: IntArray, q: Query) -> IntArray:
         """The service's pool: recalled, similar and popular candidates, minus seen,
         backfilled."""
         k = min(CANDIDATES, len(self.popular))
@@ -233,7 +230,7 @@ class _Evaluator:
             kept = np.concatenate([kept, spare[: K - len(kept)]])
         return kept
 
-    def prerank(self, q: _Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
+    def prerank(self, q: Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
         """The pool's pre-rank order, as the stage computes it (all of it: the first KEEP
         are what it hands on), and the pool's signals."""
         signals = prerank_signals(
@@ -247,19 +244,32 @@ class _Evaluator:
         )
         return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
 
-    def rank(
-        self, queries: list[_Query], pools: list[IntArray], signals: list[FloatArray]
-    ) -> list[IntArray]:
+    def packed(self, q: Query, pool: IntArray, signals: FloatArray) -> FloatArray:
+        """The model's input for `pool` (what pre-rank kept), packed as the service packs it."""
         schema = self.schema
+        return pack_rows(
+            schema,
+            self.model.user_blobs[q.user],
+            self.model.item_blobs[pool],
+            q.context,
+            sequence=sequence_columns(schema, signals) if schema.sequence else None,
+        )
+
+    def kept(self, q: Query, found: IntArray) -> tuple[IntArray, FloatArray]:
+        """What pre-rank hands the model for `q` (the positions, and their signals), from
+        what the index found for it."""
+        pool = self.candidates(found, q)
+        order, signals = self.prerank(q, pool)
+        # A pool no larger than KEEP passes pre-rank as it came, as in the service.
+        chosen = order[:KEEP] if len(pool) > KEEP else np.arange(len(pool))
+        return pool[chosen], signals[chosen]
+
+    def rank(
+        self, queries: list[Query], pools: list[IntArray], signals: list[FloatArray]
+    ) -> list[IntArray]:
         rows = np.concatenate(
             [
-                pack_rows(
-                    schema,
-                    self.model.user_blobs[q.user],
-                    self.model.item_blobs[pool],
-                    q.context,
-                    sequence=sequence_columns(schema, sequence) if schema.sequence else None,
-                )
+                self.packed(q, pool, sequence)
                 for q, pool, sequence in zip(queries, pools, signals, strict=True)
             ]
         )
@@ -270,7 +280,7 @@ class _Evaluator:
             ranked.append(pool[np.argsort(-part, kind="stable")[:K]])
         return ranked
 
-    def cascades(self, queries: list[_Query]) -> list[_Cascade]:
+    def cascades(self, queries: list[Query]) -> list[Cascade]:
         found = self.search(queries)
         pools = [self.candidates(row, q) for row, q in zip(found, queries, strict=True)]
         preranked = [self.prerank(q, pool) for q, pool in zip(queries, pools, strict=True)]
@@ -285,13 +295,13 @@ class _Evaluator:
             [signals[kept] for (_, signals), kept in zip(preranked, chosen, strict=True)],
         )
         return [
-            _Cascade(_unseen(row, q.seen, K), pool, pool[order[:KEEP]], top)
+            Cascade(_unseen(row, q.seen, K), pool, pool[order[:KEEP]], top)
             for row, q, pool, (order, _), top in zip(
                 found, queries, pools, preranked, ranked, strict=True
             )
         ]
 
-    def item_knn(self, q: _Query) -> IntArray:
+    def item_knn(self, q: Query) -> IntArray:
         """The item-to-item baseline: neighbours of everything the user liked, summed."""
         if self.model.neighbours is None or not len(q.liked):
             return self.popular[:0]
@@ -313,7 +323,7 @@ def _queries(
     schema: FeatureSchema,
     neighbours: Neighbours | None,
     seed: int,
-) -> Iterator[list[_Query]]:
+) -> Iterator[list[Query]]:
     """The evaluated users (a seeded sample of MAX_USERS at most), in batches."""
     chosen = np.arange(len(holdout.users))
     if len(chosen) > MAX_USERS:
@@ -324,12 +334,12 @@ def _queries(
     # here, and the hour and weekday are those of the moment the holdout begins.
     device, page, locale = schema.devices[0], schema.pages[0], schema.locales[0]
     hours, weekdays = utc_hour_weekday(holdout.moments)
-    batch: list[_Query] = []
+    batch: list[Query] = []
     for k in chosen.tolist():
         user = int(holdout.users[k])
         hour, weekday = int(hours[k]), int(weekdays[k])
         batch.append(
-            _Query(
+            Query(
                 user=user,
                 seen=seen_items[seen_offsets[user] : seen_offsets[user + 1]],
                 relevant=holdout.items[holdout.offsets[k] : holdout.offsets[k + 1]],
@@ -360,7 +370,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """recall@10 and NDCG@10 of each stage and baseline, and what share of the held-out
     items each stage still holds, averaged over (a sample of) held-out users."""
-    evaluator = _Evaluator(model, schema, index_factory)
+    evaluator = Evaluator(model, schema, index_factory)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
     shares: dict[str, list[float]] = {stage: [] for stage in STAGES}
     for queries in _queries(holdout, train, schema, model.neighbours, seed):

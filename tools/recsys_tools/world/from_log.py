@@ -47,7 +47,7 @@ from recsys_tools.world.derive import (
     user_dense,
 )
 from recsys_tools.world.evaluate import ServedModel, evaluate, split_holdout
-from recsys_tools.world.factorize import Embeddings, factorize, foldin_params
+from recsys_tools.world.factorize import REGULARIZATION, Embeddings, factorize, foldin_params
 from recsys_tools.world.files import (
     ItemTable,
     PositiveLists,
@@ -75,31 +75,33 @@ from recsys_tools.world.logs import (
 )
 from recsys_tools.world.neighbours import item_neighbours
 from recsys_tools.world.prerank_fit import (
-    example_signals,
+    Pools,
+    RankedLists,
     fit_prerank,
     latest_positives,
     ranked_lists,
     user_pools,
 )
+from recsys_tools.world.regularization import choose_regularization
 from recsys_tools.world.train import (
     Examples,
     example_rows,
     export_onnx,
     fit_ranker,
     head_aucs,
-    sample_examples,
+    like_threshold,
 )
 
 log = logging.getLogger("recsys.build")
 FloatArray = npt.NDArray[np.float32]
-# The MLP's time grows with its rows; past this many positives (times 1 + negatives rows)
-# more examples change the ranker little, so a large log is sampled.
-MAX_RANKER_POSITIVES = 200_000
-# The users whose candidate lists fit the blend of MLP and recall: a share, at most so many,
-# each list as deep as this (the top of recall, where the ranker's choices matter).
-BLEND_SHARE = 0.2
+# The network's time grows with its rows; past this many (lists of RANK_DEPTH rows) more
+# users change it little, so a large log is sampled.
+MAX_RANKER_ROWS = 600_000
+# The users whose candidate lists fit pre-rank and the blend: a share, at most so many. Each
+# list is the top RANK_DEPTH of pre-rank's order, where the ranker's choices matter.
+BLEND_SHARE = 0.5
 MAX_BLEND_USERS = 2_000
-BLEND_DEPTH = 200
+RANK_DEPTH = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,6 @@ class WorldRecipe:
     item_columns: ItemColumns = field(default_factory=ItemColumns)
     keep_holdout: bool = False
     holdout_share: float = 0.2
-    negatives: int = 4
     seed: int = 7
     index_factory: str = "auto"
     network: str = "auto"  # a key of ranker_net.NETWORKS
@@ -121,6 +122,12 @@ class WorldRecipe:
     compare_inputs: bool = False
     # What this build leaves out: FEATURE_GROUPS the ranker never sees, and ITEM_TABLE.
     without: frozenset[str] = frozenset()
+    # ALS's regularisation; None: chosen on the log's own split (regularization.py).
+    regularization: float | None = None
+
+    @property
+    def shrink(self) -> float:
+        return REGULARIZATION if self.regularization is None else self.regularization
 
 
 @dataclass(slots=True)
@@ -184,95 +191,92 @@ class _Learnt:
 
 
 def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe) -> _Ranker:
-    """Each user's latest positives against sampled negatives, on features learnt before them.
+    """The network learnt on candidate lists as the service builds them, then blended.
 
-    Served, the ranker scores items the embeddings were not fitted to; trained on positives
-    they were fitted to, it learns to trust an inflated user·item product (measured: worse
-    than recall alone). So it learns on the part's own later slice, as evaluation does.
-    The MLP learns from most users; on the others' candidate lists it is blended with
-    recall's own score (blend.py), so it moves recall's order only where it knows better.
+    The part is split in time as the world will be judged (split_holdout): factors,
+    features and neighbours are learnt from each user's past, and what the user went on to
+    like is the label. For each user the service's pool is rebuilt from that past and cut by
+    pre-rank to the rows the model would score; the network learns to tell the liked items
+    among them (the negatives are the user's own candidates, the hard ones it must order),
+    from columns that carry to the served world's factors (_factor_free). Learnt against
+    random items instead, it learnt what tells a positive from anything, and on both public
+    movie-ratings sets the blend gave it no weight.
+
+    Half of the users (bounded) are kept from the network: pre-rank is fitted on their pools
+    and the blend on their lists (blend.py), so the network moves recall's order only where
+    it orders users it never saw better.
     """
     split = split_holdout(part, recipe.holdout_share)
     early = part.subset(split.train)
-    embeddings = factorize(early, schema.embedding_dim, recipe.seed)
+    embeddings = factorize(early, schema.embedding_dim, recipe.seed, recipe.shrink)
     user_blobs = np.concatenate([embeddings.users, user_dense(early, schema)], axis=1)
     item_blobs = np.concatenate([embeddings.items, item_dense(early, schema)], axis=1)
     # Items the user already had before are filtered as seen when serving: not targets.
     before = np.unique(early.user * part.n_items + early.item)
     targets = ~split.train & ~np.isin(part.user * part.n_items + part.item, before)
+    liked = targets & part.positive
+    liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
     rng = np.random.default_rng(recipe.seed)
-    chosen = np.flatnonzero(targets & part.positive)
-    if len(chosen) > MAX_RANKER_POSITIVES:
-        targets = np.zeros_like(targets)
-        targets[rng.choice(chosen, MAX_RANKER_POSITIVES, replace=False)] = True
-    blending = _blending_users(part, targets, rng)
-    examples = sample_examples(part, popularity(early), recipe.negatives, rng, targets)
-    learning = ~np.isin(examples.users, blending)
+    blending, learning = _user_halves(part, liked, rng)
     # What the service knows of each user at the moment of their targets: their latest
     # positives before it, and the neighbours learnt from the early part.
     neighbours, recent = positive_neighbours(early), latest_positives(early)
     categories = category_codes(part.items)
-
-    def sequence(users: IntArray, items: IntArray) -> FloatArray | None:
-        if not schema.sequence:
-            return None
-        signals = example_signals(
-            users, items, embeddings.users, embeddings.items, neighbours, recent, categories
-        )
-        return sequence_columns(schema, signals)
-
-    rows = example_rows(
-        schema, user_blobs, item_blobs, examples, rng, sequence(examples.users, examples.items)
-    )
-    rated = examples.liked
-    model = fit_ranker(
-        rows[learning],
-        examples.labels[learning],
-        recipe.seed,
-        None if rated is None else rated[learning],
-        recipe.network,
-        check=(rows[~learning], examples.labels[~learning]),
-        ignored=ignored_columns(schema, recipe.without, part),
-    )
-    liked = targets & part.positive
-    liked_keys = np.unique(part.user[liked] * part.n_items + part.item[liked])
-    # Pre-rank and the blend learn on the blending users' pools, as the service builds them.
-    pools = user_pools(
-        blending,
-        embeddings.users,
-        embeddings.items,
-        neighbours,
-        recent,
-        before,
-        liked_keys,
-        categories,
-    )
-    prerank = fit_prerank(pools)
-    lists = ranked_lists(pools, prerank, BLEND_DEPTH)
     first_target = np.full(part.n_users, part.time.max(), dtype=np.int64)
     np.minimum.at(first_target, part.user[targets], part.time[targets])
-    moments = Examples(lists.users, lists.items, first_target[lists.users], lists.labels)
-    listed_sequence = sequence_columns(schema, lists.signals) if schema.sequence else None
-    listed = example_rows(schema, user_blobs, item_blobs, moments, rng, listed_sequence)
-    recall, probability = recall_scores(schema, listed), model.predict_proba(listed)[:, 1]
+
+    def pools_of(users: IntArray) -> Pools:
+        return user_pools(
+            users,
+            embeddings.users,
+            embeddings.items,
+            neighbours,
+            recent,
+            before,
+            liked_keys,
+            categories,
+        )
+
+    def rows_of(lists: RankedLists) -> FloatArray:
+        moments = Examples(lists.users, lists.items, first_target[lists.users], lists.labels)
+        sequence = sequence_columns(schema, lists.signals) if schema.sequence else None
+        return example_rows(schema, user_blobs, item_blobs, moments, rng, sequence)
+
+    # Pre-rank and the blend learn on the blending users' pools.
+    prerank = fit_prerank(pools_of(blending))
+    listed = ranked_lists(pools_of(blending), prerank, RANK_DEPTH)
+    taught = ranked_lists(pools_of(learning), prerank, RANK_DEPTH)
+    listed_rows, taught_rows = rows_of(listed), rows_of(taught)
+    rated = _liked(part, liked, taught)
+    model = fit_ranker(
+        taught_rows,
+        taught.labels,
+        recipe.seed,
+        rated,
+        recipe.network,
+        check=(listed_rows, listed.labels),
+        ignored=_factor_free(schema, ignored_columns(schema, recipe.without, part)),
+    )
+    listed_sequence = sequence_columns(schema, listed.signals) if schema.sequence else None
+    recall, network = recall_scores(schema, listed_rows), model.scores(listed_rows)
     blend = _choose_blend(
         schema,
         prerank,
-        (lists.users, lists.labels),
+        (listed.users, listed.labels),
         recall,
-        probability,
+        network,
         listed_sequence,
         ignored_signals(schema, recipe.without, part),
     )
     onnx_model = blended_onnx(export_onnx(model, schema), schema, blend)
     return _Ranker(
         onnx_model,
-        int(learning.sum()),
-        int(examples.labels[learning].sum()),
+        len(taught.labels),
+        int(taught.labels.sum()),
         blend,
         prerank,
-        holdout_rows=rows[~learning],
-        holdout_labels=examples.labels[~learning],
+        holdout_rows=listed_rows,
+        holdout_labels=listed.labels,
         network={
             "kind": model.shape.kind,
             "cross_layers": model.shape.cross_layers,
@@ -280,17 +284,51 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
             "like_weight": model.shape.like_weight,
             "flops_per_row": model.flops_per_row,
             "epochs": model.epochs_run,
-            # Each shape's AUC on the blending users (none learnt from them), where two were
-            # trained: the kept one is the best.
+            "learnt_on": "candidate lists as served",
+            "list_depth": RANK_DEPTH,
+            # Each shape's AUC on the blending users' lists (none learnt from them), where
+            # two were trained: the kept one is the best.
             "considered": model.considered,
-            "auc_heads": head_aucs(
-                model,
-                rows[~learning],
-                examples.labels[~learning],
-                None if rated is None else rated[~learning],
-            ),
+            "auc_heads": head_aucs(model, listed_rows, listed.labels, _liked(part, liked, listed)),
         },
     )
+
+
+def _liked(
+    part: InteractionLog, liked: BoolArray, lists: RankedLists
+) -> npt.NDArray[np.int8] | None:
+    """Which listed positives the user rated highly (train.like_threshold); None for a log
+    whose weights cannot tell."""
+    threshold = like_threshold(part)
+    if threshold is None or part.weight is None:
+        return None
+    high = liked & (part.weight >= threshold)
+    keys = np.unique(part.user[high] * part.n_items + part.item[high])
+    rated: npt.NDArray[np.int8] = (
+        np.isin(lists.users * part.n_items + lists.items, keys) & (lists.labels == 1)
+    ).astype(np.int8)
+    return rated
+
+
+# The row's blocks whose columns are coordinates of this factorisation's vectors.
+FACTOR_BLOCKS = ("user_embedding", "item_embedding", "user_item_product")
+
+
+def _factor_free(
+    schema: FeatureSchema, ignored: npt.NDArray[np.bool_] | None
+) -> npt.NDArray[np.bool_]:
+    """`ignored`, and every column that is a coordinate of the factors.
+
+    The network learns on factors from part of the log; the world serves factors learnt
+    again on all of it, whose coordinates mean something else (ALS's factors are defined up
+    to a rotation). Only what carries across factorisations is learnt from: the dense
+    features, the context and the sequence signals (similarities, the same in any basis);
+    the user·item product itself enters through the blend, beside the network.
+    """
+    kept = np.zeros(schema.width, dtype=bool) if ignored is None else ignored.copy()
+    for block in FACTOR_BLOCKS:
+        kept[schema.blocks[block]] = True
+    return kept
 
 
 def _choose_blend(
@@ -298,7 +336,7 @@ def _choose_blend(
     prerank: PrerankWeights,
     listed: tuple[IntArray, npt.NDArray[np.int8]],
     recall: npt.NDArray[np.float64],
-    probability: npt.NDArray[np.floating],
+    network: npt.NDArray[np.floating],
     sequence: FloatArray | None,
     ignored: BoolArray,
 ) -> Blend:
@@ -317,13 +355,11 @@ def _choose_blend(
     def part(rows: BoolArray) -> FloatArray | None:
         return None if sequence is None else sequence[rows]
 
-    fitted = fit_blend(
-        recall[fitting], probability[fitting], labels[fitting], part(fitting), ignored
-    )
+    fitted = fit_blend(recall[fitting], network[fitting], labels[fitting], part(fitting), ignored)
     checking = ~fitting
 
     def quality(blend: Blend) -> float:
-        scores = blend_scores(blend, recall[checking], probability[checking], part(checking))
+        scores = blend_scores(blend, recall[checking], network[checking], part(checking))
         return lists_ndcg(users[checking], labels[checking], scores)
 
     # Recall's own order is a choice too: pre-rank's weights were fitted to keep held-out
@@ -339,12 +375,18 @@ def positive_neighbours(part: InteractionLog) -> Neighbours:
     )
 
 
-def _blending_users(part: InteractionLog, targets: BoolArray, rng: np.random.Generator) -> IntArray:
-    """The users whose candidate lists fit the blend (a share, bounded), not the MLP."""
-    users = np.unique(part.user[targets & part.positive])
+def _user_halves(
+    part: InteractionLog, liked: BoolArray, rng: np.random.Generator
+) -> tuple[IntArray, IntArray]:
+    """The users with something liked to learn from, in two: those whose lists fit pre-rank
+    and the blend (BLEND_SHARE, at most MAX_BLEND_USERS), and those the network learns
+    from (at most as many as MAX_RANKER_ROWS of lists hold)."""
+    users = np.unique(part.user[liked])
+    shuffled = rng.permutation(users)
     count = min(MAX_BLEND_USERS, max(1, round(BLEND_SHARE * len(users))))
-    chosen: IntArray = np.sort(rng.choice(users, size=count, replace=False))
-    return chosen
+    blending = np.sort(shuffled[:count])
+    learning = np.sort(shuffled[count : count + max(1, MAX_RANKER_ROWS // RANK_DEPTH)])
+    return blending.astype(np.int64), learning.astype(np.int64)
 
 
 def _learn(
@@ -352,7 +394,7 @@ def _learn(
 ) -> _Learnt:
     positives = int(part.positive.sum())
     with clock.step(f"{label}.embeddings"):
-        embeddings = factorize(part, schema.embedding_dim, recipe.seed)
+        embeddings = factorize(part, schema.embedding_dim, recipe.seed, recipe.shrink)
     log.info(
         "%s: embeddings (dim %d) from %s positives %s",
         label,
@@ -376,11 +418,15 @@ def _learn(
     with clock.step(f"{label}.ranker"):
         ranker = _train_ranker(part, schema, recipe)
     log.info(
-        "%s: ranker trained on %s rows (%s positives) %s",
+        "%s: ranker trained on %s rows (%s positives) %s; %s",
         label,
         f"{ranker.rows:,}",
         f"{ranker.positives:,}",
         clock.took(f"{label}.ranker"),
+        f"the blend weighs it {ranker.blend.model:.3g}"
+        if ranker.blend.model
+        else "it orders users it never saw no better than pre-rank's weights: the score "
+        "leaves it out (blend model weight 0)",
     )
     return _Learnt(embeddings, users, items, counts, neighbours, ranker, category_codes(part.items))
 
@@ -487,7 +533,7 @@ def _write(
     save_attributes(world, attributes)
     save_table(world, seen)
     save_table(world, _positive_lists(part))
-    save_foldin(world, foldin_params(part))
+    save_foldin(world, foldin_params(part, recipe.shrink))
     save_neighbours(world, learnt.neighbours)
     save_prerank(world, learnt.ranker.prerank)
     (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
@@ -514,6 +560,19 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         round(100 * recipe.holdout_share),
         f"{len(holdout.users):,}",
         clock.took("holdout"),
+    )
+    with clock.step("regularization"):
+        choice = None
+        if recipe.regularization is None:
+            choice = choose_regularization(
+                train, schema.embedding_dim, recipe.seed, recipe.holdout_share
+            )
+            recipe = replace(recipe, regularization=choice.regularization)
+    log.info(
+        "ALS regularisation %g %s%s",
+        recipe.shrink,
+        clock.took("regularization"),
+        "" if choice is None else f" (recall@10 on the train part's own split: {choice.recall})",
     )
     first_recipe = recipe
     if recipe.item_features == "off":
@@ -560,12 +619,17 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         "evaluation": evaluation,
         "inputs": weighed.report,
         "histories": _histories(seen),
+        "als": {
+            "regularization": recipe.shrink,
+            "chosen_on": None if choice is None else choice.recall,
+        },
         "ranker": {
             "rows": learnt.ranker.rows,
             "positives": learnt.ranker.positives,
-            "negatives_per_positive": recipe.negatives,
             "network": learnt.ranker.network,
             "blend": learnt.ranker.blend.as_dict(),
+            # Whether the network has any say in the served score (the blend's choice).
+            "network_in_score": learnt.ranker.blend.model != 0,
             "prerank": dataclasses.asdict(learnt.ranker.prerank),
         },
         "seconds": {**clock.seconds, "total": round(time.perf_counter() - started, 2)},

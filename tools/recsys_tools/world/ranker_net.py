@@ -4,12 +4,15 @@
     x_{l+1} = x0 * (x_l W_l + b_l) + x_l          (DCN-v2 cross layers, full rank)
     h = relu(... relu(x_L A_1 + c_1) ...)          (the deep tower, on the cross output)
     p_interact = sigmoid(h u + d),  p_like = sigmoid(h v + e)
-    score = p_interact * ((1 - w) + w * p_like)
+    score = (h u + d) + log((1 - w) + w * p_like)
 
 The interact head learns a positive against sampled negatives; the like head learns, on
 positives only, which of them the user rated highly (or, in a generated world, liked), so
-its probability reads as P(like | interaction). The score is the expected value of showing
-the item when a like is worth 1 and a plain interaction 1 - w.
+its probability reads as P(like | interaction). The score is a log-odds: the interact
+head's own, with the odds multiplied by what the item is worth when a like is worth 1 and
+a plain interaction 1 - w. It is never put through a sigmoid: a sigmoid saturates (at 1.0
+in float32 from a log-odds of about 17, in FP16 from about 8), and every candidate past
+that point would tie. The heads answer probabilities.
 
 The cross layers let the sequence block (how near the candidate is to what the user just
 did) multiply the rest of the row, the interaction a plain MLP has to approximate. Both are
@@ -17,7 +20,7 @@ kept here as shapes of one network (cross_layers 0 is the plain MLP) so the buil
 measure one against the other on the same rows.
 
 PyTorch trains; the export writes the ONNX graph from the learnt weights directly (MatMul,
-Add, Mul, Relu, Sigmoid), the few operators every Triton backend and TensorRT run, with no
+Add, Mul, Relu, Sigmoid, Log), the few operators every Triton backend and TensorRT run, with no
 exporter between the weights and the served file. Serving never imports torch.
 """
 
@@ -40,6 +43,9 @@ VALIDATION = 0.1
 LIKE_WEIGHT = 0.5
 # The heads' names, in the order of the network's two logits: the served contract's.
 HEADS = HEAD_NAMES
+# The least the like value's log is taken of: with a like weight of 1 and a like head that
+# answers 0, the score falls far, not to -inf.
+LIKE_FLOOR = 1e-7
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,27 +93,29 @@ class RankerNet:
 
     def head_probabilities(self, rows: FloatArray) -> npt.NDArray[np.float64]:
         """[n, 2]: P(interact) and P(like | interaction) for each row."""
+        probabilities: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-self.logits(rows)))
+        return probabilities
+
+    def logits(self, rows: FloatArray) -> npt.NDArray[np.float64]:
+        """[n, 2]: each head's log-odds."""
         x0 = (rows.astype(np.float64) - self.mean) / self.scale
         x = x0
         for layer in self.cross:
             x = x0 * (x @ layer.weight + layer.bias) + x
         for layer in self.deep:
             x = np.maximum(x @ layer.weight + layer.bias, 0.0)
-        logits = x @ self.heads.weight + self.heads.bias
-        probabilities: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-logits))
-        return probabilities
+        logits: npt.NDArray[np.float64] = x @ self.heads.weight + self.heads.bias
+        return logits
 
     def scores(self, rows: FloatArray) -> npt.NDArray[np.float64]:
-        """The combined score the exported graph serves."""
-        heads = self.head_probabilities(rows)
+        """The combined score the exported graph serves: a log-odds."""
+        logits = self.logits(rows)
         w = self.shape.like_weight
-        combined: npt.NDArray[np.float64] = heads[:, 0] * ((1 - w) + w * heads[:, 1])
+        like = 1.0 / (1.0 + np.exp(-logits[:, 1]))
+        combined: npt.NDArray[np.float64] = logits[:, 0] + np.log(
+            np.maximum((1 - w) + w * like, LIKE_FLOOR)
+        )
         return combined
-
-    def predict_proba(self, rows: FloatArray) -> npt.NDArray[np.float64]:
-        """[n, 2] as scikit-learn's classifiers give it: 1 - score, score."""
-        score = self.scores(rows)
-        return np.stack([1.0 - score, score], axis=1)
 
     @property
     def flops_per_row(self) -> int:
@@ -260,7 +268,7 @@ def fit_best(
 
 def export_net(net: RankerNet, input_name: str, output_name: str, width: int) -> bytes:
     """The network as an ONNX graph: `input_name` [n, width] in; `output_name` [n, 1] (the
-    combined score) and HEADS_OUTPUT [n, 2] (each head's probability) out."""
+    combined score, a log-odds) and HEADS_OUTPUT [n, 2] (each head's probability) out."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -297,10 +305,11 @@ def export_net(net: RankerNet, input_name: str, output_name: str, width: int) ->
         h = node("Relu", [linear(h, layer, f"net_deep{i}")], f"net_deep{i}")
     logits = linear(h, net.heads, "net_heads")
     probabilities = node("Sigmoid", [logits], HEADS_OUTPUT)
-    # The score is a product of the two heads (no matrix gives it): each is sliced out.
+    # The score adds the log of the like value to the interact head's log-odds: each is
+    # sliced out of the heads.
     axis = constant("net_axis", np.array([1], dtype=np.int64))
     zero, one, two = (constant(f"net_at{k}", np.array([k], dtype=np.int64)) for k in (0, 1, 2))
-    interact = node("Slice", [probabilities, zero, one, axis], "net_p_interact")
+    interact = node("Slice", [logits, zero, one, axis], "net_interact_logit")
     like = node("Slice", [probabilities, one, two, axis], "net_p_like")
     w = net.shape.like_weight
     value = node(
@@ -311,7 +320,9 @@ def export_net(net: RankerNet, input_name: str, output_name: str, width: int) ->
         ],
         "net_value",
     )
-    nodes.append(helper.make_node("Mul", [interact, value], [output_name], name="net_score"))
+    floor = constant("net_like_floor", np.array(LIKE_FLOOR, np.float32))
+    worth = node("Log", [node("Max", [value, floor], "net_value_floor")], "net_log_value")
+    nodes.append(helper.make_node("Add", [interact, worth], [output_name], name="net_score"))
     graph = helper.make_graph(
         nodes,
         "ranker_net",

@@ -1,9 +1,9 @@
 """Train the ranking network and export it to ONNX.
 
-It learns from a synthetic world's impressions, or from a log's positives against sampled
-negatives. The network and its export are ranker_net.py (PyTorch trains; serving needs
-neither). The training rows come from the same pack_rows (and encode_context) the service
-uses, so the model sees exactly what it will be sent.
+It learns from a synthetic world's impressions, or from a log's candidate lists as the
+service builds them (from_log.py). The network and its export are ranker_net.py (PyTorch
+trains; serving needs neither). The training rows come from the same pack_rows (and
+encode_context) the service uses, so the model sees exactly what it will be sent.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from app.core.errors import ConfigError
 from app.pipeline.packing import encode_context, pack_rows
 from app.release.schema import FeatureSchema
 from recsys_tools.world.logs import InteractionLog
@@ -24,8 +25,6 @@ IntArray = npt.NDArray[np.int64]
 HOURS, WEEKDAYS = 24, 7
 # 1970-01-01 was a Thursday: Python's weekday 3.
 EPOCH_WEEKDAY = 3
-# Collisions with a user's own positives are redrawn this often, then dropped.
-RESAMPLE_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +118,7 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
         train_rows=int((~test).sum()),  # learnt from, or kept apart to choose the network
         test_rows=int(test.sum()),
         click_rate=float(labels.mean()),
-        auc_model=auc(labels[test], model.predict_proba(rows[test])[:, 1]),
+        auc_model=auc(labels[test], model.scores(rows[test])),
         auc_popularity=auc(labels[test], world.items.popularity[world.interactions.items[test]]),
         auc_similarity=auc(labels[test], rows[test][:, product].sum(axis=1)),
         auc_heads=head_aucs(model, rows[test], labels[test], liked[test]),
@@ -132,87 +131,25 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
 
 
 def export_onnx(model: RankerNet, schema: FeatureSchema) -> bytes:
-    """Export with the schema's input name and a single [n, 1] combined-score output."""
+    """Export with the schema's input name, the [n, 1] combined score (a log-odds) and the
+    heads; a schema whose model.score says otherwise would mislead the rules."""
+    if schema.score_scale != "log_odds":
+        raise ConfigError(
+            f"the feature schema says the model's score is a {schema.score_scale}; the ranker "
+            'this build trains answers a log-odds: set "score": "log_odds" in its "model"'
+        )
     return export_net(model, schema.input_name, schema.output_name, schema.width)
 
 
 @dataclass(frozen=True, slots=True)
 class Examples:
-    """Ranker examples from a log: each positive, then its sampled negatives."""
+    """Ranker examples from a log: a user, an item, the moment, whether it was chosen."""
 
     users: IntArray
     items: IntArray
     times: IntArray
     labels: npt.NDArray[np.int8]
-    # Which positives the user rated highly (like_threshold); 0 for negatives; None for a
-    # log whose weights cannot tell.
-    liked: npt.NDArray[np.int8] | None = None
-
-
-def _among(owned: IntArray, keys: IntArray) -> npt.NDArray[np.bool_]:
-    """Which keys are in the sorted array `owned`."""
-    if len(owned) == 0:
-        return np.zeros(len(keys), dtype=bool)
-    hit: npt.NDArray[np.bool_] = (
-        owned[np.minimum(np.searchsorted(owned, keys), len(owned) - 1)] == keys
-    )
-    return hit
-
-
-def _draw(
-    rng: np.random.Generator, n: int, n_items: int, weights: npt.NDArray[np.float64] | None
-) -> IntArray:
-    if weights is None:
-        return rng.integers(0, n_items, size=n)
-    drawn: IntArray = rng.choice(n_items, size=n, p=weights)
-    return drawn
-
-
-def sample_examples(
-    log: InteractionLog,
-    popularity: FloatArray,
-    negatives: int,
-    rng: np.random.Generator,
-    targets: npt.NDArray[np.bool_] | None = None,
-) -> Examples:
-    """Every positive (among `targets` rows) against `negatives` items at the same moment.
-
-    Half the negatives are drawn by popularity, so popular is not a sure sign of positive;
-    half uniformly, so the whole catalog is seen. None is one of the user's own positives.
-    """
-    chosen = log.positive if targets is None else log.positive & targets
-    users, items, times = log.user[chosen], log.item[chosen], log.time[chosen]
-    owned = np.unique(log.user[log.positive] * log.n_items + log.item[log.positive])
-    # In float64 before dividing: float32 shares need not sum to 1 closely enough for choice.
-    by_popularity = popularity.astype(np.float64)
-    by_popularity /= by_popularity.sum()
-    parts_users, parts_items, parts_times = [users], [items], [times]
-    for k in range(negatives):
-        weights = by_popularity if k < negatives // 2 else None
-        drawn = _draw(rng, len(users), log.n_items, weights)
-        for _ in range(RESAMPLE_ROUNDS):
-            clash = np.flatnonzero(_among(owned, users * log.n_items + drawn))
-            if len(clash) == 0:
-                break
-            drawn[clash] = _draw(rng, len(clash), log.n_items, weights)
-        fine = ~_among(owned, users * log.n_items + drawn)
-        parts_users.append(users[fine])
-        parts_items.append(drawn[fine])
-        parts_times.append(times[fine])
-    labels = np.zeros(sum(len(part) for part in parts_users), dtype=np.int8)
-    labels[: len(users)] = 1
-    liked = None
-    threshold = like_threshold(log)
-    if threshold is not None and log.weight is not None:
-        liked = np.zeros_like(labels)
-        liked[: len(users)] = log.weight[chosen] >= threshold
-    return Examples(
-        np.concatenate(parts_users),
-        np.concatenate(parts_items),
-        np.concatenate(parts_times),
-        labels,
-        liked,
-    )
+    liked: npt.NDArray[np.int8] | None = None  # rated highly (like_threshold); 0 for negatives
 
 
 def like_threshold(log: InteractionLog) -> float | None:

@@ -34,6 +34,7 @@ from recsys_tools.model.engine.release import release_of
 from recsys_tools.model.engine.report import EngineReport
 from recsys_tools.model.engine.rewrite import check_identity, foreign_ops, tensorrt_graph
 from recsys_tools.model.engine.runner import missing_gpu, run_build
+from recsys_tools.model.precision import score_tail
 
 if TYPE_CHECKING:
     from app.release.schema import FeatureSchema
@@ -112,7 +113,8 @@ def build_engine(options: BuildOptions) -> EngineReport:
         shutil.rmtree(staging, ignore_errors=True)
     report.checks.append(f"{options.out / 'config.pbtxt'} parses as a Triton ModelConfig")
     report.files = sorted(str(p) for p in options.out.rglob("*") if p.is_file())
-    report.commands = commands_for(options, release, profile, onnx_name, table)
+    tail = tuple(score_tail(ready))
+    report.commands = commands_for(options, release, profile, onnx_name, table, tail)
     report.dry_run = "--dry-run" if options.dry_run else missing_gpu()
     if report.dry_run is None:
         report.timings_s = run_build(report.commands)

@@ -40,9 +40,22 @@ def _gpu() -> tuple[str, ...]:
     return ("podman", "run", "--rm", "--device", "nvidia.com/gpu=all")
 
 
-def plan_build(options: BuildOptions, release: Release, profile: Profile, onnx: str) -> Command:
-    """trtexec in the TensorRT image of the serving release (its TensorRT is Triton's)."""
+def plan_build(
+    options: BuildOptions,
+    release: Release,
+    profile: Profile,
+    onnx: str,
+    tail: tuple[str, ...] = (),
+) -> Command:
+    """trtexec in the TensorRT image of the serving release (its TensorRT is Triton's).
+
+    At reduced precision the score's `tail` (precision.score_tail: the layers from the
+    heads' logits to the score, and the blend) is held to FP32: a log-odds score rounded to
+    FP16 steps by 1/64 near 30, and distinct candidates would tie."""
     flags = {"fp32": (), "fp16": ("--fp16",), "int8": ("--int8", "--fp16")}[options.precision]
+    if flags and tail:
+        layers = ",".join(f"{name}:fp32" for name in tail)
+        flags = (*flags, "--precisionConstraints=obey", f"--layerPrecisions={layers}")
     argv = (
         *_gpu(),
         "-v",
@@ -106,10 +119,15 @@ def copy_table_command(options: BuildOptions, release: Release, table: str) -> C
 
 
 def commands_for(
-    options: BuildOptions, release: Release, profile: Profile, onnx: str, table: str | None
+    options: BuildOptions,
+    release: Release,
+    profile: Profile,
+    onnx: str,
+    table: str | None,
+    tail: tuple[str, ...] = (),
 ) -> list[Command]:
     if options.engine == "plan":
-        build = plan_build(options, release, profile, onnx)
+        build = plan_build(options, release, profile, onnx, tail)
         return [build, *serve_commands(options, release, profile, "verify")]
     first = [copy_table_command(options, release, table)] if table else []
     return [*first, *serve_commands(options, release, profile, "build")]

@@ -1,0 +1,124 @@
+"""EASE, the strong item-to-item baseline the served answers are held against.
+
+Steck's "Embarrassingly Shallow Autoencoders" (2019): B = I - P / diag(P) with
+P = (XᵀX + λI)⁻¹ over the binary user-item matrix of positives, the diagonal zeroed; a user's
+scores are x·B. It needs the dense item-by-item inverse, so it is for catalogs of some
+thousands of items: a baseline for benchmarks, never served. λ is chosen on the earlier
+part's own split in time, as the world build chooses its settings, not on what is judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from recsys_tools.served import questions
+from recsys_tools.world.logs import InteractionLog
+from recsys_tools.world.split import later_rows
+
+FloatArray = npt.NDArray[np.float64]
+LAMBDAS = (50.0, 100.0, 200.0, 400.0, 800.0)
+K = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Ease:
+    items: dict[str, int]  # item id -> column
+    ids: list[str]
+    weights: FloatArray  # B
+    popularity: npt.NDArray[np.int64]  # positives per column
+
+    def top(
+        self, liked: Iterable[str], seen: set[str], k: int = K, popular: bool = False
+    ) -> list[str]:
+        """The k best unseen items for a user who liked `liked`; the most popular ones for
+        a user without any, or for everyone with `popular` (the popularity baseline)."""
+        columns = [self.items[item] for item in liked if item in self.items]
+        if columns and not popular:
+            scores = self.weights[columns].sum(axis=0)
+        else:
+            scores = self.popularity.astype(np.float64)
+        order = np.argsort(-scores, kind="stable")
+        chosen: list[str] = []
+        for column in order.tolist():
+            if self.ids[column] not in seen:
+                chosen.append(self.ids[column])
+                if len(chosen) == k:
+                    break
+        return chosen
+
+
+def fit(log: InteractionLog, lam: float) -> Ease:
+    rows = log.positive
+    active = np.unique(log.item[rows])
+    column = np.full(log.n_items, -1, dtype=np.int64)
+    column[active] = np.arange(len(active))
+    matrix = np.zeros((log.n_users, len(active)), dtype=np.float64)
+    matrix[log.user[rows], column[log.item[rows]]] = 1.0
+    gram = matrix.T @ matrix
+    gram[np.diag_indices_from(gram)] += lam
+    inverse = np.linalg.inv(gram)
+    weights = -inverse / np.diag(inverse)
+    np.fill_diagonal(weights, 0.0)
+    ids = log.items.ids[active].tolist()
+    return Ease(
+        {item: k for k, item in enumerate(ids)},
+        ids,
+        weights,
+        matrix.sum(axis=0).astype(np.int64),
+    )
+
+
+def histories(log: InteractionLog) -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+    """Each user's positives (oldest first) and every item they touched."""
+    liked: dict[str, list[str]] = {}
+    seen: dict[str, set[str]] = {}
+    users, items = log.user_ids[log.user].tolist(), log.items.ids[log.item].tolist()
+    for user, item, positive in zip(users, items, log.positive.tolist(), strict=True):
+        seen.setdefault(user, set()).add(item)
+        if positive:
+            liked.setdefault(user, []).append(item)
+    return liked, seen
+
+
+def recall_at_k(
+    model: Ease, earlier: InteractionLog, later: InteractionLog, popular: bool = False
+) -> float:
+    """recall@K of each user's answer against their later positives they had not seen
+    (`popular`: of the most popular unseen items instead)."""
+    liked, _ = histories(earlier)
+    figures = [
+        len(set(model.top(liked.get(one.user, []), set(one.seen), popular=popular)) & one.relevant)
+        / min(K, len(one.relevant))
+        for one in questions(later, earlier)
+    ]
+    return float(np.mean(figures)) if figures else 0.0
+
+
+def chosen_lambda(earlier: InteractionLog, share: float) -> tuple[float, dict[str, float]]:
+    """The λ of LAMBDAS that recalls best on the earlier part's own split in time."""
+    later = later_rows(earlier, share)
+    inner, judged = earlier.subset(~later), earlier.subset(later)
+    figures = {f"{lam:g}": round(recall_at_k(fit(inner, lam), inner, judged), 4) for lam in LAMBDAS}
+    best = max(LAMBDAS, key=lambda lam: figures[f"{lam:g}"])
+    return best, figures
+
+
+def replay(
+    model: Ease, earlier: InteractionLog, rows: Sequence[tuple[str, str, bool]], events: bool
+) -> float:
+    """hit@K over the later positives in time order: before each, the user's answer; then,
+    with `events`, the row joins their history (EASE folds a user in by their items alone)."""
+    liked, seen = histories(earlier)
+    hits = asked = 0
+    for user, item, positive in rows:
+        if positive:
+            asked += 1
+            hits += item in model.top(liked.get(user, []), seen.get(user, set()))
+        if events:
+            seen.setdefault(user, set()).add(item)
+            if positive:
+                liked.setdefault(user, []).append(item)
+    return hits / asked if asked else 0.0

@@ -1,0 +1,69 @@
+"""A ratings log laid out as public rating sets are, written here, and its world built."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+from recsys_tools.cli import main
+
+START = 1_500_000_000
+GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War"]
+MIN_RATING = 3.5
+
+
+def write_movie_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:
+    """Users who love two genres, rate them high and the rest low; ids are sparse integers."""
+    rng = np.random.default_rng(4)
+    movie_ids = rng.choice(np.arange(1, 5000), size=240, replace=False)
+    genres = rng.integers(0, len(GENRES), size=len(movie_ids))
+    with (folder / "movies.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["movieId", "title", "genres"])
+        for movie, genre in zip(movie_ids.tolist(), genres.tolist(), strict=True):
+            second = GENRES[(genre + 1) % len(GENRES)]
+            writer.writerow([movie, f"Movie {movie}", f"{GENRES[genre]}|{second}"])
+    rated: dict[str, set[str]] = {}
+    with (folder / "ratings.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["userId", "movieId", "rating", "timestamp"])
+        for user in range(1, 121):
+            loved = rng.choice(len(GENRES), size=2, replace=False)
+            liked = np.isin(genres, loved)
+            weights = np.where(liked, 6.0, 1.0)
+            picks = rng.choice(len(movie_ids), size=25, replace=False, p=weights / weights.sum())
+            for day, pick in enumerate(picks.tolist()):
+                rating = rng.choice([4.0, 4.5, 5.0]) if liked[pick] else rng.choice([1.0, 2.0, 3.0])
+                moment = START + (day * 120 + user) * 3600
+                writer.writerow([user, int(movie_ids[pick]), rating, moment])
+                rated.setdefault(str(user), set()).add(str(movie_ids[pick]))
+    return folder / "ratings.csv", folder / "movies.csv", rated
+
+
+def build_movie_world(ratings: Path, movies: Path, world: Path, *extra: str) -> None:
+    code = main(
+        [
+            "build-world",
+            "--interactions",
+            str(ratings),
+            "--user-col",
+            "userId",
+            "--item-col",
+            "movieId",
+            "--weight-col",
+            "rating",
+            "--min-weight",
+            str(MIN_RATING),
+            "--items",
+            str(movies),
+            "--item-id-col",
+            "movieId",
+            "--category-col",
+            "genres",
+            "--world",
+            str(world),
+            *extra,
+        ]
+    )
+    assert code == 0

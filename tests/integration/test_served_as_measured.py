@@ -1,0 +1,190 @@
+"""What is served is what was measured: the service's answer is the build's, item for item.
+
+A world built from a log is served by real Redis and a real Triton with rules that change
+nothing; for every user the answer must be the list the build's own evaluation computes
+from the world's files (recsys_tools.world.answers). A second copy of the world carries a
+blend with the weights the public movie-ratings sets gave (recall 10, similar 17, recent
+295): its scores reach far past where a sigmoid is 1.0 in float32, and must still never
+tie, on Triton, between distinct candidates.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from recsys_tools.cli import main
+from recsys_tools.demo import StackOptions, prepare_model_repository
+from recsys_tools.localstack import (
+    ManagedProcess,
+    default_triton_env,
+    project_root,
+    start_redis,
+    start_triton,
+)
+from recsys_tools.world.answers import Moment, WorldAnswers
+from recsys_tools.world.blend import Blend, blended_onnx
+from recsys_tools.world.identity import stamp_world
+from recsys_tools.world.ranker_net import MLP, Layer, RankerNet, export_net
+
+from app.core.settings import Settings
+from app.release.catalog import MODEL_FILE
+from app.release.schema import FeatureSchema
+from app.release.world import world_schema
+from tests.integration.conftest import PLAIN_RULES, in_process_settings, serving
+from tests.integration.movie_log import build_movie_world, write_movie_log
+
+pytestmark = pytest.mark.integration
+MOMENT = Moment(device="mobile", page="home", locale="en-US", hour=10, weekday=2)
+# What both public movie-ratings worlds were given: the network none, the rest this.
+REPORTED = Blend(recall=10.0, model=0.0, bias=0.0, sequence=(17.0, 295.0, 0.0, 0.0, 0.0))
+# From here a float32 sigmoid is exactly 1.0.
+SIGMOID_SATURATES = 17.0
+
+
+@dataclass(frozen=True)
+class Served:
+    world: Path
+    saturating: Path
+    repository: Path
+    redis_urls: dict[Path, str]
+    triton_url: str
+    rules: Path
+    users: list[str]
+
+    def settings(self, world: Path, **overrides: Any) -> Settings:
+        return in_process_settings(
+            artifacts_dir=world,
+            redis_url=self.redis_urls[world],
+            triton_url=self.triton_url,
+            rules_file=self.rules,
+            **overrides,
+        )
+
+
+def _blend_only(schema: FeatureSchema) -> bytes:
+    """A network that says nothing (the blend gives it no weight), with REPORTED after it."""
+    hidden = 4
+    net = RankerNet(
+        MLP,
+        np.zeros(schema.width, np.float32),
+        np.ones(schema.width, np.float32),
+        (),
+        (Layer(np.zeros((schema.width, hidden), np.float32), np.zeros(hidden, np.float32)),),
+        Layer(np.zeros((hidden, 2), np.float32), np.zeros(2, np.float32)),
+    )
+    network = export_net(net, schema.input_name, schema.output_name, schema.width)
+    return blended_onnx(network, schema, REPORTED)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("measured")
+    ratings, movies, rated = write_movie_log(folder)
+    world, saturating = folder / "world", folder / "saturating"
+    build_movie_world(ratings, movies, world)
+    shutil.copytree(world, saturating)
+    schema = world_schema(saturating, None)
+    (saturating / MODEL_FILE).write_bytes(_blend_only(schema))
+    stamp_world(saturating, schema)
+    rules = folder / "rules.toml"
+    rules.write_text(PLAIN_RULES)
+    options = StackOptions(world, project_root() / "model_repository", folder / "run")
+    repository = prepare_model_repository(options, schema.model_name)
+    started: list[ManagedProcess] = []
+    try:
+        urls = {}
+        for name, built in (("a", world), ("b", saturating)):
+            process, url = start_redis(folder / f"redis-{name}")
+            started.append(process)
+            assert main(["load-redis", "--world", str(built), "--redis-url", url]) == 0
+            urls[built] = url
+        triton, triton_url = start_triton(
+            default_triton_env(),
+            repository,
+            folder / "triton",
+            [schema.model_name],
+            model_control=True,
+        )
+        started.append(triton)
+        # Every user of the log, and one the world never met (a cold start).
+        users = [*sorted(rated, key=int), "stranger"]
+        yield Served(world, saturating, repository, urls, triton_url, rules, users)
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+async def _served_answers(served: Served, world: Path) -> dict[str, list[str]]:
+    answers = {}
+    async with serving(served.settings(world)) as api:
+        for user in served.users:
+            response = await api.post(
+                "/recommend",
+                json={"user_id": user, "num_items": 10, "context": MOMENT.as_json()},
+            )
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["degraded"] == [], body
+            answers[user] = [item["item_id"] for item in body["items"]]
+    return answers
+
+
+def _install(served: Served, world: Path) -> None:
+    name = world_schema(world, None).model_name
+    main(["install-model", "--world", str(world), "--model-repository", str(served.repository)])
+    client = triton_grpc.InferenceServerClient(served.triton_url)
+    try:
+        client.load_model(name)  # Triton reads the model and its config anew
+    finally:
+        client.close()
+
+
+def _triton_scores(served: Served, schema: FeatureSchema, rows: np.ndarray) -> np.ndarray:
+    client = triton_grpc.InferenceServerClient(served.triton_url)
+    try:
+        parts = []
+        for start in range(0, len(rows), 128):
+            chunk = np.ascontiguousarray(rows[start : start + 128])
+            given = triton_grpc.InferInput(schema.input_name, list(chunk.shape), "FP32")
+            given.set_data_from_numpy(chunk)
+            result = client.infer(schema.model_name, [given])
+            parts.append(result.as_numpy(schema.output_name).reshape(-1))
+    finally:
+        client.close()
+    return np.concatenate(parts)
+
+
+async def test_every_answer_is_the_list_the_build_computes_from_the_files(
+    served: Served,
+) -> None:
+    expected = dict(WorldAnswers(served.world).answers(served.users, MOMENT))
+    answers = await _served_answers(served, served.world)
+    differing = [user for user in served.users if answers[user] != expected[user]]
+    assert not differing, {user: (answers[user], expected[user]) for user in differing[:3]}
+
+
+async def test_scores_far_past_a_sigmoids_range_never_tie_on_triton(served: Served) -> None:
+    _install(served, served.saturating)
+    try:
+        files = WorldAnswers(served.saturating)
+        for user in served.users[:5]:
+            items, rows = files.model_input(user, MOMENT)
+            scores = _triton_scores(served, files.schema, rows)
+            assert len(set(items)) == len(items) == len(scores)
+            # The regime the public sets put the score in: a sigmoid would answer 1.0 here.
+            assert scores.max() > SIGMOID_SATURATES, scores.max()
+            distinct_rows = len(np.unique(rows, axis=0))
+            assert len(np.unique(scores)) == distinct_rows, user
+        expected = dict(files.answers(served.users, MOMENT))
+        answers = await _served_answers(served, served.saturating)
+        differing = [user for user in served.users if answers[user] != expected[user]]
+        assert not differing, {user: (answers[user], expected[user]) for user in differing[:3]}
+    finally:
+        _install(served, served.world)

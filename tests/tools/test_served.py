@@ -1,0 +1,129 @@
+"""`recsys split-log` and `recsys evaluate`: a log cut in time, and answers scored against it."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from recsys_tools import served
+from recsys_tools.cli import main
+from recsys_tools.served import Answers, agreement, questions, score
+from recsys_tools.world.logs import InteractionLog, LogColumns, read_log
+
+COLUMNS = LogColumns(weight="rating", min_weight=4.0)
+
+
+def _log(path: Path, rows: list[tuple[str, str, int, float]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["user_id", "item_id", "timestamp", "rating"])
+        writer.writerows(rows)
+    return path
+
+
+def test_split_log_cuts_each_users_rows_in_time(tmp_path: Path) -> None:
+    rows = [("a", f"i{k}", 100 + k, 5.0) for k in range(10)]
+    rows += [("b", f"i{k}", 50 - k, 4.0) for k in range(5)]  # written newest first
+    rows += [("c", "i1", 7, 5.0)]  # one row: stays earlier
+    source = _log(tmp_path / "all.csv", rows)
+    code = main(
+        [
+            "split-log",
+            "--interactions",
+            str(source),
+            "--weight-col",
+            "rating",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    earlier = read_log(tmp_path / "earlier.csv", COLUMNS)
+    later = read_log(tmp_path / "later.csv", COLUMNS)
+
+    def by_user(part: InteractionLog) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for user, item in zip(
+            part.user_ids[part.user].tolist(), part.items.ids[part.item].tolist(), strict=True
+        ):
+            found.setdefault(user, []).append(item)
+        return found
+
+    assert by_user(earlier) == {
+        "a": [f"i{k}" for k in range(8)],
+        "b": ["i4", "i3", "i2", "i1"],  # the four oldest
+        "c": ["i1"],
+    }
+    assert by_user(later) == {"a": ["i8", "i9"], "b": ["i0"]}
+    assert earlier.weight is not None
+    assert set(earlier.weight.tolist()) == {4.0, 5.0}
+
+
+def test_questions_are_the_later_positives_not_seen_before(tmp_path: Path) -> None:
+    earlier = read_log(_log(tmp_path / "e.csv", [("a", "x", 1, 5.0), ("a", "y", 2, 1.0)]), COLUMNS)
+    later = read_log(
+        _log(
+            tmp_path / "l.csv",
+            [("a", "y", 3, 5.0), ("a", "z", 4, 4.0), ("a", "w", 5, 2.0), ("b", "x", 6, 1.0)],
+        ),
+        COLUMNS,
+    )
+    asked = questions(later, earlier)
+    # y was seen (rated low) before; w is not a positive; b liked nothing later.
+    assert [(one.user, set(one.relevant), set(one.seen)) for one in asked] == [
+        ("a", {"z"}, {"x", "y"})
+    ]
+
+
+def test_score_gives_recall_ndcg_and_seen_items_served(tmp_path: Path) -> None:
+    earlier = read_log(_log(tmp_path / "e.csv", [("a", "s", 1, 5.0), ("b", "s", 1, 5.0)]), COLUMNS)
+    later = read_log(
+        _log(tmp_path / "l.csv", [("a", "x", 3, 5.0), ("a", "y", 4, 5.0), ("b", "z", 5, 5.0)]),
+        COLUMNS,
+    )
+    asked = questions(later, earlier)
+    answers = Answers(lists={"a": ["y", "q", "s"], "b": ["q"]}, failed=1)
+    report = score(asked, answers, k=3)
+    assert report["users"] == 2
+    # a: one of two found (recall 1/2), at rank 1; b: none.
+    assert report["recall@3"] == pytest.approx(0.25)
+    assert report["ndcg@3"] == pytest.approx((1.0 / (1.0 + 1 / 1.5849625)) / 2, rel=1e-4)
+    assert report["seen_items_served"] == 1
+    assert report["short_answers"] == 1
+    assert report["failed_requests"] == 1
+    same = agreement(answers, Answers(lists={"a": ["y", "q", "s"], "b": ["r"]}))
+    assert same == {"users_compared": 2, "identical_answers": 1, "first_differing_users": ["b"]}
+
+
+def test_ask_all_counts_refusals_and_reads_each_answer() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["user_id"] == "down":
+            return httpx.Response(503, json={"error": "overloaded"})
+        items = [{"item_id": f"{body['user_id']}-{k}", "rank": k + 1} for k in range(2)]
+        flags = ["rank:timeout"] if body["user_id"] == "slow" else []
+        return httpx.Response(
+            200, json={"items": items, "cold_start": body["user_id"] == "new", "degraded": flags}
+        )
+
+    transport = httpx.MockTransport(answer)
+    got = asyncio.run(
+        served.ask_all("http://service", ["u", "down", "slow", "new"], 2, transport=transport)
+    )
+    assert got.lists == {
+        "u": ["u-0", "u-1"],
+        "slow": ["slow-0", "slow-1"],
+        "new": ["new-0", "new-1"],
+    }
+    assert got.failed == 1
+    assert got.cold_start == 1
+    assert dict(got.degraded) == {"rank:timeout": 1}
+
+
+def test_evaluate_needs_a_service_or_a_world(tmp_path: Path) -> None:
+    later = _log(tmp_path / "l.csv", [("a", "x", 3, 5.0)])
+    assert main(["evaluate", "--interactions", str(later), "--weight-col", "rating"]) == 2

@@ -1,0 +1,143 @@
+"""What a world would answer, computed from its files alone, as the build's evaluation does.
+
+The service reads a user's vector, seen list and latest positives from Redis, which
+`load-redis` wrote from the world's users.npz, seen.npz and positives.npz; here they are read
+from those files, and the cascade is the evaluation's (evaluate.Evaluator) over the world's
+own index, neighbours, pre-rank weights and model. With rules that change nothing, the
+service must answer the same list: `recsys evaluate` compares the two item for item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import ConfigError
+from app.core.settings import Settings
+from app.pipeline.packing import encode_context
+from app.release.catalog import INDEX_FILE, MODEL_FILE, SCHEMA_FILE, read_index
+from app.release.neighbours import load_neighbours
+from app.release.prerank import load_prerank
+from app.release.schema import FeatureSchema, load_schema
+from recsys_tools.world.evaluate import RANK_BATCH, Evaluator, Query, ServedModel
+from recsys_tools.world.files import load_items, load_positives, load_seen, load_users
+from recsys_tools.world.prerank_fit import nearby
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float32]
+RECENT: int = Settings.model_fields["recent_items"].default
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """The request's context, as the API's `context` object gives it."""
+
+    device: str = "other"
+    page: str = "other"
+    locale: str = "other"
+    hour: int = 12
+    weekday: int = 2
+
+    def as_json(self) -> dict[str, str | int]:
+        return {
+            "device": self.device,
+            "page": self.page,
+            "locale": self.locale,
+            "hour": self.hour,
+            "weekday": self.weekday,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Lists:
+    """Per-user item lists from a world file, as catalog positions, by user id."""
+
+    starts: dict[str, tuple[int, int]]
+    positions: IntArray
+
+    def of(self, user: str) -> IntArray:
+        start, end = self.starts.get(user, (0, 0))
+        return self.positions[start:end]
+
+
+def _lists(user_ids: npt.NDArray[np.str_], offsets: IntArray, items: IntArray) -> _Lists:
+    starts = {str(user): (int(offsets[k]), int(offsets[k + 1])) for k, user in enumerate(user_ids)}
+    return _Lists(starts, items)
+
+
+class WorldAnswers:
+    """The world's files, read once; `answers` for any users."""
+
+    def __init__(self, world: Path) -> None:
+        if not (world / MODEL_FILE).is_file():
+            raise ConfigError(f"{world} has no {MODEL_FILE}: a world built from a log has one")
+        self.schema: FeatureSchema = load_schema(world / SCHEMA_FILE)
+        items, users = load_items(world), load_users(world)
+        self.item_ids = items.ids.astype(np.str_)
+        position = {item: k for k, item in enumerate(self.item_ids.tolist())}
+        self._user_row = {str(user): k for k, user in enumerate(users.ids.tolist())}
+
+        def positions(ids: npt.NDArray[np.str_]) -> IntArray:
+            return np.asarray([position.get(str(i), -1) for i in ids.tolist()], dtype=np.int64)
+
+        seen, positives = load_seen(world), load_positives(world)
+        empty = _Lists({}, np.empty(0, dtype=np.int64))
+        self._seen = (
+            empty if seen is None else _lists(seen.user_ids, seen.offsets, positions(seen.item_ids))
+        )
+        self._positives = (
+            empty
+            if positives is None
+            else _lists(positives.user_ids, positives.offsets, positions(positives.item_ids))
+        )
+        self._default = np.load(world / "default_user.npy").astype(np.float32)
+        user_blobs = np.concatenate([users.embeddings, users.dense], axis=1).astype(np.float32)
+        # The last row is the default user: a cold start's blob.
+        self._user_blobs = np.concatenate([user_blobs, self._default[None, :]])
+        model = ServedModel(
+            self._user_blobs,
+            np.concatenate([items.embeddings, items.dense], axis=1).astype(np.float32),
+            items.popularity.astype(np.float32),
+            (world / MODEL_FILE).read_bytes(),
+            load_neighbours(world, len(self.item_ids)),
+            load_prerank(world),
+            items.categories.astype(np.int64),
+        )
+        self._evaluator = Evaluator(
+            model, self.schema, "auto", read_index(world / INDEX_FILE, mmap=False)
+        )
+
+    def _query(self, user: str, moment: Moment) -> Query:
+        recent = self._positives.of(user)[-RECENT:]
+        recent = recent[recent >= 0]
+        seen = self._seen.of(user)
+        return Query(
+            user=self._user_row.get(user, len(self._user_blobs) - 1),
+            seen=seen[seen >= 0],
+            relevant=np.empty(0, dtype=np.int64),
+            context=encode_context(
+                self.schema, moment.device, moment.page, moment.locale, moment.hour, moment.weekday
+            ),
+            recent=recent,
+            near=nearby(self._evaluator.model.neighbours, recent),
+            liked=recent,
+        )
+
+    def model_input(self, user: str, moment: Moment) -> tuple[list[str], FloatArray]:
+        """The items pre-rank keeps for `user` and the rows the model scores for them."""
+        query = self._query(user, moment)
+        (found,) = self._evaluator.search([query])
+        kept, signals = self._evaluator.kept(query, found)
+        return self.item_ids[kept].tolist(), self._evaluator.packed(query, kept, signals)
+
+    def answers(self, users: Sequence[str], moment: Moment) -> Iterator[tuple[str, list[str]]]:
+        """Each user's answer of ten, item ids best first, in batches of RANK_BATCH."""
+        for start in range(0, len(users), RANK_BATCH):
+            batch = list(users[start : start + RANK_BATCH])
+            cascades = self._evaluator.cascades([self._query(user, moment) for user in batch])
+            for user, cascade in zip(batch, cascades, strict=True):
+                yield user, self.item_ids[cascade.ranked].tolist()

@@ -26,6 +26,7 @@ from app.core.settings import Settings, load_settings
 from app.process.admission import Admission
 from app.process.concurrency_limit import AdaptiveLimit
 from app.process.drain import cancel_on_stop_signals, drain_on_sigterm
+from app.process.health import watch_redis_world
 from app.process.loop_lag import LoopLag
 from app.process.reload import hold_reload_signals, reload_on_signal
 from app.process.services import Services, start_services
@@ -140,7 +141,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         metrics.workers.set(1)
-        background = [asyncio.create_task(lag.run(), name="loop-lag")]
+        background = [
+            asyncio.create_task(lag.run(), name="loop-lag"),
+            asyncio.create_task(watch_redis_world(services), name="redis-world"),
+        ]
         trending = services.trending.keep_current(
             resolved.trending_refresh_s, resolved.redis_timeout_s
         )

@@ -267,6 +267,20 @@ class FeatureStore:
             return None
         return "" if value is None else _text(value)
 
+    async def world_state(self, timeout_s: float) -> tuple[bool, str | None]:
+        """Whether Redis answered, and the layout record's world id ("" for an unstamped
+        load, None for no layout record at all). The record is a few short fields: one
+        HGETALL, which the API's Redis user may run (deploy/quadlet/redis-users.acl)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                stored = await self._client.hgetall(self._keys.meta)
+        except (redis_errors.RedisError, OSError, TimeoutError):
+            return False, None
+        if not stored:
+            return True, None
+        world = stored.get(WORLD_ID_FIELD.encode(), stored.get(WORLD_ID_FIELD))
+        return True, "" if world is None else _text(world)
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.errors import FailureKind
 from app.core.events import EventOutcome, EventType, IngestOutcome
-from app.core.vocabulary import Removal, Stage, Variant
+from app.core.vocabulary import RedisWorld, Removal, Stage, Variant
 
 
 class Outcome(StrEnum):
@@ -248,6 +248,15 @@ DECLARED: dict[str, Declared] = {
         "Reads of the trending items from Redis, by result.",
         ("result",),
     ),
+    "redis_world": Declared(
+        Gauge,
+        "recsys_redis_world",
+        "1 for what Redis holds against the served world: served, another (another world's "
+        "load), unstamped (a load without a world id), none (no layout record: flushed, "
+        "restarted empty, never loaded), unknown (Redis did not answer); 0 for the others.",
+        ("state",),
+        mode="livemax",
+    ),
     "release_generation": Declared(
         Gauge,
         "recsys_release_generation",
@@ -282,6 +291,7 @@ class ServiceMetrics:
     shadow_agreement: Histogram
     reloads: Counter
     release_generation: Gauge
+    redis_world: Gauge
     events: Counter
     trending_refreshes: Counter
 
@@ -315,6 +325,12 @@ class ServiceMetrics:
             for stage in DEGRADABLE_STAGES
             for kind in FailureKind
         }
+        self.redis_world_state = {state: self.redis_world.labels(state) for state in RedisWorld}
+
+    def note_redis_world(self, held: RedisWorld) -> None:
+        """1 for what Redis holds now, 0 for every other state."""
+        for state, gauge in self.redis_world_state.items():
+            gauge.set(1 if state is held else 0)
 
     def observe_request(self, outcome: Outcome, seconds: float) -> None:
         self.request_count[outcome].inc()

@@ -40,6 +40,16 @@ class Removal(StrEnum):
     EXCLUDED = "excluded"
 
 
+class RedisWorld(StrEnum):
+    """What world Redis holds, against the one served."""
+
+    SERVED = "served"  # the served world's load
+    ANOTHER = "another"  # another world's load: answers read features of another world
+    UNSTAMPED = "unstamped"  # a load without a world id (or a served world without one)
+    NONE = "none"  # no layout record at all: flushed, restarted empty, never loaded
+    UNKNOWN = "unknown"  # Redis did not answer
+
+
 class Variant(StrEnum):
     """Which model answered: the stable version, the canary, or (Triton did not) a fallback."""
 

@@ -8,7 +8,11 @@ every instance out of rotation at once would turn a degraded service into an out
 is reported and does not fail readiness.
 
 Both also say whether they still hold the served world: `model_world` fails readiness (this
-host's Triton now answers with another world's model), `redis_world` is reported.
+host's Triton now answers with another world's model), `redis_world` is reported. A Redis
+with no layout record at all (flushed, restarted without persistence) holds no world: its
+`redis_world` is false, never taken for a load made before stamping. `watch_redis_world`
+reads the same every second for the `recsys_redis_world` gauge, so the alert on a lost
+world does not wait for a probe.
 """
 
 from __future__ import annotations
@@ -16,11 +20,15 @@ from __future__ import annotations
 import asyncio
 
 from app.core.errors import RankingModelError
+from app.core.vocabulary import RedisWorld
 from app.process.services import Services
 from app.release.schema import signature_mismatches
-from app.release.world import same_world
+from app.release.world import redis_world, same_world
 
 CHECK_TIMEOUT_S = 0.5
+# How often the world Redis holds is read for the gauge: the alert fires minutes later, the
+# gauge must say it within seconds of the loss.
+WATCH_INTERVAL_S = 1.0
 # The checks that make the instance not ready when they fail.
 DECIDING = ("index", "triton", "schema", "model_world", "serving")
 
@@ -42,10 +50,33 @@ async def _model_checks(services: Services) -> dict[str, bool]:
     }
 
 
+async def held_world(services: Services) -> RedisWorld:
+    """What Redis holds against the served world, noted in the recsys_redis_world gauge.
+    Reading the layout record is the liveness check too."""
+    answered, found = await services.store.world_state(CHECK_TIMEOUT_S)
+    held = redis_world(answered, found, services.world.world_id if services.world else "")
+    services.metrics.note_redis_world(held)
+    return held
+
+
+async def watch_redis_world(services: Services, interval_s: float = WATCH_INTERVAL_S) -> None:
+    """held_world every `interval_s`, for as long as the service runs."""
+    task = asyncio.current_task()
+    while True:
+        await held_world(services)
+        # A cancellation that lands inside the Redis client's read can be swallowed there;
+        # the task still says it is being cancelled, and stops here instead of looping on.
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        await asyncio.sleep(interval_s)
+
+
 async def _redis_checks(services: Services) -> dict[str, bool]:
-    # Reading the layout record's world id is the liveness check too: None when unanswered.
-    world_id = await services.store.world_id(CHECK_TIMEOUT_S)
-    return {"redis": world_id is not None, "redis_world": _same_world(services, world_id)}
+    held = await held_world(services)
+    return {
+        "redis": held is not RedisWorld.UNKNOWN,
+        "redis_world": held in (RedisWorld.SERVED, RedisWorld.UNSTAMPED),
+    }
 
 
 async def _dependency_checks(services: Services) -> dict[str, bool]:

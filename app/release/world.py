@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import ConfigError
+from app.core.vocabulary import RedisWorld
 from app.release.attributes import ATTRIBUTES_FILE
 from app.release.catalog import (
     DEFAULT_USER_FILE,
@@ -90,6 +91,19 @@ def same_world(found: str | None, served: str) -> bool:
     without one are accepted: there is nothing to compare.
     """
     return not served or not found or found == served
+
+
+def redis_world(answered: bool, found: str | None, served: str) -> RedisWorld:
+    """What Redis holds against the served world `served` ("" when it has no id), from
+    FeatureStore.world_state: an empty store is told apart from a load made before stamping,
+    so that losing every user reads as losing them, not as nothing to compare."""
+    if not answered:
+        return RedisWorld.UNKNOWN
+    if found is None:
+        return RedisWorld.NONE
+    if not found or not served:
+        return RedisWorld.UNSTAMPED
+    return RedisWorld.SERVED if found == served else RedisWorld.ANOTHER
 
 
 def part_mismatch(part: str, found: str, stamp: WorldStamp | None, fix: str) -> str | None:

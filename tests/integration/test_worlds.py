@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from app.core.metrics import ServiceMetrics
 from app.process.services import READINESS_TTL_S, start_services
 from app.release.catalog import INDEX_FILE
 from app.release.world import read_stamp
-from tests.integration.conftest import Stack, load_redis, serving
+from tests.integration.conftest import Stack, load_redis, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 OTHER = DemoSize(items=600, users=80, impressions=6000)
@@ -94,3 +95,63 @@ async def test_readiness_reports_redis_switching_worlds(stack: Stack, own_redis:
     assert after.status_code == 200
     assert after.json()["checks"]["redis_world"] is False
     assert after.json()["checks"]["model_world"] is True
+
+
+async def test_a_flushed_redis_reads_as_holding_no_world_within_two_seconds(
+    stack: Stack, own_redis: str
+) -> None:
+    load_redis(own_redis, stack.world, stack.schema)
+    cold = "recsys_cold_start_users_total{}"
+    async with serving(stack.settings(redis_url=own_redis)) as api:
+        ready = (await api.get("/readyz")).json()
+        samples = metric_samples((await api.get("/metrics")).text)
+        assert ready["checks"]["redis_world"] is True
+        assert samples["recsys_redis_world{state=served}"] == 1
+        assert samples["recsys_redis_world{state=none}"] == 0
+        cold_before = samples[cold]
+        answered: list[tuple[float, int, bool]] = []
+        stop = asyncio.Event()
+
+        async def steady_load() -> None:
+            sent = 0
+            while not stop.is_set():
+                body = {"user_id": f"u{sent % 40}", "num_items": 5}
+                response = await api.post("/recommend", json=body)
+                answered.append(
+                    (time.monotonic(), response.status_code, response.json().get("cold_start"))
+                )
+                sent += 1
+
+        load = asyncio.create_task(steady_load())
+        await asyncio.sleep(0.3)
+        client = redis.Redis.from_url(own_redis)
+        client.flushall()  # a restart without persistence, an operator's mistake
+        client.close()
+        flushed = time.monotonic()
+        seen: dict[str, float | bool] = {}
+        while time.monotonic() < flushed + 2.0:
+            ready = (await api.get("/readyz")).json()
+            samples = metric_samples((await api.get("/metrics")).text)
+            seen = {
+                "redis_world": ready["checks"]["redis_world"],
+                "state_none": samples["recsys_redis_world{state=none}"],
+                "state_served": samples["recsys_redis_world{state=served}"],
+                "cold_starts": samples[cold] - cold_before,
+            }
+            if seen["redis_world"] is False and seen["state_none"] == 1 and seen["cold_starts"]:
+                break
+            await asyncio.sleep(0.1)
+        said_at = time.monotonic() - flushed
+        stop.set()
+        await load
+    assert seen == {
+        "redis_world": False,
+        "state_none": 1,
+        "state_served": 0,
+        "cold_starts": seen["cold_starts"],
+    }, seen
+    assert seen["cold_starts"] > 0
+    assert said_at < 2.0
+    # Nothing failed: the users are served as cold starts, flagged as such.
+    assert {code for _, code, _ in answered} == {200}
+    assert any(cold_start for at, _, cold_start in answered if at > flushed + 0.1)

@@ -119,7 +119,7 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _baselines(earlier_path: Path, later_path: Path) -> tuple[dict[str, Any], ease.Ease]:
+def _baselines(earlier_path: Path, later_path: Path) -> dict[str, Any]:
     columns = LogColumns(weight="rating", min_weight=MIN_RATING)
     earlier, later = read_log(earlier_path, columns), read_log(later_path, columns)
     lam, tried = ease.chosen_lambda(earlier, SHARE)
@@ -137,7 +137,7 @@ def _baselines(earlier_path: Path, later_path: Path) -> tuple[dict[str, Any], ea
         "popularity": {
             f"recall@{K}": round(ease.recall_at_k(model, earlier, later, popular=True), 4)
         },
-    }, model
+    }
 
 
 def _live(url: str, later: Path, earlier: Path, files: Answers) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     built_s = time.perf_counter() - started
-    baselines, _ = _baselines(split.earlier, split.later)
+    baselines = _baselines(split.earlier, split.later)
     columns = LogColumns(weight="rating", min_weight=MIN_RATING)
     asked = questions(read_log(split.later, columns), read_log(split.earlier, columns))
     files = from_files(world, [one.user for one in asked], Moment())

@@ -278,7 +278,8 @@ class FeatureStore:
             return False, None
         if not stored:
             return True, None
-        world = stored.get(WORLD_ID_FIELD.encode(), stored.get(WORLD_ID_FIELD))
+        fields = {_text(key): value for key, value in stored.items()}
+        world = fields.get(WORLD_ID_FIELD)
         return True, "" if world is None else _text(world)
 
     async def aclose(self) -> None:

@@ -51,11 +51,8 @@ class Tally:
     users: int = 0
     recall: float = 0.0
     ndcg: float = 0.0
-    failed: int = 0
     seen_served: int = 0
     short: int = 0  # answers with fewer than K items
-    cold_start: int = 0
-    degraded: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, asked: Asked, items: list[str]) -> None:
         """One answer, scored against what the user went on to like."""
@@ -75,11 +72,8 @@ class Tally:
             "users": self.users,
             f"recall@{self.k}": round(self.recall / users, 4),
             f"ndcg@{self.k}": round(self.ndcg / users, 4),
-            "failed_requests": self.failed,
             "seen_items_served": self.seen_served,
             "short_answers": self.short,
-            "cold_start_answers": self.cold_start,
-            "degraded_answers": dict(sorted(self.degraded.items())),
         }
 
 
@@ -157,12 +151,17 @@ async def ask_all(
 
 
 def score(asked: list[Asked], answers: Answers, k: int) -> dict[str, Any]:
-    tally = Tally(k, failed=answers.failed, cold_start=answers.cold_start)
-    tally.degraded.update(answers.degraded)
+    """The answers scored against what each user went on to like, and what the service
+    said of them."""
+    tally = Tally(k)
     for one in asked:
         if one.user in answers.lists:
             tally.add(one, answers.lists[one.user])
-    return tally.report()
+    return tally.report() | {
+        "failed_requests": answers.failed,
+        "cold_start_answers": answers.cold_start,
+        "degraded_answers": dict(sorted(answers.degraded.items())),
+    }
 
 
 def from_files(world: Path, users: list[str], moment: Moment) -> Answers:

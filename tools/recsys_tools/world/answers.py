@@ -78,11 +78,15 @@ class WorldAnswers:
         self.schema: FeatureSchema = load_schema(world / SCHEMA_FILE)
         items, users = load_items(world), load_users(world)
         self.item_ids = items.ids.astype(np.str_)
-        position = {item: k for k, item in enumerate(self.item_ids.tolist())}
         self._user_row = {str(user): k for k, user in enumerate(users.ids.tolist())}
+        by_id = np.argsort(self.item_ids)
 
         def positions(ids: npt.NDArray[np.str_]) -> IntArray:
-            return np.asarray([position.get(str(i), -1) for i in ids.tolist()], dtype=np.int64)
+            """Catalog positions of `ids`, -1 for an id the catalog lacks."""
+            at = np.minimum(np.searchsorted(self.item_ids, ids, sorter=by_id), len(by_id) - 1)
+            found = by_id[at]
+            known = self.item_ids[found] == ids
+            return np.where(known, found, -1).astype(np.int64)
 
         seen, positives = load_seen(world), load_positives(world)
         empty = _Lists({}, np.empty(0, dtype=np.int64))

@@ -191,6 +191,13 @@ class Cascade:
     ranked: IntArray
 
 
+def _handed_on(order: npt.NDArray[np.intp], pool_size: int) -> npt.NDArray[np.intp]:
+    """Which of the pool pre-rank hands the model: its best KEEP; a pool no larger than
+    KEEP passes as it came, as in the service."""
+    kept: npt.NDArray[np.intp] = order[:KEEP] if pool_size > KEEP else np.arange(pool_size)
+    return kept
+
+
 class Evaluator:
     """The service's cascade over a world's arrays: `index`, the world's own (else one is
     built with `index_factory`, as the build does for the part it evaluates)."""
@@ -260,8 +267,7 @@ class Evaluator:
         what the index found for it."""
         pool = self.candidates(found, q)
         order, signals = self.prerank(q, pool)
-        # A pool no larger than KEEP passes pre-rank as it came, as in the service.
-        chosen = order[:KEEP] if len(pool) > KEEP else np.arange(len(pool))
+        chosen = _handed_on(order, len(pool))
         return pool[chosen], signals[chosen]
 
     def rank(
@@ -284,10 +290,8 @@ class Evaluator:
         found = self.search(queries)
         pools = [self.candidates(row, q) for row, q in zip(found, queries, strict=True)]
         preranked = [self.prerank(q, pool) for q, pool in zip(queries, pools, strict=True)]
-        # A pool no larger than KEEP passes pre-rank as it came, as in the service.
         chosen = [
-            order[:KEEP] if len(pool) > KEEP else np.arange(len(pool))
-            for (order, _), pool in zip(preranked, pools, strict=True)
+            _handed_on(order, len(pool)) for (order, _), pool in zip(preranked, pools, strict=True)
         ]
         ranked = self.rank(
             queries,

@@ -243,8 +243,9 @@ def _train_ranker(part: InteractionLog, schema: FeatureSchema, recipe: WorldReci
         return example_rows(schema, user_blobs, item_blobs, moments, rng, sequence)
 
     # Pre-rank and the blend learn on the blending users' pools.
-    prerank = fit_prerank(pools_of(blending))
-    listed = ranked_lists(pools_of(blending), prerank, RANK_DEPTH)
+    blending_pools = pools_of(blending)
+    prerank = fit_prerank(blending_pools)
+    listed = ranked_lists(blending_pools, prerank, RANK_DEPTH)
     taught = ranked_lists(pools_of(learning), prerank, RANK_DEPTH)
     listed_rows, taught_rows = rows_of(listed), rows_of(taught)
     rated = _liked(part, liked, taught)

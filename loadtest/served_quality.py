@@ -233,11 +233,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="the folder with its files")
     parser.add_argument("--folder", type=Path, default=Path("var/served_quality"))
     parser.add_argument("--seeds", type=int, default=1, help="worlds built, each its own seed")
+    parser.add_argument("--first-seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
     args = parser.parse_args()
     runs = [
         measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed)
-        for seed in range(7, 7 + args.seeds)
+        for seed in range(args.first_seed, args.first_seed + args.seeds)
     ]
     figures = {"runs": runs, "median_ratios": _median(runs)}
     print(json.dumps(figures, indent=2))

@@ -107,6 +107,10 @@ def serve(workers: int | None = None, log_level: str = "info", access_log: bool 
         "log_level": log_level,
         "access_log": access_log,
         "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_s)),
+        # X-Forwarded-For only from the proxies named: uvicorn otherwise believes it from
+        # 127.0.0.1, and a proxy on this host would make every client look local.
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": settings.trusted_proxies or None,
     }
     with shared_metrics(count):
         if count == 1:

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from app.api.access import EventAccess
 from app.api.admin import router as admin_router
 from app.api.debug import router as debug_router
 from app.api.errors import install_error_handlers
@@ -23,6 +24,7 @@ from app.core.errors import RecsysError
 from app.core.log_setup import configure_logging
 from app.core.metrics import ServiceMetrics
 from app.core.settings import Settings, load_settings
+from app.core.token_bucket import TokenBuckets
 from app.process.admission import Admission
 from app.process.concurrency_limit import AdaptiveLimit
 from app.process.drain import cancel_on_stop_signals, drain_on_sigterm
@@ -118,6 +120,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lag,
         max_queue_s=resolved.max_queue_s,
     )
+    quotas = TokenBuckets(resolved.event_caller_rate, resolved.event_caller_burst)
+    event_access = EventAccess(resolved.callers, quotas, metrics)
+    metrics.know_callers(event_access.names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -179,6 +184,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/docs" if resolved.docs else None,
         redoc_url=None,
     )
+    app.state.event_access = event_access
     app.include_router(router)
     app.include_router(events_router)
     if resolved.admin_token is not None:
@@ -190,7 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         Gate,
         routes={
             "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
-            "/events": Gated(events_admission, EventsRequest),
+            "/events": Gated(events_admission, EventsRequest, authorize=event_access.caller),
         },
         metrics=metrics,
         max_body_bytes=resolved.max_body_bytes,

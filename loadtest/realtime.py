@@ -28,6 +28,7 @@ import redis
 from recsys_tools.localstack import start_ingest, unapplied
 
 from app.clients.event_log import by_partition
+from app.core.callers import entry, new_token
 from app.core.events import Event, EventType, encode_entry
 from app.release.keyspace import KeySpace
 from loadtest.cpu import tree_cpu_seconds
@@ -41,6 +42,9 @@ PARTITIONS = 4
 USERS = 20_000
 ITEMS = 100_000
 KINDS = (EventType.IMPRESSION,) * 3 + (EventType.CLICK, EventType.LIKE, EventType.PURCHASE)
+# Events are posted as a named caller, its token checked and its quota kept, as deployed.
+CALLER_TOKEN = new_token()
+AS_CALLER = {"Authorization": f"Bearer {CALLER_TOKEN}"}
 
 
 def _events(count: int, seed: int, prefix: str) -> list[Event]:
@@ -130,7 +134,7 @@ def _events_load(api_url: str) -> Load:
             for e in _events(50, seed=100 + n, prefix=f"live{n}-")
         ]
         bodies.append(json.dumps({"events": batch}).encode())
-    return Load(f"{api_url}/events", bodies, timeout_s=2.0)
+    return Load(f"{api_url}/events", bodies, headers=AS_CALLER, timeout_s=2.0)
 
 
 async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
@@ -149,7 +153,7 @@ async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
                 "item_id": items[0],
                 "type": "click",
             }
-            answer = await client.post("/events", json={"events": [event]})
+            answer = await client.post("/events", json={"events": [event]}, headers=AS_CALLER)
             accepted = time.monotonic()
             assert answer.status_code == 202, answer.text
             while True:
@@ -185,7 +189,11 @@ async def _fresh_under_load(
 
 
 def measure(world: Path, args: argparse.Namespace) -> dict[str, Any]:
-    with local_service(world, event_partitions=str(PARTITIONS)) as (api, stack):
+    callers = entry("bench", CALLER_TOKEN)
+    with local_service(world, event_partitions=str(PARTITIONS), event_callers=callers) as (
+        api,
+        stack,
+    ):
         run_dir = Path(stack.settings.artifacts_dir).parent / "realtime"
         settings = {
             "RECSYS_REDIS_URL": stack.settings.redis_url,

@@ -1,23 +1,22 @@
 """/debug: the traces of recent requests and "why not item X?", as pages and as JSON.
 
-Mounted only with RECSYS_DEBUG_PAGES=true. It answers a caller holding RECSYS_ADMIN_TOKEN
-(`Authorization: Bearer`, or Basic with the token as the password, which a browser asks
-for); where no token is set, only a caller on the loopback interface. User ids appear in
-traces, so nothing here is for the public port.
+Mounted only with RECSYS_DEBUG_PAGES=true. It answers a caller holding RECSYS_DEBUG_TOKEN
+(`Authorization: Bearer`; the HTML pages also take Basic with the token as the password,
+which a browser asks for); where no token is set, only a caller on the loopback interface.
+User ids appear in traces, so nothing here is for the public port. Every response carries
+a Content-Security-Policy that allows no script, no frame and no other origin.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hmac
-import ipaddress
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
+from app.api.access import bearer, bearer_or_basic_password, loopback
 from app.api.debug_pages import trace_list, trace_page, why_page
 from app.api.deps import ServicesDep
 from app.pipeline.explain import EXPLAIN_ITEMS, explain_item
@@ -25,48 +24,42 @@ from app.pipeline.stages.types import Moment
 from app.pipeline.trace import Trace, TraceRing
 from app.process.services import Services
 
-
-def _loopback(request: Request) -> bool:
-    host = request.client.host if request.client else ""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+_BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="recsys debug"'}
 
 
-def _sent_token(request: Request) -> str:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
-        return value
-    if scheme.lower() == "basic":
-        try:
-            decoded = base64.b64decode(value, validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return ""
-        return decoded.partition(":")[2]
-    return ""
-
-
-async def require_debug_access(request: Request, services: ServicesDep) -> Services:
-    expected = services.settings.admin_token
+def _check(request: Request, services: Services, sent: str, challenge: dict[str, str]) -> None:
+    expected = services.settings.debug_token
     if expected is None:
-        if not _loopback(request):
+        if not loopback(request.scope):
             raise HTTPException(
                 status_code=403,
-                detail="without RECSYS_ADMIN_TOKEN the debug pages answer on loopback only",
+                detail="without RECSYS_DEBUG_TOKEN the debug pages answer on loopback only",
             )
-        return services
-    if not hmac.compare_digest(_sent_token(request).encode(), expected.get_secret_value().encode()):
+        return
+    if not hmac.compare_digest(sent.encode(), expected.get_secret_value().encode()):
         raise HTTPException(
             status_code=401,
-            detail="send the admin token: Authorization: Bearer <RECSYS_ADMIN_TOKEN>, or as "
-            "the password of the browser's sign-in",
-            headers={"WWW-Authenticate": 'Basic realm="recsys debug"'},
+            detail="send the debug token: Authorization: Bearer <RECSYS_DEBUG_TOKEN>"
+            + (", or as the browser's sign-in password" if challenge is _BASIC_CHALLENGE else ""),
+            headers=challenge,
         )
+
+
+async def require_page_access(request: Request, services: ServicesDep) -> Services:
+    """The pages: the token as a bearer, or as the password a browser's sign-in sends."""
+    _check(request, services, bearer_or_basic_password(request.scope), _BASIC_CHALLENGE)
     return services
 
 
-DebugDep = Annotated[Services, Depends(require_debug_access)]
+async def require_json_access(request: Request, services: ServicesDep) -> Services:
+    """The JSON routes: a bearer only, which a browser never sends by itself, so no page
+    elsewhere can spend an operator's cached sign-in on them."""
+    _check(request, services, bearer(request.scope), {"WWW-Authenticate": "Bearer"})
+    return services
+
+
+DebugDep = Annotated[Services, Depends(require_page_access)]
+JsonDep = Annotated[Services, Depends(require_json_access)]
 router = APIRouter(prefix="/debug", tags=["debug"], include_in_schema=False)
 
 
@@ -105,12 +98,12 @@ async def recent_page(services: DebugDep) -> str:
 
 
 @router.get("/traces")
-async def recent_traces(services: DebugDep) -> list[dict[str, Any]]:
+async def recent_traces(services: JsonDep) -> list[dict[str, Any]]:
     return [_summary(trace) for trace in _ring(services).recent()]
 
 
 @router.get("/traces/{request_id}")
-async def one_trace(request_id: str, services: DebugDep) -> dict[str, Any]:
+async def one_trace(request_id: str, services: JsonDep) -> dict[str, Any]:
     return dataclasses.asdict(_found(services, request_id))
 
 
@@ -137,6 +130,20 @@ class _Asked:
 
 
 async def _explained(services: Services, asked: _Asked) -> dict[str, Any]:
+    # Outside /recommend's admission, and each one a whole answer plus a catalog scan:
+    # a few at once, the rest refused.
+    gate = services.explaining
+    if gate.locked():
+        raise HTTPException(
+            status_code=503,
+            detail="as many explanations are running as RECSYS_DEBUG_EXPLAIN_IN_FLIGHT allows",
+            headers={"Retry-After": "1"},
+        )
+    async with gate:
+        return await _explain(services, asked)
+
+
+async def _explain(services: Services, asked: _Asked) -> dict[str, Any]:
     trace, explanation = await explain_item(
         services.pipeline,
         services.artifacts.current,
@@ -157,7 +164,7 @@ def _moment(device: str, page: str, locale: str, hour: int | None, weekday: int 
 
 @router.get("/explain")
 async def explain(
-    services: DebugDep,
+    services: JsonDep,
     user_id: Required,
     item_id: Required,
     device: Label = "",

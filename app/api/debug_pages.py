@@ -30,6 +30,11 @@ COLOURS = {
 }
 
 
+def _link(trace_id: str) -> str:
+    """A trace's address, its id quoted whole (a / in it stays part of the id)."""
+    return "/debug/trace/" + quote(trace_id, safe="")
+
+
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -48,7 +53,7 @@ def _when(at: float) -> str:
 
 def trace_list(traces: list[Trace]) -> str:
     rows = "".join(
-        f"<tr><td>{_when(t.at)}</td><td><a class=trace href='/debug/trace/{quote(t.request_id)}'>"
+        f"<tr><td>{_when(t.at)}</td><td><a class=trace href='{_e(_link(t.request_id))}'>"
         f"{_e(t.request_id)}</a></td><td>{_e(t.request.get('user_id', ''))}</td>"
         f"<td class=n>{t.total_ms:.1f}</td>"
         f"<td class={'bad' if t.degraded else 'ok'}>"
@@ -184,6 +189,6 @@ def why_page(fields: dict[str, str], answer: dict[str, Any] | None, error: str |
         said = (
             f"<div class=answer id=answer><b id=verdict>{_e(answer['verdict'])}</b>: "
             f"<span id=because>{_e(answer['because'])}</span> "
-            f"(<a href='/debug/trace/{quote(answer['request_id'])}'>the request's trace</a>)</div>"
+            f"(<a href='{_e(_link(answer['request_id']))}'>the request's trace</a>)</div>"
         )
     return page("Why not item X?", form + said)

@@ -3,6 +3,7 @@
 For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
 response header and kept in the scope for error bodies. For POST /recommend and POST
 /events, each with an admission of its own, in order:
+who the caller is, where the route asks (401/403, before a byte of the body is read);
 the content type (415); the body, read whole under a deadline (408) and a size limit (413)
 before the request holds anything a slow sender could keep from others; a large body that
 would make many validation errors (422, app.api.precheck); admission (503
@@ -23,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.access import Refused
 from app.api.errors import error_body, summary
 from app.api.models import REQUEST_ID_HEADER, ErrorField
 from app.api.precheck import many_errors
@@ -43,6 +45,18 @@ _CLOSE = [(b"connection", b"close")]
 # dependency call is bounded well inside the budget, so that is queueing in the worker,
 # the very thing the limit is for (an overload's first moments, a machine turned busy).
 _TELLING = frozenset({Outcome.OK})
+# The debug pages hold user ids and run no script: no script, frame, or other origin may
+# touch them (Swagger UI at /docs needs its own scripts, so it is left out).
+DEBUG_PATHS = "/debug"
+_DEBUG_HEADERS = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+        b"frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -85,6 +99,8 @@ class Gated:
     admission: Admission
     model: type[BaseModel]
     observe: Callable[[Outcome, float], None] | None = None
+    # Who the caller is (kept in the scope's state as `caller`), or why it is refused.
+    authorize: Callable[[Scope], str | Refused] | None = None
 
 
 class Gate:
@@ -109,7 +125,7 @@ class Gate:
         rid = request_id(scope["headers"])
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = rid
-        tagged = _tagging(send, rid)
+        tagged = _tagging(send, rid, scope["path"].startswith(DEBUG_PATHS))
         gated = self._routes.get(scope["path"]) if scope["method"] == "POST" else None
         if gated is None:
             await self.app(scope, receive, tagged)
@@ -129,6 +145,12 @@ class Gate:
         """Run a gated POST through the checks; return the status it was answered with."""
         rid = state["request_id"]
         admission = gated.admission
+        if gated.authorize is not None:
+            caller = gated.authorize(scope)
+            if isinstance(caller, Refused):
+                headers = [*caller.headers, *_CLOSE]
+                return await _refuse(send, caller.status, caller.code, caller.message, rid, headers)
+            state["caller"] = caller
         if not is_json(_header(scope["headers"], b"content-type")):
             message = "send the body as application/json"
             return await _refuse(send, 415, "unsupported_media_type", message, rid)
@@ -163,12 +185,12 @@ class Gate:
             admission.leave(time.perf_counter() - admitted if telling else None)
 
 
-def _tagging(send: Send, rid: str) -> Send:
-    header = (_REQUEST_ID, rid.encode())
+def _tagging(send: Send, rid: str, debug: bool) -> Send:
+    added = [(_REQUEST_ID, rid.encode()), *(_DEBUG_HEADERS if debug else ())]
 
     async def tagged(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), header]
+            message["headers"] = [*message.get("headers", ()), *added]
         await send(message)
 
     return tagged

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from app.core.events import EventType
+from app.core.events import EventType, keyable_user
 from app.core.vocabulary import Variant
 from app.pipeline.stages.types import Moment, Query
 from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
@@ -34,8 +34,23 @@ def _encodable(value: str) -> str:
     return value
 
 
+def _keyable(value: str) -> str:
+    if not keyable_user(value):
+        raise ValueError("must not hold { or } (the user's Redis keys carry it as their hash tag)")
+    return value
+
+
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=128), AfterValidator(_encodable)
+]
+# The brace rule in the document too (as a pattern), so a generated client knows it; the
+# validator says it in words.
+UserIdentifier = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128),
+    AfterValidator(_encodable),
+    AfterValidator(_keyable),
+    Field(json_schema_extra={"pattern": "^[^{}]*$"}),
 ]
 ShortLabel = Annotated[str, StringConstraints(max_length=32)]
 
@@ -67,7 +82,7 @@ class ClientContext(BaseModel):
 
 class RecommendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    user_id: Identifier
+    user_id: UserIdentifier
     context: ClientContext = Field(default_factory=ClientContext)
     num_items: int = Field(default=20, ge=1, le=200)
     exclude_item_ids: list[Identifier] = Field(
@@ -108,7 +123,7 @@ class EventIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_RATING_HAS_A_VALUE)
     event_id: Identifier = Field(description="unique per user; a repeat is applied once")
-    user_id: Identifier
+    user_id: UserIdentifier
     item_id: Identifier
     # Not strict: the body is parsed JSON, where an enum's value is a string.
     type: EventType = Field(strict=False)
@@ -120,11 +135,25 @@ class EventIn(BaseModel):
         ge=0,
         le=2**53,
         description="when it happened, ms since the epoch; default: now. Further ahead than "
-        "RECSYS_EVENT_MAX_FUTURE_MS is not applied: listed in `future`",
+        "RECSYS_EVENT_MAX_FUTURE_MS is not applied (listed in `future`), further back than "
+        "RECSYS_EVENT_MAX_AGE_MS neither (listed in `stale`)",
+    )
+    answer_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description="the `answer_id` of the answer the item was in: a click, like or purchase "
+        "credits that answer's variant. An id the service did not issue credits nothing",
     )
     request_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
-        default=None, description="the answer the item was in: credits that answer's variant"
+        default=None,
+        deprecated=True,
+        description="read as `answer_id` (its name before answers had ids of their own)",
     )
+
+    @property
+    def answer(self) -> str | None:
+        # The old name, read without the warning its deprecation raises on every access.
+        legacy: str | None = self.__dict__.get("request_id")
+        return self.answer_id if self.answer_id is not None else legacy
 
     @model_validator(mode="after")
     def _value_fits_the_type(self) -> EventIn:
@@ -150,6 +179,16 @@ class EventsAccepted(BaseModel):
     future: list[int] = Field(
         description="positions in `events` of those stamped too far ahead of this host's "
         "clock: counted, never applied"
+    )
+    stale: list[int] = Field(
+        default_factory=list,
+        description="positions in `events` of those stamped further back than "
+        "RECSYS_EVENT_MAX_AGE_MS: counted, never applied",
+    )
+    uncredited: int = Field(
+        default=0,
+        description="events naming an answer id the service does not issue: accepted, "
+        "credited to no variant",
     )
 
 
@@ -179,6 +218,10 @@ class ModelInfo(BaseModel):
 
 class RecommendResponse(BaseModel):
     request_id: str
+    answer_id: str = Field(
+        description="this answer's id, made by the service: events on its items send it as "
+        "`answer_id` to credit the variant that made it; the trace's id with the debug pages on"
+    )
     user_id: str
     items: list[RecommendedItem]
     model: ModelInfo

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.api.access import debug_allowed
 from app.api.deps import ServicesDep
 from app.api.errors import GATE_ERRORS, documented, error_body
 from app.api.models import (
@@ -24,6 +25,7 @@ from app.api.models import (
     RecommendRequest,
     RecommendResponse,
 )
+from app.core.events import new_answer_id
 from app.core.metrics import Outcome
 from app.pipeline.context import RequestContext, caller_shortened
 from app.pipeline.trace import Trace
@@ -67,8 +69,9 @@ HEADERS = [
         "name": TRACE_HEADER,
         "in": "header",
         "required": False,
-        "description": "with the debug pages on, trace this request (any value but 0): its "
-        "trace is at /debug/trace/{request_id}",
+        "description": "with the debug pages on, trace this request (any value but 0; only "
+        "with the debug token, or from loopback where none is set): its trace is at "
+        "/debug/trace/{answer_id}",
         "schema": {"type": "string"},
     },
     {
@@ -136,12 +139,15 @@ async def recommend(
         metrics=services.metrics,
         user_id=body.user_id,
     )
+    answer_id = new_answer_id()
     traces = services.traces
+    asked = body.debug or request.headers.get(TRACE_HEADER, "") not in ("", "0")
+    # Forcing a trace fills the operators' ring: only for who may read it.
     if traces is not None and traces.chosen(
-        body.debug or request.headers.get(TRACE_HEADER, "") not in ("", "0")
+        asked and debug_allowed(request.scope, services.settings.debug_token)
     ):
         # Only a chosen request pays for its trace: the others, one random draw.
-        ctx.trace = Trace(ctx.request_id, time.time(), _traced_request(body, budget_s))
+        ctx.trace = Trace(answer_id, time.time(), _traced_request(body, budget_s))
     try:
         result = await services.pipeline.run(body.query(), ctx)
     except Exception:
@@ -155,7 +161,7 @@ async def recommend(
     # lets this answer's service time teach the admission limit (app/api/gate.py).
     state.exhausted = ctx.time_for() <= 0.0 and not caller_shortened.get()
     services.events.remember_answer(
-        ctx.request_id, result.model.variant.value, services.settings.answer_ttl_s
+        answer_id, result.model.variant.value, services.settings.answer_ttl_s
     )
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
     items = [
@@ -170,6 +176,7 @@ async def recommend(
             item.attributes = words
     return RecommendResponse(
         request_id=ctx.request_id,
+        answer_id=answer_id,
         user_id=body.user_id,
         items=items,
         model=ModelInfo(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -37,6 +39,7 @@ class EventOutcome(StrEnum):
     ACCEPTED = "accepted"
     UNKNOWN_ITEM = "unknown_item"  # the catalog has no such item: counted, never applied
     FUTURE = "future"  # stamped too far ahead of the clock: counted, never applied
+    STALE = "stale"  # stamped further back than the configured bound: counted, never applied
 
 
 class IngestOutcome(StrEnum):
@@ -47,6 +50,27 @@ class IngestOutcome(StrEnum):
     DEAD_LETTER = "dead_letter"  # could not be applied: moved aside with its reason
 
 
+# An answer's id is the service's: 128 random bits, made per answer. Its variant is noted
+# under it, so an event can credit only an answer the service gave, and no client id can
+# name (or overwrite) another answer's note.
+_ANSWER_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def new_answer_id() -> str:
+    return secrets.token_hex(16)
+
+
+def is_answer_id(text: str) -> bool:
+    return _ANSWER_ID.match(text) is not None
+
+
+def keyable_user(user_id: str) -> bool:
+    """Whether a user id can be the hash tag of its keys (`recsys:u:{id}`): a brace in it
+    would end the tag early or leave it empty, and a user's keys would fall apart across a
+    Redis Cluster's slots."""
+    return "{" not in user_id and "}" not in user_id
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     event_id: str
@@ -55,7 +79,7 @@ class Event:
     type: EventType
     ts_ms: int
     value: float | None = None
-    request_id: str | None = None
+    answer_id: str | None = None  # the answer it came from, as the service issued its id
 
     @property
     def positive(self) -> bool:
@@ -78,8 +102,8 @@ class Event:
         }
         if self.value is not None:
             compact["v"] = self.value
-        if self.request_id is not None:
-            compact["r"] = self.request_id
+        if self.answer_id is not None:
+            compact["r"] = self.answer_id
         return compact
 
 
@@ -117,7 +141,7 @@ def from_json(raw: Any) -> Event:
         not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
     ):
         raise MalformedEventError("value is not a finite number")
-    request_id = raw.get("r")
+    answer_id = raw.get("r")
     return Event(
         event_id=_text(raw.get("e"), "e"),
         user_id=_text(raw.get("u"), "u"),
@@ -125,7 +149,7 @@ def from_json(raw: Any) -> Event:
         type=kind,
         ts_ms=ts_ms,
         value=None if value is None else float(value),
-        request_id=None if request_id is None else _text(request_id, "r"),
+        answer_id=None if answer_id is None else _text(answer_id, "r"),
     )
 
 

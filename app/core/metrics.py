@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.core.callers import UNKNOWN
 from app.core.errors import FailureKind
 from app.core.events import EventOutcome, EventType, IngestOutcome
 from app.core.vocabulary import RedisWorld, Removal, Stage, Variant
@@ -27,6 +28,14 @@ class Refusal(StrEnum):
     LOOP_BEHIND = "loop_behind"  # the event loop stays behind: requests wait unread
     FULL = "full"  # every slot taken, and the line full or the worker full for a while
     NO_SLOT = "no_slot"  # waited in line, no slot came free in time
+
+
+class EventPost(StrEnum):
+    """What became of a caller's POST /events (a metric label: a fixed set)."""
+
+    ACCEPTED = "accepted"  # within the caller's quota: handed to the route
+    OVER_QUOTA = "over_quota"  # 429
+    UNAUTHENTICATED = "unauthenticated"  # no caller's token, or off loopback with none set
 
 
 class ShadowOutcome(StrEnum):
@@ -242,6 +251,18 @@ DECLARED: dict[str, Declared] = {
         "Events posted to /events, by outcome (accepted: appended to the event log).",
         ("outcome",),
     ),
+    "event_posts": Declared(
+        Counter,
+        "recsys_event_posts",
+        "POST /events by caller (the configured names; loopback with none configured; "
+        "unknown for a refused token) and outcome.",
+        ("caller", "outcome"),
+    ),
+    "uncredited": Declared(
+        Counter,
+        "recsys_events_uncredited",
+        "Events naming an answer id the service never issued: applied, credited to no variant.",
+    ),
     "trending_refreshes": Declared(
         Counter,
         "recsys_trending_refreshes",
@@ -293,6 +314,8 @@ class ServiceMetrics:
     release_generation: Gauge
     redis_world: Gauge
     events: Counter
+    event_posts: Counter
+    uncredited: Counter
     trending_refreshes: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -326,6 +349,13 @@ class ServiceMetrics:
             for kind in FailureKind
         }
         self.redis_world_state = {state: self.redis_world.labels(state) for state in RedisWorld}
+        self.event_post_count: dict[tuple[str, EventPost], Any] = {}
+
+    def know_callers(self, names: list[str]) -> None:
+        """The event callers' series, bound once for the configured names."""
+        for name in [*names, UNKNOWN]:
+            for post in EventPost:
+                self.event_post_count[(name, post)] = self.event_posts.labels(name, post)
 
     def note_redis_world(self, held: RedisWorld) -> None:
         """1 for what Redis holds now, 0 for every other state."""
@@ -369,6 +399,45 @@ INGEST_DECLARED: dict[str, Declared] = {
         "Clicks, likes and purchases on an answer, credited to the variant that made it.",
         ("variant", "type"),
     ),
+    "credits": Declared(
+        Counter,
+        "recsys_ingest_credits",
+        "Positives naming an answer: credited to its variant, or unknown (no such answer "
+        "was given, or it is older than RECSYS_ANSWER_TTL_S).",
+        ("result",),
+    ),
+    "pending": Declared(
+        Gauge,
+        "recsys_ingest_pending",
+        "Entries read and not yet acknowledged, over this consumer's partitions: stays above "
+        "0 only while batches fail.",
+    ),
+    "batch_failures": Declared(
+        Counter,
+        "recsys_ingest_batch_failures",
+        "Batches that could not be applied whole, by kind (transient: Redis unreachable, "
+        "busy or full, retried as it was; error: retried user by user).",
+        ("kind",),
+    ),
+    "trending_skipped": Declared(
+        Counter,
+        "recsys_ingest_trending_skipped",
+        "Positives applied to their user but kept out of trending: the user was past "
+        "RECSYS_TRENDING_USER_PER_MINUTE.",
+    ),
+    "world_changes": Declared(
+        Counter,
+        "recsys_ingest_world_changes",
+        "Times the consumer found another world in Redis, by outcome (followed: it now "
+        "applies events in that world; waiting: its files are not the world Redis holds yet).",
+        ("outcome",),
+    ),
+    "redis_memory": Declared(
+        Gauge,
+        "recsys_redis_memory_bytes",
+        "Redis memory as the consumer last read it: used, and maxmemory (0: no limit).",
+        ("kind",),
+    ),
 }
 
 
@@ -378,6 +447,9 @@ class DeadLetter(StrEnum):
     MALFORMED = "malformed"  # not an event this service wrote
     UNKNOWN_ITEM = "unknown_item"  # the world being served has no such item
     BAD_STATE = "bad_state"  # the user's stored state is damaged (a blob of the wrong size...)
+    BAD_USER_ID = "bad_user_id"  # a user id no key can carry as its hash tag ({ or })
+    FAILED = "failed"  # applying it failed RECSYS_INGEST_MAX_DELIVERIES times
+    STALE = "stale"  # pending longer than the dedupe window: it may have applied already
 
 
 class IngestMetrics:
@@ -386,6 +458,12 @@ class IngestMetrics:
     lag: Gauge
     batch_duration: Histogram
     outcomes: Counter
+    credits: Counter
+    pending: Gauge
+    batch_failures: Counter
+    trending_skipped: Counter
+    world_changes: Counter
+    redis_memory: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -398,3 +476,7 @@ class IngestMetrics:
             for variant in Variant
             for kind in (EventType.CLICK, EventType.LIKE, EventType.PURCHASE)
         }
+        self.credit_count = {r: self.credits.labels(r) for r in ("credited", "unknown")}
+        self.failure_count = {k: self.batch_failures.labels(k) for k in ("transient", "error")}
+        self.world_change_count = {o: self.world_changes.labels(o) for o in ("followed", "waiting")}
+        self.memory = {k: self.redis_memory.labels(k) for k in ("used", "max")}

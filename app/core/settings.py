@@ -8,10 +8,11 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.callers import Callers, parse_callers
 from app.core.errors import ConfigError
 
 MIN_TOKEN_CHARS = 16
-SECRET_SETTINGS = frozenset({"admin_token", "redis_password"})
+SECRET_SETTINGS = frozenset({"admin_token", "debug_token", "event_callers", "redis_password"})
 # Secrets are read from files here, one per setting, named like its variable in lower case
 # (recsys_admin_token, recsys_redis_password): where podman mounts its secrets. A secret in
 # a file is in neither the environment nor `podman inspect`; the variables still work.
@@ -150,7 +151,24 @@ class Settings(BaseSettings):
     debug_pages: bool = Field(
         default=False,
         description="serves /debug/: traces of recent requests and why an item was or was "
-        "not served; only to callers with the admin token, or on loopback when none is set",
+        "not served; only to callers with the debug token, or on loopback when none is set",
+    )
+    debug_token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token of /debug/ (16 characters or more; apart from the admin "
+        "token: who reads traces need not reload releases); unset: /debug/ on loopback only",
+    )
+    debug_explain_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description='"why not item X" runs at once per worker (each ranks a whole answer and '
+        "scans the catalog); more get a 503",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="comma-separated addresses of the proxies whose X-Forwarded-For is "
+        "believed (for the loopback rules of /events and /debug/); empty: none",
     )
     trace_sample_percent: float = Field(
         default=1.0,
@@ -254,6 +272,54 @@ class Settings(BaseSettings):
         ge=0,
         description="an event stamped further ahead of this host's clock is refused",
     )
+    event_max_age_ms: float = Field(
+        default=7 * 86_400_000.0,
+        gt=0,
+        description="an event stamped further back than this is refused (listed in `stale`): "
+        "a user's recency and trending are about now",
+    )
+    event_callers: SecretStr | None = Field(
+        default=None,
+        description="who may post /events: name=sha256:HEX entries, comma-separated (recsys "
+        "event-caller NAME makes one); unset: /events answers loopback clients only",
+    )
+    event_caller_rate: float = Field(
+        default=2000.0,
+        gt=0,
+        description="events a second each caller may post to one worker (a token bucket); "
+        "more get a 429 with Retry-After",
+    )
+    event_caller_burst: int = Field(
+        default=10_000,
+        ge=500,
+        description="events a caller may post at once above its rate (at least one full batch)",
+    )
+    trending_user_per_minute: int = Field(
+        default=20,
+        ge=0,
+        description="a user's positives a minute that count toward trending; past it they "
+        "still apply to the user, not to what every user is shown. 0: no limit",
+    )
+    online_user_ttl_s: int = Field(
+        default=30 * 86_400,
+        ge=0,
+        description="a user the world did not hold, made by their events, is forgotten after "
+        "this long without one (world users stay); 0: kept for good",
+    )
+    user_positives_kept: int = Field(
+        default=500,
+        ge=10,
+        le=100_000,
+        description="the latest positives kept per user (the fold-in reads them; older ones "
+        "still count as seen)",
+    )
+    user_seen_kept: int = Field(
+        default=20_000,
+        ge=100,
+        le=1_000_000,
+        description="the latest seen items kept per user by the consumer: older ones may be "
+        "recommended again",
+    )
     impressions_to_seen: int = Field(
         default=3,
         ge=0,
@@ -293,6 +359,13 @@ class Settings(BaseSettings):
     )
     ingest_metrics_port: int = Field(
         default=9108, ge=0, le=65535, description="the consumer's /metrics; 0: none"
+    )
+    ingest_max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="failed tries of an entry before its events go to the dead letters "
+        "(a failing batch is retried user by user first)",
     )
     ingest_claim_idle_ms: float = Field(
         default=30_000.0,
@@ -372,7 +445,19 @@ class Settings(BaseSettings):
             return "off"
         return text
 
-    @field_validator("admin_token")
+    @field_validator("event_callers")
+    @classmethod
+    def _callers_parse(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parse_callers(value.get_secret_value())
+        return value
+
+    @property
+    def callers(self) -> Callers | None:
+        text = self.event_callers
+        return None if text is None else parse_callers(text.get_secret_value())
+
+    @field_validator("admin_token", "debug_token")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:

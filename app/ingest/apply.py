@@ -33,6 +33,8 @@ class UserState:
     blob: FloatArray | None  # None: no stored features (a new user)
     impressions: dict[int, int]  # by item position: impressions without a choice so far
     applied: frozenset[str]  # the ids of this user's events applied before
+    applied_kept: int = 0  # how many applied ids are kept now (they start afresh when many)
+    world_user: bool = True  # the world holds the user: their state never expires
 
 
 @dataclass(slots=True)
@@ -60,8 +62,10 @@ def change_for(
     events: Sequence[tuple[Event, int]],
     impressions_to_seen: int,
     refold: Refold,
+    positives_kept: int = 0,
 ) -> UserChange:
-    """The change `events` (each with its item's catalog position), in order, make."""
+    """The change `events` (each with its item's catalog position), in order, make; the
+    vector is folded in from the latest `positives_kept` positives (0: all of them)."""
     change = UserChange()
     seen = set(state.seen.tolist())
     chosen = set(state.positives.tolist())
@@ -83,11 +87,11 @@ def change_for(
             chosen.add(position)
             change.positives.append(position)
             change.trending.append((position, event.ts_ms))
-            if event.request_id is not None and event.type in CREDITED_TYPES:
-                change.credits.append((event.request_id, event.type))
+            if event.answer_id is not None and event.type in CREDITED_TYPES:
+                change.credits.append((event.answer_id, event.type))
     if change.positives:
         history = np.concatenate([state.positives, np.asarray(change.positives, dtype=np.int64)])
-        change.blob = refold(history, state.blob)
+        change.blob = refold(history[-positives_kept:] if positives_kept else history, state.blob)
     return change
 
 

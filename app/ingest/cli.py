@@ -12,14 +12,16 @@ import signal
 import sys
 
 from prometheus_client import start_http_server
+from redis.exceptions import RedisError
 
 from app.clients.feature_store import connect_redis, layout_meta
 from app.core.errors import ConfigError, RecsysError, SchemaError
 from app.core.log_setup import configure_logging
 from app.core.metrics import IngestMetrics
 from app.core.settings import Settings, load_settings
-from app.ingest.consumer import CLUSTER_CALLS, Consumer
-from app.ingest.world import load_ingest_world
+from app.ingest.consumer import Consumer, Limits
+from app.ingest.user_store import CLUSTER_CALLS, Bounds, UserStore
+from app.ingest.world import IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
 from app.release.keyspace import KeySpace
 
@@ -27,6 +29,7 @@ log = logging.getLogger("recsys.ingest")
 # Generous: the consumer's calls are not on anyone's request path, and a blocking read
 # waits up to a second by design.
 REDIS_TIMEOUT_S = 5.0
+MEMORY_EVERY_S = 5.0
 
 
 def owned_partitions(settings: Settings) -> list[int]:
@@ -44,9 +47,45 @@ async def _check_layout(client: object, keys: KeySpace, expected: dict[str, str]
         raise SchemaError(f"Redis holds another layout: {differing} (stored, expected)")
 
 
+async def _world(settings: Settings) -> IngestWorld:
+    """The world the files hold now (the artifacts directory may be a flipped symlink)."""
+    stamp, schema = await asyncio.to_thread(opened_world, settings)
+    world_id = "" if stamp is None else stamp.world_id
+    return await asyncio.to_thread(load_ingest_world, settings.artifacts_dir, schema, world_id)
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        batch=settings.ingest_batch,
+        impressions_to_seen=settings.impressions_to_seen,
+        half_life_s=settings.trending_half_life_s,
+        dedupe_s=settings.event_dedupe_s,
+        claim_idle_s=settings.ingest_claim_idle_s,
+        max_deliveries=settings.ingest_max_deliveries,
+        trending_user_per_minute=settings.trending_user_per_minute,
+    )
+
+
+def _bounds(settings: Settings) -> Bounds:
+    return Bounds(
+        dedupe_s=settings.event_dedupe_s,
+        positives=settings.user_positives_kept,
+        seen=settings.user_seen_kept,
+        online_ttl_s=settings.online_user_ttl_s,
+    )
+
+
+async def _watch_memory(consumer: Consumer) -> None:
+    while True:
+        try:
+            await consumer.redis_memory()
+        except (RedisError, OSError) as exc:
+            log.debug("Redis memory not read: %s", exc)
+        await asyncio.sleep(MEMORY_EVERY_S)
+
+
 async def consume(settings: Settings, stop: asyncio.Event) -> None:
-    _, schema = await asyncio.to_thread(opened_world, settings)
-    world = await asyncio.to_thread(load_ingest_world, settings.artifacts_dir, schema)
+    world = await _world(settings)
     password = settings.redis_password
     partitions = owned_partitions(settings)
     client = connect_redis(
@@ -62,20 +101,18 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
     if settings.ingest_metrics_port:
         start_http_server(settings.ingest_metrics_port, settings.host, metrics.registry)
     try:
-        await _check_layout(client, keys, layout_meta(schema))
+        await _check_layout(client, keys, layout_meta(world.schema))
         index, _ = settings.ingest_share
         consumer = Consumer(
             client,
             world,
+            lambda: _world(settings),
             keys,
+            UserStore(client, keys, _bounds(settings)),
             metrics,
             partitions=partitions,
             name=f"consumer-{index}",
-            batch=settings.ingest_batch,
-            impressions_to_seen=settings.impressions_to_seen,
-            half_life_s=settings.trending_half_life_s,
-            dedupe_s=settings.event_dedupe_s,
-            claim_idle_s=settings.ingest_claim_idle_s,
+            limits=_limits(settings),
         )
         log.info(
             "ingesting partitions %s of %d as %s (%d items, fold-in %s)",
@@ -85,7 +122,11 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
             world.size,
             world.params.weighting,
         )
-        await consumer.run(stop)
+        memory = asyncio.create_task(_watch_memory(consumer))
+        try:
+            await consumer.run(stop)
+        finally:
+            memory.cancel()
     finally:
         await client.aclose()
 

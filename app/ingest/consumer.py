@@ -4,14 +4,25 @@ One task per partition this consumer owns (`p % n == i`), each reading its strea
 consumer group, so a user's events apply in order and several consumers share the work.
 A batch is applied in three steps, in this order:
 1. every user's change (seen list, positives, impression counts, vector, the ids of the
-   events applied) in one script, atomic like a transaction: on one Redis one for the
-   batch, on a Redis Cluster one per user (a user's keys share a hash tag);
+   events applied) in one script, atomic like a transaction (app.ingest.user_store);
 2. the events that could not be applied appended to the dead-letter stream, with why;
 3. the batch acknowledged.
 A consumer killed anywhere in between reads its unacknowledged events again when it comes
 back (its pending list, by its stable name), and the ids it finds already applied change
 nothing. Trending counts and variant credits come after the transaction: a crash just
 then loses them for one batch (at most once), never doubles them.
+
+No batch stalls a partition. Any failure sends the reader back to the pending entries; a
+batch that fails whole is retried user by user, so one user's bad state holds only their
+own events; an entry that failed RECSYS_INGEST_MAX_DELIVERIES times goes to the dead
+letters with its reason. Only Redis being unreachable, loading, read-only or full
+(transient) is waited out without counting toward that limit. A pending entry older than
+the dedupe window is set aside rather than applied: its events may have applied already
+and their ids been forgotten.
+
+The consumer follows the world: each batch checks the world id Redis holds, and when it is
+another than the consumer's, the consumer loads the world's files again and applies
+nothing until they are that world.
 """
 
 from __future__ import annotations
@@ -20,35 +31,47 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from redis import exceptions as redis_errors
-from redis.asyncio.cluster import RedisCluster
 
-from app.clients.feature_store import FLOAT32, RedisClient, decode_seen, encode_seen
+from app.clients.feature_store import WORLD_ID_FIELD, RedisClient
 from app.core.events import (
     Event,
-    EventType,
     IngestOutcome,
     MalformedEventError,
     decode_entry,
+    keyable_user,
 )
 from app.core.metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
-from app.ingest.scripts import READ_SCRIPT, TRENDING_SCRIPT, WRITE_SCRIPT
+from app.ingest.scripts import TRENDING_SCRIPT
+from app.ingest.user_store import UserStore
 from app.ingest.world import IngestWorld
 from app.release.keyspace import KeySpace
 
 log = logging.getLogger("recsys.ingest")
-T = TypeVar("T")
 GROUP = "ingest"
 BLOCK_MS = 1000
-# Event ids kept per user for spotting a retried event: past this many they start afresh.
-APPLIED_IDS_KEPT = 1024
+RETRY_S = 1.0
+HOUSEKEEPING_S = 1.0
+WORLD_RETRY_S = 2.0
+DEAD_LETTERS_KEPT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    batch: int
+    impressions_to_seen: int
+    half_life_s: float
+    dedupe_s: int
+    claim_idle_s: float
+    max_deliveries: int
+    trending_user_per_minute: int  # 0: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,39 +102,83 @@ class Sorted:
     dead: list[SetAside]
     entry_of: dict[int, bytes]  # by id() of each decoded event: to set a user's aside
 
+    def entries_of(self, user_id: str) -> set[bytes]:
+        return {self.entry_of[id(event)] for event, _ in self.by_user[user_id]}
+
+
+class HeldError(Exception):
+    """Entries left pending on purpose (a failure to retry, or a world still loading)."""
+
+
+@dataclass(slots=True)
+class _TrendingBudget:
+    """Positives a user may add to trending this minute (one consumer sees all of a user's
+    events: their partition is its own). Forgotten each minute, so it stays small."""
+
+    per_minute: int
+    minute: int = -1
+    used: dict[str, int] = field(default_factory=dict)
+
+    def allows(self, user_id: str, now_s: float) -> bool:
+        if self.per_minute <= 0:
+            return True
+        minute = int(now_s // 60)
+        if minute != self.minute:
+            self.minute, self.used = minute, {}
+        count = self.used.get(user_id, 0)
+        self.used[user_id] = count + 1
+        return count < self.per_minute
+
+
+def transient(exc: BaseException) -> bool:
+    """Redis unreachable, loading, read-only, or out of memory: wait, retry as it was."""
+    if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError | OSError):
+        return True
+    if isinstance(exc, TimeoutError | redis_errors.ReadOnlyError | redis_errors.ClusterError):
+        return True
+    text = str(exc)
+    return isinstance(exc, redis_errors.ResponseError) and any(
+        word in text for word in ("OOM", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
+    )
+
+
+WorldLoader = Callable[[], Awaitable[IngestWorld]]
+
 
 class Consumer:
     def __init__(
         self,
         client: RedisClient,
         world: IngestWorld,
+        load_world: WorldLoader,
         keys: KeySpace,
+        store: UserStore,
         metrics: IngestMetrics,
         *,
-        partitions: Sequence[int],
+        partitions: list[int],
         name: str,
-        batch: int,
-        impressions_to_seen: int,
-        half_life_s: float,
-        dedupe_s: int,
-        claim_idle_s: float,
+        limits: Limits,
     ) -> None:
         self._client = client
         self._world = world
+        self._load_world = load_world
         self._keys = keys
+        self._store = store
         self._metrics = metrics
-        self._partitions = list(partitions)
+        self._partitions = partitions
         self._name = name
-        self._batch = batch
-        self._impressions_to_seen = impressions_to_seen
-        self._half_life_s = half_life_s
-        self._dedupe_s = dedupe_s
-        self._claim_idle_ms = int(claim_idle_s * 1000)
-        self._cluster = isinstance(client, RedisCluster)
-        self._lag_s: dict[int, float] = {p: 0.0 for p in self._partitions}
+        self._limits = limits
+        self._lag_s: dict[int, float] = {p: 0.0 for p in partitions}
+        self._pending: dict[int, int] = {p: 0 for p in partitions}
+        self._claim_from: dict[int, str] = {p: "0-0" for p in partitions}
+        self._failures: dict[bytes, int] = {}
+        self._trending_budget = _TrendingBudget(limits.trending_user_per_minute)
+        self._world_tried: tuple[str, float] = ("", 0.0)
         self._trending = client.register_script(TRENDING_SCRIPT)
-        self._read_script = client.register_script(READ_SCRIPT)
-        self._write_script = client.register_script(WRITE_SCRIPT)
+
+    @property
+    def world(self) -> IngestWorld:
+        return self._world
 
     async def ensure_groups(self) -> None:
         for partition in self._partitions:
@@ -137,51 +204,82 @@ class Consumer:
         stream = self._keys.events(partition)
         # First what this consumer read before and never acknowledged (it died mid-batch).
         cursor = "0"
-        next_claim = time.monotonic() + self._claim_idle_ms / 1000.0
+        next_chores = 0.0
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_claim:
-                    await self._claim(partition)
-                    next_claim = time.monotonic() + self._claim_idle_ms / 1000.0
-                entries = await self._read(stream, cursor)
+                if time.monotonic() >= next_chores:
+                    await self._chores(partition)
+                    next_chores = time.monotonic() + HOUSEKEEPING_S
+                entries, gone = await self._read(stream, cursor)
+                if gone:  # trimmed while pending: nothing left to apply
+                    await self._client.xack(stream, GROUP, *gone)
                 if cursor == "0" and not entries:
-                    cursor = ">"
+                    if not gone:
+                        cursor = ">"
                     continue
-                await self.apply(partition, entries)
-            except (redis_errors.RedisError, OSError) as exc:
+                await self.apply(partition, entries, redelivered=cursor == "0")
+            except asyncio.CancelledError:
+                raise
+            except HeldError as exc:
+                log.info("partition %d: %s; back to its pending entries in 1 s", partition, exc)
+                cursor = "0"
+                await asyncio.sleep(RETRY_S)
+            except Exception as exc:
+                kind = "transient" if transient(exc) else "error"
+                self._metrics.failure_count[kind].inc()
                 log.warning(
-                    "partition %d: %s: %s; retrying in 1 s", partition, type(exc).__name__, exc
+                    "partition %d: %s: %s; back to its pending entries in 1 s",
+                    partition,
+                    type(exc).__name__,
+                    exc,
                 )
-                await asyncio.sleep(1.0)
+                cursor = "0"
+                await asyncio.sleep(RETRY_S)
 
-    async def _read(self, stream: str, cursor: str) -> list[Entry]:
+    async def _read(self, stream: str, cursor: str) -> tuple[list[Entry], list[bytes]]:
+        """The entries read, and the ids of pending ones whose entry was trimmed away."""
         block = None if cursor == "0" else BLOCK_MS
         answer: Any = await self._client.xreadgroup(
-            GROUP, self._name, {stream: cursor}, count=self._batch, block=block
+            GROUP, self._name, {stream: cursor}, count=self._limits.batch, block=block
         )
         if not answer:
-            return []
+            return [], []
         _, messages = answer[0]
-        return [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
+        entries = [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
+        return entries, [entry_id for entry_id, fields in messages if not fields]
 
-    async def _claim(self, partition: int) -> None:
-        """Take over what another consumer of this partition read and left (it died)."""
-        await self._client.xautoclaim(
+    async def _chores(self, partition: int) -> None:
+        """Once a second: take over what a dead consumer left, and count what is pending."""
+        stream = self._keys.events(partition)
+        claimed = await self._claim(partition)
+        if claimed:
+            await self.apply(partition, claimed, redelivered=True)
+        summary: Any = await self._client.xpending(stream, GROUP)
+        self._pending[partition] = int(summary.get("pending", 0) if summary else 0)
+        self._metrics.pending.set(sum(self._pending.values()))
+
+    async def _claim(self, partition: int) -> list[Entry]:
+        """What another consumer of this partition read and left (it died), taken over to
+        be applied here; trimmed ones XAUTOCLAIM drops from the pending list itself."""
+        answer: Any = await self._client.xautoclaim(
             self._keys.events(partition),
             GROUP,
             self._name,
-            min_idle_time=self._claim_idle_ms,
-            start_id="0-0",
-            count=self._batch,
-            justid=True,
+            min_idle_time=int(self._limits.claim_idle_s * 1000),
+            start_id=self._claim_from[partition],
+            count=self._limits.batch,
         )
+        self._claim_from[partition] = _text(answer[0]) if answer else "0-0"
+        messages = answer[1] if answer and len(answer) > 1 else []
+        return [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
 
     @property
     def lag_s(self) -> float:
         return max(self._lag_s.values(), default=0.0)
 
-    async def apply(self, partition: int, entries: list[Entry]) -> None:
-        """Apply one batch of a partition's entries, then acknowledge them."""
+    async def apply(self, partition: int, entries: list[Entry], redelivered: bool = False) -> None:
+        """Apply one batch of a partition's entries, then acknowledge what is done with.
+        HeldError when some are left pending to be tried again."""
         if not entries:
             self._lag_s[partition] = 0.0
             self._metrics.lag.set(self.lag_s)
@@ -189,29 +287,147 @@ class Consumer:
         started = time.perf_counter()
         self._lag_s[partition] = max(0.0, time.time() - entries[0].ms / 1000.0)
         self._metrics.lag.set(self.lag_s)
-        batch = self._sort(entries)
-        states = await self._states(batch.by_user)
+        world = await self._current_world()
+        fresh, stale = self._split_stale(entries, redelivered)
+        batch = self._sort(fresh, world)
+        batch.dead += stale
+        failed: dict[str, str] = {}
         changes: dict[str, UserChange] = {}
-        for user_id, events in batch.by_user.items():
-            state = states[user_id]
-            if isinstance(state, str):
-                batch.dead.extend(_set_aside(batch, events, state))
-                continue
-            change = change_for(state, events, self._impressions_to_seen, self._world.refold)
-            if change.blob is not None and not np.isfinite(change.blob).all():
-                reason = "the folded-in vector is not finite"
-                batch.dead.extend(_set_aside(batch, events, reason))
-                continue
-            changes[user_id] = change
-        await self._write(changes, states)
-        await self._dead_letters(partition, batch.dead)
+        try:
+            changes = await self._apply_users(batch, world, list(batch.by_user))
+        except Exception as exc:
+            if transient(exc):
+                raise
+            self._metrics.failure_count["error"].inc()
+            log.warning(
+                "partition %d: the batch from %s failed whole (%s: %s); applying it user by user",
+                partition,
+                entries[0].entry_id.decode(),
+                type(exc).__name__,
+                exc,
+            )
+            changes, failed = await self._user_by_user(batch, world)
+        held = self._held(batch, failed)
+        # An entry tried again sets its events aside then, not twice.
+        batch.dead = [aside for aside in batch.dead if aside.entry_id not in held]
         stream = self._keys.events(partition)
-        await self._client.xack(stream, GROUP, *(entry.entry_id for entry in entries))
-        await self._after(changes)
+        await self._dead_letters(partition, batch.dead)
+        done = [entry.entry_id for entry in entries if entry.entry_id not in held]
+        if done:
+            await self._client.xack(stream, GROUP, *done)
+        for entry_id in done:
+            self._failures.pop(entry_id, None)
         self._count(changes, batch)
         self._metrics.batch_duration.observe(time.perf_counter() - started)
+        if held:
+            raise HeldError(f"{len(held)} entries from {min(held).decode()} failed, kept pending")
 
-    def _sort(self, entries: list[Entry]) -> Sorted:
+    async def _apply_users(
+        self, batch: Sorted, world: IngestWorld, users: list[str]
+    ) -> dict[str, UserChange]:
+        """The users' changes, written; events of users whose state is damaged set aside
+        (added to the batch's dead letters only once the rest is written)."""
+        by_user = {user: batch.by_user[user] for user in users}
+        states = await self._store.states(by_user, world)
+        changes: dict[str, UserChange] = {}
+        dead: list[SetAside] = []
+        for user_id, events in by_user.items():
+            state = states[user_id]
+            if isinstance(state, str):
+                dead.extend(_set_aside(batch, events, DeadLetter.BAD_STATE, state))
+                continue
+            change = change_for(
+                state,
+                events,
+                self._limits.impressions_to_seen,
+                world.refold,
+                self._store.positives_kept,
+            )
+            if change.blob is not None and not np.isfinite(change.blob).all():
+                why = "the folded-in vector is not finite"
+                dead.extend(_set_aside(batch, events, DeadLetter.BAD_STATE, why))
+                continue
+            changes[user_id] = change
+        await self._store.write(changes, _states_of(states))
+        batch.dead.extend(dead)
+        await self._after(changes)
+        return changes
+
+    async def _user_by_user(
+        self, batch: Sorted, world: IngestWorld
+    ) -> tuple[dict[str, UserChange], dict[str, str]]:
+        changes: dict[str, UserChange] = {}
+        failed: dict[str, str] = {}
+        for user_id in batch.by_user:
+            try:
+                changes.update(await self._apply_users(batch, world, [user_id]))
+            except Exception as exc:
+                if transient(exc):
+                    raise
+                failed[user_id] = f"{type(exc).__name__}: {exc}"
+        return changes, failed
+
+    def _held(self, batch: Sorted, failed: dict[str, str]) -> set[bytes]:
+        """The entries to try again: those holding a failed user's events, unless they have
+        failed often enough, when those events go to the dead letters instead."""
+        held: set[bytes] = set()
+        tried: dict[bytes, int] = {}
+        for user_id in failed:
+            for entry_id in batch.entries_of(user_id):
+                if entry_id not in tried:
+                    tried[entry_id] = self._failures.get(entry_id, 0) + 1
+        for entry_id, count in tried.items():
+            self._failures[entry_id] = count
+            if count < self._limits.max_deliveries:
+                held.add(entry_id)
+        for user_id, why in failed.items():
+            given_up = [
+                (event, position)
+                for event, position in batch.by_user[user_id]
+                if batch.entry_of[id(event)] not in held
+            ]
+            reason = f"failed {self._limits.max_deliveries} times: {why}"
+            batch.dead.extend(_set_aside(batch, given_up, DeadLetter.FAILED, reason))
+        return held
+
+    def _split_stale(
+        self, entries: list[Entry], redelivered: bool
+    ) -> tuple[list[Entry], list[SetAside]]:
+        """A redelivered entry older than the dedupe window may have applied already, its
+        ids since forgotten: set aside, never applied twice."""
+        if not redelivered:
+            return entries, []
+        oldest_ms = (time.time() - self._limits.dedupe_s) * 1000.0
+        fresh = [entry for entry in entries if entry.ms >= oldest_ms]
+        why = "pending longer than RECSYS_EVENT_DEDUPE_S: it may have applied already"
+        stale = [
+            SetAside(entry.entry_id, entry.fields, DeadLetter.STALE, why)
+            for entry in entries
+            if entry.ms < oldest_ms
+        ]
+        return fresh, stale
+
+    async def _current_world(self) -> IngestWorld:
+        """The world Redis holds, loaded again from the files when Redis changed worlds;
+        HeldError while the files are not that world yet."""
+        raw: Any = await self._client.hget(self._keys.meta, WORLD_ID_FIELD)
+        found = "" if raw is None else _text(raw)
+        current = self._world
+        if not found or not current.world_id or found == current.world_id:
+            return current
+        tried, at = self._world_tried
+        if tried != found or time.monotonic() - at >= WORLD_RETRY_S:
+            self._world_tried = (found, time.monotonic())
+            loaded = await self._load_world()
+            if loaded.world_id == found:
+                log.info("Redis holds world %s: following it (was %s)", found, current.world_id)
+                self._world = loaded
+                self._metrics.world_change_count["followed"].inc()
+                return loaded
+            self._metrics.world_change_count["waiting"].inc()
+        raise HeldError(f"Redis holds world {found}, the files world {current.world_id}")
+
+    def _sort(self, entries: list[Entry], world: IngestWorld) -> Sorted:
         by_user: dict[str, list[tuple[Event, int]]] = {}
         dead: list[SetAside] = []
         decoded: list[tuple[bytes, Event]] = []
@@ -225,9 +441,12 @@ class Consumer:
                 if isinstance(event, MalformedEventError):
                     kept = {b"event": str(event).encode()}
                     dead.append(SetAside(entry.entry_id, kept, DeadLetter.MALFORMED, str(event)))
+                elif not keyable_user(event.user_id):
+                    why = "a user id with { or } cannot tag its keys"
+                    dead.append(SetAside(entry.entry_id, _kept(event), DeadLetter.BAD_USER_ID, why))
                 else:
                     decoded.append((entry.entry_id, event))
-        positions = self._world.lookup([event.item_id for _, event in decoded])
+        positions = world.lookup([event.item_id for _, event in decoded])
         for (entry_id, event), position in zip(decoded, positions.tolist(), strict=True):
             if position < 0:
                 why = "the catalog has no such item"
@@ -236,118 +455,6 @@ class Consumer:
                 by_user.setdefault(event.user_id, []).append((event, position))
         return Sorted(by_user, dead, {id(event): entry_id for entry_id, event in decoded})
 
-    async def _states(
-        self, by_user: dict[str, list[tuple[Event, int]]]
-    ) -> dict[str, UserState | str]:
-        """Each user's state (a string says why it cannot be used), read by one script per
-        group of users: the whole batch on one Redis, each user on a Cluster."""
-        asked: list[tuple[str, list[int], list[str]]] = []
-        for user_id, events in by_user.items():
-            shown = sorted({p for e, p in events if e.type is EventType.IMPRESSION})
-            asked.append((user_id, shown, [event.event_id for event, _ in events]))
-        groups = [[one] for one in asked] if self._cluster else [asked]
-        replies = await _bounded(self._read_states(group) for group in groups)
-        states: dict[str, UserState | str] = {}
-        for group, reply in zip(groups, replies, strict=True):
-            at = 0
-            for user_id, shown, ids in group:
-                positives_raw, seen_raw, blob_raw = reply[at : at + 3]
-                counts = reply[at + 3 : at + 3 + len(shown)]
-                applied = reply[at + 3 + len(shown) : at + 3 + len(shown) + len(ids)]
-                at += 3 + len(shown) + len(ids)
-                states[user_id] = self._state(
-                    positives_raw, seen_raw, blob_raw, shown, counts, ids, applied
-                )
-        return states
-
-    async def _read_states(self, group: list[tuple[str, list[int], list[str]]]) -> list[Any]:
-        keys: list[str] = []
-        args: list[Any] = []
-        for user_id, shown, ids in group:
-            keys += self._user_keys(user_id)
-            args += [len(shown), *shown, len(ids), *ids]
-        return list(await self._read_script(keys=keys, args=args))
-
-    def _user_keys(self, user_id: str) -> list[str]:
-        """The keys both scripts take for a user, in their order."""
-        keys = self._keys
-        return [
-            keys.positives(user_id),
-            keys.seen(user_id),
-            keys.user(user_id),
-            keys.impressions(user_id),
-            keys.applied(user_id),
-        ]
-
-    def _state(
-        self,
-        positives_raw: bytes | None,
-        seen_raw: bytes | None,
-        blob_raw: bytes | None,
-        shown: list[int],
-        counts: Any,
-        ids: list[str],
-        applied: list[bytes | None],
-    ) -> UserState | str:
-        seen, seen_whole = decode_seen(seen_raw)
-        positives, positives_whole = decode_seen(positives_raw)
-        if not (seen_whole and positives_whole):
-            return "a seen list or positives list is torn (not whole uint32 positions)"
-        size = self._world.size
-        if (seen >= size).any() or (positives >= size).any():
-            return "a stored list names positions past the catalog"
-        blob = None
-        if blob_raw is not None:
-            if len(blob_raw) != self._world.blob_width * FLOAT32.itemsize:
-                return (
-                    f"the user blob is {len(blob_raw)} bytes, not {self._world.blob_width} floats"
-                )
-            blob = np.frombuffer(blob_raw, dtype=FLOAT32)
-            if not np.isfinite(blob).all():
-                return "the user blob holds NaN or Inf"
-        impressions = {}
-        if shown:
-            impressions = {p: int(c) for p, c in zip(shown, counts, strict=True) if c is not None}
-        return UserState(
-            positives=positives if positives_raw is not None else seen,
-            positives_stored=positives_raw is not None,
-            seen=seen,
-            blob=blob,
-            impressions=impressions,
-            applied=frozenset(i for i, hit in zip(ids, applied, strict=True) if hit is not None),
-        )
-
-    async def _write(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
-        """Every user's change in one script (atomic, as a transaction): the whole batch
-        on one Redis, one script per user on a Cluster."""
-        writing = [(user, change) for user, change in changes.items() if change.writes]
-        if not writing:
-            return
-        groups = [[one] for one in writing] if self._cluster else [writing]
-        await _bounded(self._write_group(group, states) for group in groups)
-
-    async def _write_group(
-        self, group: list[tuple[str, UserChange]], states: dict[str, Any]
-    ) -> None:
-        keys: list[str] = []
-        args: list[Any] = [self._dedupe_s]
-        for user_id, change in group:
-            state: UserState = states[user_id]
-            keys += self._user_keys(user_id)
-            mode, positives = "", b""
-            if change.positives and state.positives_stored:
-                mode, positives = "A", encode_seen(change.positives)
-            elif change.positives:
-                whole = np.concatenate([state.positives, np.asarray(change.positives)])
-                mode, positives = "S", encode_seen(whole)
-            blob = b"" if change.blob is None else change.blob.astype(FLOAT32).tobytes()
-            counts = [value for pair in change.impressions.items() for value in pair]
-            reset = len(state.applied) + len(change.applied) > APPLIED_IDS_KEPT
-            args += [encode_seen(change.seen) if change.seen else b"", mode, positives, blob]
-            args += [len(change.impressions), *counts]
-            args += [int(reset), len(change.applied), *change.applied]
-        await self._write_script(keys=keys, args=args)
-
     async def _dead_letters(self, partition: int, dead: list[SetAside]) -> None:
         if not dead:
             return
@@ -355,34 +462,47 @@ class Consumer:
         for aside in dead:
             fields = {**aside.payload, b"dead.reason": aside.reason.value, b"dead.why": aside.why}
             fields[b"dead.entry"] = aside.entry_id
-            pipe.xadd(self._keys.dead_letters(partition), fields, maxlen=100_000, approximate=True)
-            log.warning(
-                "event of entry %s set aside (%s): %s",
-                aside.entry_id.decode(),
-                aside.reason,
-                aside.why,
-            )
+            key = self._keys.dead_letters(partition)
+            pipe.xadd(key, fields, maxlen=DEAD_LETTERS_KEPT, approximate=True)
         await pipe.execute()
+        first = dead[0]
+        log.warning(
+            "%d events set aside, the first from entry %s (%s): %s",
+            len(dead),
+            first.entry_id.decode(),
+            first.reason,
+            first.why[:300],
+        )
         for aside in dead:
             self._metrics.dead_letter_count[aside.reason].inc()
 
     async def _after(self, changes: dict[str, UserChange]) -> None:
         """Trending counts and variant credits: after the transaction, at most once."""
-        pairs = [pair for change in changes.values() for pair in change.trending]
-        if pairs:
-            args: list[Any] = []
-            for position, ts_ms in pairs:
-                args += [position, ts_ms / 1000.0 / self._half_life_s]
+        now = time.time()
+        args: list[Any] = []
+        skipped = 0
+        for user_id, change in changes.items():
+            for position, ts_ms in change.trending:
+                if self._trending_budget.allows(user_id, now):
+                    args += [position, ts_ms / 1000.0 / self._limits.half_life_s]
+                else:
+                    skipped += 1
+        if skipped:
+            self._metrics.trending_skipped.inc(skipped)
+        if args:
             await self._trending(keys=[self._keys.trending], args=args)
         credits = [credit for change in changes.values() for credit in change.credits]
         if credits:
             pipe: Any = self._client.pipeline(transaction=False)
-            for request_id, _ in credits:
-                pipe.get(self._keys.answer(request_id))
+            for answer_id, _ in credits:
+                pipe.get(self._keys.answer(answer_id))
             variants = await pipe.execute()
             for (_, kind), variant in zip(credits, variants, strict=True):
                 known = _variant(variant)
-                if known is not None:
+                if known is None:
+                    self._metrics.credit_count["unknown"].inc()
+                else:
+                    self._metrics.credit_count["credited"].inc()
                     self._metrics.outcome_count[(known, kind)].inc()
 
     def _count(self, changes: dict[str, UserChange], batch: Sorted) -> None:
@@ -391,31 +511,32 @@ class Consumer:
         counted[IngestOutcome.DUPLICATE].inc(sum(c.duplicates for c in changes.values()))
         counted[IngestOutcome.DEAD_LETTER].inc(len(batch.dead))
 
+    async def redis_memory(self) -> None:
+        """Redis's used memory and its limit, for the alert before writes stop."""
+        info: Any = await self._client.info("memory")
+        nodes = [info] if "used_memory" in info else list(info.values())
+        used = sum(int(node.get("used_memory", 0)) for node in nodes)
+        most = sum(int(node.get("maxmemory", 0)) for node in nodes)
+        self._metrics.memory["used"].set(used)
+        self._metrics.memory["max"].set(most)
 
-# Scripts in flight at once on a Redis Cluster (one per user): within the client's pool.
-CLUSTER_CALLS = 16
+
+def _states_of(states: dict[str, UserState | str]) -> dict[str, Any]:
+    return {user: state for user, state in states.items() if not isinstance(state, str)}
 
 
-async def _bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The calls' results in order, at most CLUSTER_CALLS running at once."""
-    gate = asyncio.Semaphore(CLUSTER_CALLS)
-
-    async def one(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    return list(await asyncio.gather(*(one(call) for call in calls)))
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _kept(event: Event) -> dict[bytes, bytes]:
     return {b"event": json.dumps(event.to_json()).encode()}
 
 
-def _set_aside(batch: Sorted, events: list[tuple[Event, int]], reason: str) -> list[SetAside]:
-    return [
-        SetAside(batch.entry_of[id(event)], _kept(event), DeadLetter.BAD_STATE, reason)
-        for event, _ in events
-    ]
+def _set_aside(
+    batch: Sorted, events: list[tuple[Event, int]], reason: DeadLetter, why: str
+) -> list[SetAside]:
+    return [SetAside(batch.entry_of[id(event)], _kept(event), reason, why) for event, _ in events]
 
 
 def _variant(raw: bytes | None) -> Variant | None:

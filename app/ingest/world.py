@@ -1,6 +1,6 @@
 """What the consumer knows of the world being served: its items, their vectors, its
-fold-in parameters and the user blob's layout. Loaded once; a new world means a restart
-(the world's reload script restarts the consumer with the API)."""
+fold-in parameters and the user blob's layout. Loaded at start, and again when Redis is
+found holding another world (app.ingest.consumer follows it)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ ONLINE_FEATURES = ("activity", "recency")
 
 @dataclass(frozen=True, slots=True)
 class IngestWorld:
+    world_id: str  # "" for a world built before stamping
     schema: FeatureSchema
     item_ids: npt.NDArray[np.str_]
     id_order: npt.NDArray[np.intp]
@@ -62,7 +63,7 @@ class IngestWorld:
         return new
 
 
-def load_ingest_world(world: Path, schema: FeatureSchema) -> IngestWorld:
+def load_ingest_world(world: Path, schema: FeatureSchema, world_id: str) -> IngestWorld:
     with np.load(world / ITEMS_FILE) as items:
         item_ids = items["ids"].astype(np.str_)
         vectors = items["embeddings"].astype(np.float32)
@@ -72,6 +73,7 @@ def load_ingest_world(world: Path, schema: FeatureSchema) -> IngestWorld:
         log.warning("%s has no fold-in parameters: vectors are folded in with plain counts", world)
         params = PLAIN
     return IngestWorld(
+        world_id=world_id,
         schema=schema,
         item_ids=item_ids,
         id_order=np.argsort(item_ids, kind="stable"),

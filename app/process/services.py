@@ -78,6 +78,8 @@ class Services:
     # The recent requests' traces, with the debug pages on (app/pipeline/trace.py).
     traces: TraceRing | None = None
     draining: bool = field(default=False)
+    # "Why not item X" runs at once (app/api/debug.py): a few, outside /recommend's admission.
+    explaining: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     # What readiness last learnt from Redis and Triton (app.process.health), reused for a second.
     readiness_checks: CachedCall[dict[str, bool]] = field(
         default_factory=lambda: CachedCall(READINESS_TTL_S)
@@ -358,5 +360,6 @@ async def start_services(
             traces=TraceRing(settings.trace_ring_size, settings.trace_sample_percent)
             if settings.debug_pages
             else None,
+            explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )
     raise AssertionError("unreachable: the block returns or raises")  # for the type checker

@@ -494,10 +494,13 @@ def test_api_is_locked_down_and_serves_the_world_read_only(units: dict[str, Unit
     # Writable: a rollback rewrites the release file.
     assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"Z"})
     assert run.value("--tmpfs").startswith("/tmp:")
-    # The Redis password a file the settings read, never in the environment.
-    secret = run.value("--secret").split(",")
-    assert secret[0] == "recsys_redis_password"
-    assert "target=/run/secrets/recsys_redis_password" in secret
+    # The Redis password and who may post events: files the settings read, never in the
+    # environment.
+    secrets = {spec.split(",")[0]: set(spec.split(",")[1:]) for spec in run.values("--secret")}
+    assert secrets.keys() == {"recsys_redis_password", "recsys_event_callers"}
+    for name, options in secrets.items():
+        assert f"target=/run/secrets/{name}" in options
+        assert "mode=0400" in options
     # Liveness only: readiness belongs to the load balancer.
     health = run.value("--health-cmd")
     assert "/healthz" in health

@@ -80,7 +80,7 @@ async def test_a_traced_request_shows_each_stage_and_what_it_did(debug: Any) -> 
     client, blocked = debug
     answer = await _answer(client, debug=True)
     # Unsampled (0%), but asked for with debug: true.
-    trace = (await client.get(f"/debug/traces/{answer['request_id']}")).json()
+    trace = (await client.get(f"/debug/traces/{answer['answer_id']}")).json()
     assert [span["stage"] for span in trace["spans"]] == STAGES
     starts = [span["start_ms"] for span in trace["spans"]]
     assert starts == sorted(starts)
@@ -96,18 +96,18 @@ async def test_a_traced_request_shows_each_stage_and_what_it_did(debug: Any) -> 
     assert trace["model"]["version"] == answer["model"]["version"]
     assert trace["request"]["user_id"] == USER
     listed = (await client.get("/debug/traces")).json()
-    assert answer["request_id"] in [entry["request_id"] for entry in listed]
+    assert answer["answer_id"] in [entry["request_id"] for entry in listed]
     # An unsampled request that does not ask is not traced; the header asks too.
     quiet = await _answer(client)
-    assert (await client.get(f"/debug/traces/{quiet['request_id']}")).status_code == 404
+    assert (await client.get(f"/debug/traces/{quiet['answer_id']}")).status_code == 404
     asked = await client.post("/recommend", json={"user_id": USER}, headers={"X-Recsys-Trace": "1"})
-    assert (await client.get(f"/debug/traces/{asked.json()['request_id']}")).status_code == 200
+    assert (await client.get(f"/debug/traces/{asked.json()['answer_id']}")).status_code == 200
 
 
 async def test_why_not_names_the_stage_each_planted_item_left(debug: Any, stack: Stack) -> None:
     client, blocked = debug
     answer = await _answer(client, debug=True)
-    trace = (await client.get(f"/debug/traces/{answer['request_id']}")).json()
+    trace = (await client.get(f"/debug/traces/{answer['answer_id']}")).json()
     verdicts: dict[str, dict[str, Any]] = {}
 
     async def ask(item: str) -> dict[str, Any]:
@@ -155,7 +155,10 @@ async def test_why_not_names_the_stage_each_planted_item_left(debug: Any, stack:
 
 async def test_only_the_token_or_loopback_sees_the_pages(stack: Stack, tmp_path: Path) -> None:
     rules = _rules(tmp_path, [])
-    app = create_app(_settings(stack, rules, admin_token=SecretStr(TOKEN)))
+    admin = "admin-token-0123456789"
+    app = create_app(
+        _settings(stack, rules, debug_token=SecretStr(TOKEN), admin_token=SecretStr(admin))
+    )
     basic = base64.b64encode(f"ops:{TOKEN}".encode()).decode()
     async with (
         app.router.lifespan_context(app),
@@ -172,6 +175,33 @@ async def test_only_the_token_or_loopback_sees_the_pages(stack: Stack, tmp_path:
         assert (await c.get("/debug/traces", headers=bearer)).status_code == 200
         wrong = {"authorization": "Bearer not-the-token-at-all"}
         assert (await c.get("/debug/traces", headers=wrong)).status_code == 401
+        # The admin token reloads releases; it does not read traces.
+        assert (
+            await c.get("/debug/traces", headers={"authorization": f"Bearer {admin}"})
+        ).status_code == 401
+        # The JSON routes take a bearer only: a browser's cached sign-in never reaches them,
+        # so no page elsewhere can make an operator's browser run an explanation.
+        signed_in = {"authorization": f"Basic {basic}"}
+        assert (await c.get("/debug/traces", headers=signed_in)).status_code == 401
+        explain = {"user_id": USER, "item_id": "i1"}
+        assert (await c.get("/debug/explain", params=explain, headers=signed_in)).status_code == 401
+        page = await c.get("/debug/", headers=signed_in)
+        policy = page.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy
+        assert "default-src 'none'" in policy
+        assert "script-src" not in policy  # no script at all: default-src 'none' rules
+        # Without the token, asking for a trace does not make one: the ring is the operators'.
+        forced = await c.post(
+            "/recommend", json={"user_id": USER, "debug": True}, headers={"X-Recsys-Trace": "1"}
+        )
+        assert forced.status_code == 200
+        answer_id = forced.json()["answer_id"]
+        assert (await c.get(f"/debug/traces/{answer_id}", headers=bearer)).status_code == 404
+        with_token = await c.post(
+            "/recommend", json={"user_id": USER}, headers={"X-Recsys-Trace": "1", **bearer}
+        )
+        traced = f"/debug/traces/{with_token.json()['answer_id']}"
+        assert (await c.get(traced, headers=bearer)).status_code == 200
     # No token: loopback only.
     app = create_app(_settings(stack, rules))
     away = httpx.ASGITransport(app=app, client=("10.1.2.3", 40000))

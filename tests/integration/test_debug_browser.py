@@ -95,7 +95,7 @@ def test_the_pages_answer_in_a_real_browser(api: ApiProcess, stack: Stack, tmp_p
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 800})
             page.goto(f"{api.url}/debug/")
-            link = page.locator(f"a.trace:text-is('{answer['request_id']}')")
+            link = page.locator(f"a.trace:text-is('{answer['answer_id']}')")
             assert link.count() == 1, page.content()
             assert USER in page.locator("#traces").inner_text()
             shoot(page, "debug-list.png")

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 from recsys_tools.doctor import Status, add_doctor_options, run_doctor
-from recsys_tools.doctor.services import ServiceConfig, check_redis, check_triton
+from recsys_tools.doctor.services import (
+    ServiceConfig,
+    check_redis,
+    check_redis_memory,
+    check_triton,
+)
 
 from tests.integration.conftest import Stack
 
@@ -26,6 +31,16 @@ def _config(stack: Stack) -> ServiceConfig:
         model_version="",
         schema=stack.schema,
     )
+
+
+def test_redis_memory_is_read_from_the_live_server(stack: Stack) -> None:
+    outcome = check_redis_memory(_config(stack))
+    # The tests' Redis runs without maxmemory, which a deployment must not.
+    assert outcome.status is Status.WARN, outcome
+    assert "no limit" in outcome.finding
+    assert "the event streams may hold up to" in outcome.finding
+    assert outcome.remedy is not None
+    assert "maxmemory" in outcome.remedy
 
 
 def test_triton_and_redis_of_the_stack_pass(stack: Stack) -> None:

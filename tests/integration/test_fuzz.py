@@ -17,6 +17,7 @@ import schemathesis
 from hypothesis import HealthCheck, assume, settings
 from schemathesis import GenerationMode
 
+from app.core.callers import entry
 from app.core.settings import Settings
 from app.main import create_app
 from tests.integration.conftest import Stack
@@ -39,6 +40,27 @@ SCHEMA.config.checks.negative_data_rejection.expected_statuses = [
     *SCHEMA.config.checks.negative_data_rejection.expected_statuses,
     "413",
 ]
+
+
+# /events again, on an API that takes events from named callers only: with a caller's token
+# (every answer as without callers, and never a quota in the way) and without one (401s,
+# each in the one error shape).
+EVENTS = SCHEMA.include(path="/events")
+CALLER_TOKEN = "fuzz-caller-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def events_api_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir: Path = tmp_path_factory.mktemp("fuzz-events")
+    with api_process(
+        stack,
+        workdir,
+        request_budget_ms="2000",
+        event_callers=entry("fuzz", CALLER_TOKEN),
+        event_caller_rate="1000000",
+        event_caller_burst="1000000",
+    ) as api:
+        yield api.url
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +89,27 @@ def test_the_api_keeps_its_contract(case: schemathesis.Case[Any], api_url: str) 
     # integer belongs (test_contract pins that), so such cases are not generated valid ones.
     assume(not _integral_float(case.body))
     case.call_and_validate(base_url=api_url)
+
+
+@EVENTS.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
+def test_events_keep_their_contract_for_a_named_caller(
+    case: schemathesis.Case[Any], events_api_url: str
+) -> None:
+    assume(not _integral_float(case.body))
+    case.call_and_validate(
+        base_url=events_api_url, headers={"Authorization": f"Bearer {CALLER_TOKEN}"}
+    )
+
+
+@EVENTS.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
+def test_events_refuse_a_stranger_in_the_documented_shape(
+    case: schemathesis.Case[Any], events_api_url: str
+) -> None:
+    assume(not _integral_float(case.body))
+    response = case.call(base_url=events_api_url)
+    # Unsupported methods (the negative cases) are 405 before anyone is asked who they are.
+    assert response.status_code in (401, 405, 408, 413, 415), response.text
+    body = response.json()
+    assert set(body) == {"error", "message", "fields", "request_id"}

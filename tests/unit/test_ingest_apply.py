@@ -28,9 +28,9 @@ def _state(
 
 
 def _event(
-    n: int, kind: EventType, value: float | None = None, request_id: str | None = None
+    n: int, kind: EventType, value: float | None = None, answer_id: str | None = None
 ) -> Event:
-    return Event(f"e{n}", "u1", f"i{n}", kind, 1_000 * n, value, request_id)
+    return Event(f"e{n}", "u1", f"i{n}", kind, 1_000 * n, value, answer_id)
 
 
 folded: list[list[int]] = []
@@ -94,8 +94,15 @@ def test_a_low_rating_or_a_dislike_is_seen_but_not_a_positive() -> None:
 
 def test_a_click_naming_its_answer_credits_it() -> None:
     events = [
-        (_event(1, EventType.CLICK, request_id="r1"), 2),
-        (_event(2, EventType.IMPRESSION, request_id="r1"), 3),
+        (_event(1, EventType.CLICK, answer_id="r1"), 2),
+        (_event(2, EventType.IMPRESSION, answer_id="r1"), 3),
     ]
     change = change_for(_state(), events, 3, _refold)
     assert change.credits == [("r1", EventType.CLICK)]
+
+
+def test_the_vector_is_folded_in_from_the_latest_positives_kept() -> None:
+    folded.clear()
+    events = [(_event(n, EventType.CLICK), 100 + n) for n in range(3)]
+    change_for(_state(positives=list(range(10)), seen=[]), events, 3, _refold, positives_kept=5)
+    assert folded == [[8, 9, 100, 101, 102]]

@@ -10,7 +10,7 @@ import logging
 
 from app.core.errors import RecsysError
 from app.core.log_setup import configure_logging
-from recsys_tools import doctor, outcomes, plan, replay, served, serving, tune
+from recsys_tools import callers, doctor, outcomes, plan, replay, served, serving, tune
 from recsys_tools.commands import Register
 from recsys_tools.model import command as model
 from recsys_tools.world import commands as world
@@ -28,6 +28,7 @@ GROUPS: tuple[Register, ...] = (
     replay.register,
     outcomes.register,
     served.register,
+    callers.register,
 )
 
 

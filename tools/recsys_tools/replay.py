@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,13 +93,19 @@ def _event(row: Row, n: int) -> dict[str, Any]:
 
 
 async def replay(
-    url: str, rows: list[Row], k: int, events: bool, settle_s: float = 0.05
+    url: str,
+    rows: list[Row],
+    k: int,
+    events: bool,
+    settle_s: float = 0.05,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Ask, then post, row by row. A user whose last event went out less than `settle_s`
     ago waits for the rest of it first: the service applies events within tens of ms, and
     a frontend's next page comes later than that."""
     score = Score()
     posted_at: dict[str, float] = {}
+    caller = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
         for n, row in enumerate(rows):
             if row.positive:
@@ -111,18 +118,24 @@ async def replay(
                 items = [item["item_id"] for item in answer.json()["items"]]
                 score.add(items.index(row.item) + 1 if row.item in items else None)
             if events:
-                posted = await client.post("/events", json={"events": [_event(row, n)]})
+                batch = {"events": [_event(row, n)]}
+                posted = await client.post("/events", json=batch, headers=caller)
                 if posted.status_code == 202 and posted.json()["accepted"]:
                     score.posted += 1
                     posted_at[row.user] = time.monotonic()
     return score.report(k, events)
 
 
+# The event caller's token, from the environment (never a flag: it would show in `ps`).
+TOKEN_VARIABLE = "RECSYS_EVENT_TOKEN"
+
+
 def _run(args: argparse.Namespace) -> None:
     rows = rows_in_time_order(read_log(args.interactions, log_columns(args)), args.since)
     if args.limit:
         rows = rows[: args.limit]
-    report = asyncio.run(replay(args.url, rows, args.k, not args.no_events))
+    token = os.environ.get(TOKEN_VARIABLE)
+    report = asyncio.run(replay(args.url, rows, args.k, not args.no_events, token=token))
     print(json.dumps(report, indent=2))
 
 

@@ -105,7 +105,12 @@ def service_checks(args: argparse.Namespace) -> list[Check]:
     try:
         from app.core.settings import Settings
         from app.release.schema import load_schema
-        from recsys_tools.doctor.services import ServiceConfig, check_redis, check_triton
+        from recsys_tools.doctor.services import (
+            ServiceConfig,
+            check_redis,
+            check_redis_memory,
+            check_triton,
+        )
 
         settings = Settings()
         schema = load_schema(settings.feature_schema)
@@ -116,6 +121,9 @@ def service_checks(args: argparse.Namespace) -> list[Check]:
             model_name=args.model_name or settings.model_name or schema.model_name,
             model_version=settings.model_version,
             schema=schema,
+            event_partitions=settings.event_partitions,
+            event_stream_max=settings.event_stream_max,
+            max_body_bytes=settings.max_body_bytes,
         )
     except Exception as exc:
         reason = fail(
@@ -126,6 +134,7 @@ def service_checks(args: argparse.Namespace) -> list[Check]:
     return [
         Check("triton", lambda: check_triton(config)),
         Check("redis", lambda: check_redis(config)),
+        Check("redis-memory", lambda: check_redis_memory(config)),
     ]
 
 

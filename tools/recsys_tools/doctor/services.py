@@ -35,6 +35,9 @@ class ServiceConfig:
     model_version: str
     schema: FeatureSchema
     timeout_s: float = SERVICE_TIMEOUT_S
+    event_partitions: int = 4
+    event_stream_max: int = 200_000
+    max_body_bytes: int = 128 * 1024
 
 
 def redacted(url: str) -> str:
@@ -53,6 +56,34 @@ def check_triton(config: ServiceConfig) -> Outcome:
 
 def check_redis(config: ServiceConfig) -> Outcome:
     return asyncio.run(_redis(config))
+
+
+def check_redis_memory(config: ServiceConfig) -> Outcome:
+    return asyncio.run(_redis_memory(config))
+
+
+async def _redis_memory(config: ServiceConfig) -> Outcome:
+    from redis import exceptions as redis_errors
+
+    from app.clients.feature_store import connect_redis
+    from app.release.keyspace import KeySpace
+    from recsys_tools.doctor.redis_memory import StreamBudget, judge, measure
+
+    keys = KeySpace(config.key_prefix)
+    client = connect_redis(config.redis_url, max_connections=4, timeout_s=config.timeout_s)
+    streams = [keys.events(p) for p in range(config.event_partitions)]
+    try:
+        info, now = await measure(client, streams)
+    except (redis_errors.RedisError, OSError) as exc:
+        return fail(
+            f"Redis at {redacted(config.redis_url)} did not say its memory: {exc}",
+            "run the check as a user allowed INFO and MEMORY USAGE (the loader's), or see "
+            "systemctl status recsys-redis",
+        )
+    finally:
+        await client.aclose()
+    budget = StreamBudget(config.event_partitions, config.event_stream_max, config.max_body_bytes)
+    return judge(info, budget, now)
 
 
 async def _triton(config: ServiceConfig) -> Outcome:

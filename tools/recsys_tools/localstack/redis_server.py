@@ -53,16 +53,22 @@ def redis_answers(address: Path | int, timeout_s: float = PROBE_TIMEOUT_S) -> bo
         return False
 
 
-def start_redis(workdir: Path, extra: Sequence[str] = ()) -> tuple[ManagedProcess, str]:
+def start_redis(
+    workdir: Path,
+    extra: Sequence[str] = (),
+    server: str | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, str]:
     """A throwaway redis-server on a unix socket, without persistence; returns its URL.
 
     `--port 0` keeps it off TCP altogether, so nothing else on the host or network reaches it.
-    `extra` are more of redis-server's options (`--aclfile PATH`, say).
+    `extra` are more of redis-server's options (`--aclfile PATH`, say); `server` another
+    binary than the one found, with `env` added to its environment.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "redis.sock"
     argv = (
-        find_redis_server(),
+        server or find_redis_server(),
         "--port",
         "0",
         "--unixsocket",
@@ -79,5 +85,6 @@ def start_redis(workdir: Path, extra: Sequence[str] = ()) -> tuple[ManagedProces
         "no",
         *extra,
     )
-    launch = Launch(argv, dict(os.environ), lambda: redis_answers(sock), ready_timeout_s=10.0)
+    environment = {**os.environ, **(env or {})}
+    launch = Launch(argv, environment, lambda: redis_answers(sock), ready_timeout_s=10.0)
     return start_managed("redis-server", launch, workdir / "redis.log"), f"unix://{sock}"

@@ -1,0 +1,122 @@
+"""Who is calling: bearer tokens, the loopback rule, and the callers allowed to post events.
+
+The client address is the socket's peer: uvicorn believes X-Forwarded-For only from the
+proxies RECSYS_TRUSTED_PROXIES names (none by default), so a proxy on the same host does
+not make every client it forwards look local.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pydantic import SecretStr
+from starlette.types import Scope
+
+from app.core.callers import LOOPBACK, UNKNOWN, Callers
+from app.core.metrics import EventPost, ServiceMetrics
+from app.core.token_bucket import TokenBuckets
+
+
+def loopback(scope: Scope) -> bool:
+    client = scope.get("client")
+    try:
+        return client is not None and ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _authorization(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, str]:
+    for key, value in headers:
+        if key == b"authorization":
+            scheme, _, rest = value.decode("latin-1").partition(" ")
+            return scheme.lower(), rest.strip()
+    return "", ""
+
+
+def bearer(scope: Scope) -> str:
+    """The bearer token sent, or ""."""
+    scheme, value = _authorization(scope["headers"])
+    return value if scheme == "bearer" else ""
+
+
+def bearer_or_basic_password(scope: Scope) -> str:
+    """The bearer token, or the password of Basic credentials (what a browser sends)."""
+    scheme, value = _authorization(scope["headers"])
+    if scheme == "bearer":
+        return value
+    if scheme == "basic":
+        try:
+            return base64.b64decode(value, validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+    return ""
+
+
+def debug_allowed(scope: Scope, token: SecretStr | None) -> bool:
+    """Whether the caller may read traces (and so force one): it holds the debug token,
+    or, where none is set, it is on loopback."""
+    if token is None:
+        return loopback(scope)
+    sent = bearer_or_basic_password(scope).encode()
+    return hmac.compare_digest(sent, token.get_secret_value().encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    status: int
+    code: str
+    message: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+_CHALLENGE = ((b"www-authenticate", b"Bearer"),)
+
+
+class EventAccess:
+    """Which caller posts events, and whether its quota has room for a batch."""
+
+    def __init__(
+        self, callers: Callers | None, buckets: TokenBuckets, metrics: ServiceMetrics
+    ) -> None:
+        self._callers = callers
+        self._buckets = buckets
+        self._posts = metrics.event_post_count
+
+    @property
+    def names(self) -> list[str]:
+        return [LOOPBACK] if self._callers is None else self._callers.names
+
+    def caller(self, scope: Scope) -> str | Refused:
+        """The caller's name; Refused (401, or 403 off loopback with no callers configured)."""
+        if self._callers is None:
+            if loopback(scope):
+                return LOOPBACK
+            self._posts[(UNKNOWN, EventPost.UNAUTHENTICATED)].inc()
+            message = "no event callers are configured (RECSYS_EVENT_CALLERS): loopback only"
+            return Refused(403, "forbidden", message)
+        name = self._callers.who(bearer(scope))
+        if name is None:
+            self._posts[(UNKNOWN, EventPost.UNAUTHENTICATED)].inc()
+            message = "send Authorization: Bearer <your event caller token>"
+            return Refused(401, "unauthenticated", message, _CHALLENGE)
+        return name
+
+    def admit(self, caller: str, events: int) -> float:
+        """0.0 when the caller's quota takes `events` now (counted); else seconds to wait."""
+        wait = self._buckets.take(caller, events)
+        if wait > 0.0:
+            self._posts[(caller, EventPost.OVER_QUOTA)].inc()
+            return wait
+        self._posts[(caller, EventPost.ACCEPTED)].inc()
+        return 0.0
+
+
+def retry_after(wait_s: float) -> str:
+    """Whole seconds, at least 1; a batch that can never fit says an hour."""
+    return str(3600 if math.isinf(wait_s) else max(1, math.ceil(wait_s)))

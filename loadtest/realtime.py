@@ -137,6 +137,18 @@ def _events_load(api_url: str) -> Load:
     return Load(f"{api_url}/events", bodies, headers=AS_CALLER, timeout_s=2.0)
 
 
+async def _answer(client: httpx.AsyncClient, body: dict[str, Any]) -> list[str]:
+    """The answer's items; a request shed beside the load (503) is asked again, as a
+    frontend retries it."""
+    while True:
+        answer = await client.post("/recommend", json=body)
+        if answer.status_code == 200:
+            return [item["item_id"] for item in answer.json()["items"]]
+        if answer.status_code != 503:
+            answer.raise_for_status()
+        await asyncio.sleep(0.01)
+
+
 async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
     rng = random.Random(seed)
     took = []
@@ -144,9 +156,7 @@ async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
         for n in range(probes):
             user = f"u{rng.randrange(USERS)}"
             body = {"user_id": user, "num_items": 20}
-            items = [
-                i["item_id"] for i in (await client.post("/recommend", json=body)).json()["items"]
-            ]
+            items = await _answer(client, body)
             event = {
                 "event_id": f"probe-{seed}-{n}",
                 "user_id": user,
@@ -157,10 +167,7 @@ async def _freshness(api_url: str, probes: int, seed: int) -> list[float]:
             accepted = time.monotonic()
             assert answer.status_code == 202, answer.text
             while True:
-                now = [
-                    i["item_id"]
-                    for i in (await client.post("/recommend", json=body)).json()["items"]
-                ]
+                now = await _answer(client, body)
                 if items[0] not in now:
                     break
                 if time.monotonic() - accepted > 10:
@@ -212,7 +219,7 @@ def measure(world: Path, args: argparse.Namespace) -> dict[str, Any]:
             )
             log.info("cpu alone %s, beside events %s", alone, beside)
             fresh = asyncio.run(
-                _fresh_under_load(api.url, args.rate, args.events_rate, args.probes)
+                _fresh_under_load(api.url, args.fresh_rate, args.events_rate, args.probes)
             )
         finally:
             consumer.stop()

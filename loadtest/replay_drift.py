@@ -4,7 +4,7 @@
 (recsys_tools.world.drift), builds a world from its history as `recsys build-world` does,
 serves it on the local stack with a real recsys-ingest, and replays the later part twice on
 one Redis load: first posting nothing (the static figure), then posting each row after
-asking (real time). The ratio of the two hit@10 is the figure the README shows.
+asking (real time). The ratio of the two hit@10 is the figure docs/realtime.md shows.
 """
 
 from __future__ import annotations

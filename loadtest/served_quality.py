@@ -2,7 +2,7 @@
 
 `python -m loadtest.served_quality --set latest-small --data DIR [--out docs/benchmarks.json]`
 reads a public movie-ratings set from DIR (never from the repository: its licence forbids
-redistribution; README, "Your own data", says where it is published), then:
+redistribution; docs/your-data.md says where it is published), then:
 
 1. cuts each user's ratings in time (`recsys split-log`: the first 80% earlier, the rest
    later) and builds a world from the earlier part as `recsys build-world` does;
@@ -69,7 +69,7 @@ GENRES = (
 
 @dataclass(frozen=True, slots=True)
 class PublicSet:
-    """Where a public set's files are and how they are laid out (README's table)."""
+    """Where a public set's files are and how they are laid out (the table in docs/your-data.md)."""
 
     ratings: str
     columns: LogColumns

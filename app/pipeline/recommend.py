@@ -5,7 +5,7 @@ cascade, with recall casting a wide net, pre-rank keeping a few hundred in proce
 model scoring only those. Each stage is a component
 of one shape (app/pipeline/step.py), run, timed and counted by `run_step`; recall's sources
 and the filters are lists, in `build_pipeline`. Every stage that calls a dependency falls back
-instead of failing and flags the answer (see the README's table), so `run` returns an answer
+instead of failing and flags the answer (see the table in docs/api.md), so `run` returns an answer
 for any request that reached it.
 
 Adding a stage is a file in stages/ and a line in `run`; a candidate source, a file in

@@ -121,7 +121,7 @@ def read_plan(path: Path | None, default_stable: str) -> ReleasePlan:
         set(table) - {"stable", "canary", "canary_percent", "shadow"}
     )
     if not isinstance(table, dict) or unknown:
-        raise ConfigError(f"{path}: unknown keys {unknown}; see the README's release file")
+        raise ConfigError(f"{path}: unknown keys {unknown}; see docs/changing-what-serves.md")
     plan = ReleasePlan(
         stable=_text(table, "stable", path),
         canary=_text(table, "canary", path),

@@ -20,7 +20,7 @@ STATEMENTS = (
     r"older than (\d+\.\d+)\): use the plain units",
 )
 FILES = (
-    "README.md",
+    "docs/deploying.md",
     "deploy/quadlet/README.md",
     "deploy/host/README.md",
     "deploy/host/setup-gpu-host.sh",

@@ -2,7 +2,7 @@
 against a real API process on the real local Redis and Triton. It finds a recent request,
 opens its waterfall, and asks "why not" for a served and for a filtered item, reading each
 answer from the rendered page. Screenshots go to the test's temporary directory (and, with
-RECSYS_SCREENSHOTS=DIR, there too: the README's come from a run with docs/debug)."""
+RECSYS_SCREENSHOTS=DIR, there too: docs/observability.md's come from a run with docs/debug)."""
 
 from __future__ import annotations
 

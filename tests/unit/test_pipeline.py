@@ -1,4 +1,4 @@
-"""The pipeline's answer and flags for each way a dependency can fail (the README's table)."""
+"""The pipeline's answer and flags for each way a dependency can fail (the table in docs/api.md)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def judge(info: dict[str, Any], budget: StreamBudget, streams_now: int) -> Outco
             "unapplied events without a word",
         )
     if used >= HIGH_SHARE * most:
-        return fail(said, "raise maxmemory or free room before writes stop (README: real time)")
+        return fail(said, "raise maxmemory or free room before writes stop (docs/realtime.md)")
     if used - streams_now + worst > most:
         return warn(
             said,

@@ -1,5 +1,6 @@
 """The world commands: build-demo, build-world, install-model, reindex, import-catalog,
-load-redis. A world is a directory of files (catalog, index, model, stamp); see README."""
+load-redis. A world is a directory of files (catalog, index, model, stamp); see
+docs/your-data.md."""
 
 from __future__ import annotations
 
@@ -252,7 +253,7 @@ def register(commands: Commands) -> None:
         type=int,
         default=1,
         help="the Triton model version to write (default 1); a new one can be tried as a "
-        "canary beside the served one (README: changing what serves)",
+        "canary beside the served one (docs/changing-what-serves.md)",
     )
     install.set_defaults(run=_install_model)
 

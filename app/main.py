@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -99,30 +99,35 @@ def admission_limit(settings: Settings, metrics: ServiceMetrics) -> AdaptiveLimi
     return limit
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; nothing connects until the lifespan starts."""
-    hold_reload_signals()
-    configure_logging()
-    resolved = settings or load_settings()
-    metrics = ServiceMetrics()
-    lag = LoopLag()
-    admission = Admission(
-        admission_limit(resolved, metrics),
-        lag,
-        resolved.max_queue_s,
-        on_change=metrics.in_flight.set,
-    )
-    # A fixed limit, no line: a batch of events can wait for its sender's retry, and a
-    # burst of them must not take the worker from /recommend.
-    most = resolved.events_max_in_flight
-    events_admission = Admission(
-        AdaptiveLimit(most, most, most, max_latency_s=resolved.event_append_timeout_s),
-        lag,
-        max_queue_s=resolved.max_queue_s,
-    )
-    quotas = TokenBuckets(resolved.event_caller_rate, resolved.event_caller_burst)
-    event_access = EventAccess(resolved.callers, quotas, metrics)
-    metrics.know_callers(event_access.names)
+def _background(services: Services, lag: LoopLag) -> list[asyncio.Task[None]]:
+    """What runs beside the requests for the life of the process."""
+    settings = services.settings
+    tasks = [
+        asyncio.create_task(lag.run(), name="loop-lag"),
+        asyncio.create_task(watch_redis_world(services), name="redis-world"),
+    ]
+    trending = services.trending.keep_current(settings.trending_refresh_s, settings.redis_timeout_s)
+    if settings.trending_candidates:
+        tasks.append(asyncio.create_task(trending, name="trending"))
+    else:
+        trending.close()
+    if services.item_memory is not None:
+        refreshing = services.item_memory.keep_current(settings.item_refresh_s)
+        tasks.append(asyncio.create_task(refreshing, name="item-features"))
+    return tasks
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _lifespan(
+    settings: Settings, metrics: ServiceMetrics, lag: LoopLag
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start-up, the process's life, and shutdown, in that order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -132,54 +137,75 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         server_log = logging.getLogger("uvicorn.error")
         refusal = _QuietRefusal()
         server_log.addFilter(refusal)
-        services = await _start(resolved, metrics, lag, refusal)
+        services = await _start(settings, metrics, lag, refusal)
         server_log.removeFilter(refusal)
         app.state.services = services
 
         def mark_draining() -> None:
             services.draining = True
 
-        restore = drain_on_sigterm(resolved.drain_s, mark_draining)
+        restore = drain_on_sigterm(settings.drain_s, mark_draining)
         stop_reloading = reload_on_signal(services.reloader)
         # What start-up made lives as long as the process: keep it out of every later
         # collection, whose full passes would otherwise pause requests for tens of ms.
         gc.collect()
         gc.freeze()
         metrics.workers.set(1)
-        background = [
-            asyncio.create_task(lag.run(), name="loop-lag"),
-            asyncio.create_task(watch_redis_world(services), name="redis-world"),
-        ]
-        trending = services.trending.keep_current(
-            resolved.trending_refresh_s, resolved.redis_timeout_s
-        )
-        if resolved.trending_candidates:
-            background.append(asyncio.create_task(trending, name="trending"))
-        else:
-            trending.close()
-        if services.item_memory is not None:
-            refreshing = services.item_memory.keep_current(resolved.item_refresh_s)
-            background.append(asyncio.create_task(refreshing, name="item-features"))
+        background = _background(services, lag)
         try:
             yield
         finally:
             stop_reloading()
             restore()
-            for task in background:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _stop(background)
             await services.aclose()
             if shared is not None:
                 retire_this_worker(shared)
 
+    return lifespan
+
+
+def _gated_routes(
+    settings: Settings, metrics: ServiceMetrics, lag: LoopLag, event_access: EventAccess
+) -> dict[str, Gated]:
+    """Each gated POST route with its own admission."""
+    admission = Admission(
+        admission_limit(settings, metrics),
+        lag,
+        settings.max_queue_s,
+        on_change=metrics.in_flight.set,
+    )
+    # A fixed limit, no line: a batch of events can wait for its sender's retry, and a
+    # burst of them must not take the worker from /recommend.
+    most = settings.events_max_in_flight
+    events_admission = Admission(
+        AdaptiveLimit(most, most, most, max_latency_s=settings.event_append_timeout_s),
+        lag,
+        max_queue_s=settings.max_queue_s,
+    )
+    return {
+        "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
+        "/events": Gated(events_admission, EventsRequest, authorize=event_access.caller),
+    }
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; nothing connects until the lifespan starts."""
+    hold_reload_signals()
+    configure_logging()
+    resolved = settings or load_settings()
+    metrics = ServiceMetrics()
+    lag = LoopLag()
+    quotas = TokenBuckets(resolved.event_caller_rate, resolved.event_caller_burst)
+    event_access = EventAccess(resolved.callers, quotas, metrics)
+    metrics.know_callers(event_access.names)
     # Swagger UI's assets are served from the package, never fetched from a CDN.
     make = FastAPIOffline if resolved.docs else FastAPI
     app = make(
         title="recsys-serving",
         version="0.1.0",
         description=DESCRIPTION,
-        lifespan=lifespan,
+        lifespan=_lifespan(resolved, metrics, lag),
         responses=COMMON_ERRORS,
         docs_url="/docs" if resolved.docs else None,
         redoc_url=None,
@@ -194,10 +220,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(
         Gate,
-        routes={
-            "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
-            "/events": Gated(events_admission, EventsRequest, authorize=event_access.caller),
-        },
+        routes=_gated_routes(resolved, metrics, lag, event_access),
         metrics=metrics,
         max_body_bytes=resolved.max_body_bytes,
         body_timeout_s=resolved.body_timeout_s,

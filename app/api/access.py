@@ -58,13 +58,20 @@ def bearer_or_basic_password(scope: Scope) -> str:
     return ""
 
 
+def holds(sent: str, token: SecretStr | None) -> bool:
+    """Whether `sent` is the configured token (never, with none configured), compared in
+    constant time: the one check of the admin and debug tokens."""
+    if token is None:
+        return False
+    return hmac.compare_digest(sent.encode(), token.get_secret_value().encode())
+
+
 def debug_allowed(scope: Scope, token: SecretStr | None) -> bool:
     """Whether the caller may read traces (and so force one): it holds the debug token,
     or, where none is set, it is on loopback."""
     if token is None:
         return loopback(scope)
-    sent = bearer_or_basic_password(scope).encode()
-    return hmac.compare_digest(sent, token.get_secret_value().encode())
+    return holds(bearer_or_basic_password(scope), token)
 
 
 @dataclass(frozen=True, slots=True)

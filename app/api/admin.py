@@ -8,7 +8,6 @@ supervisor), which reload from the same files; their results are in the logs and
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 from dataclasses import asdict
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from app.api.access import bearer, holds
 from app.api.deps import ServicesDep
 from app.api.errors import error_body, request_id_of
 from app.api.models import ErrorBody, Release
@@ -27,14 +27,7 @@ log = logging.getLogger(__name__)
 
 
 async def require_token(request: Request, services: ServicesDep) -> Services:
-    expected = services.settings.admin_token
-    sent = request.headers.get("authorization", "")
-    scheme, _, token = sent.partition(" ")
-    if (
-        expected is None
-        or scheme.lower() != "bearer"
-        or not hmac.compare_digest(token.encode(), expected.get_secret_value().encode())
-    ):
+    if not holds(bearer(request.scope), services.settings.admin_token):
         raise HTTPException(
             status_code=401,
             detail="send Authorization: Bearer <RECSYS_ADMIN_TOKEN>",

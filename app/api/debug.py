@@ -10,18 +10,17 @@ a Content-Security-Policy that allows no script, no frame and no other origin.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
-from app.api.access import bearer, bearer_or_basic_password, loopback
+from app.api.access import bearer, bearer_or_basic_password, holds, loopback
 from app.api.debug_pages import trace_list, trace_page, why_page
 from app.api.deps import ServicesDep
 from app.pipeline.explain import EXPLAIN_ITEMS, explain_item
-from app.pipeline.stages.types import Moment
 from app.pipeline.trace import Trace, TraceRing
+from app.pipeline.types import Moment
 from app.process.services import Services
 
 _BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="recsys debug"'}
@@ -36,7 +35,7 @@ def _check(request: Request, services: Services, sent: str, challenge: dict[str,
                 detail="without RECSYS_DEBUG_TOKEN the debug pages answer on loopback only",
             )
         return
-    if not hmac.compare_digest(sent.encode(), expected.get_secret_value().encode()):
+    if not holds(sent, expected):
         raise HTTPException(
             status_code=401,
             detail="send the debug token: Authorization: Bearer <RECSYS_DEBUG_TOKEN>"

@@ -21,7 +21,7 @@ from pydantic.config import JsonDict
 
 from app.core.events import EventType, keyable_user
 from app.core.vocabulary import Variant
-from app.pipeline.stages.types import Moment, Query
+from app.pipeline.types import Moment, Query
 from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
 
 

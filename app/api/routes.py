@@ -29,8 +29,11 @@ from app.core.events import new_answer_id
 from app.core.metrics import Outcome
 from app.pipeline.context import RequestContext, caller_shortened
 from app.pipeline.trace import Trace
+from app.pipeline.types import Recommendation
 from app.process.health import failing, readiness
 from app.process.workers import exposition
+from app.release.artifacts import ServingArtifacts
+from app.release.attributes import AttributeName
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -93,6 +96,22 @@ def _traced_request(body: RecommendRequest, budget_s: float) -> dict[str, Any]:
         "excluded": len(body.exclude_item_ids),
         "budget_ms": round(budget_s * 1000.0),
     }
+
+
+def _items(
+    result: Recommendation, artifacts: ServingArtifacts, attributes: list[AttributeName]
+) -> list[RecommendedItem]:
+    """The answer's items, with the attributes asked for."""
+    items = [
+        RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
+        for rank, item in enumerate(result.items, start=1)
+    ]
+    if attributes:
+        positions = artifacts.lookup([item.item_id for item in items])
+        words = artifacts.catalog.attributes.of(positions, attributes)
+        for item, said in zip(items, words, strict=True):
+            item.attributes = said
+    return items
 
 
 def requested_budget_ms(raw: str | None) -> int | None:
@@ -164,16 +183,7 @@ async def recommend(
         answer_id, result.model.variant.value, services.settings.answer_ttl_s
     )
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
-    items = [
-        RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
-        for rank, item in enumerate(result.items, start=1)
-    ]
-    if body.attributes:
-        positions = artifacts.lookup([item.item_id for item in items])
-        for item, words in zip(
-            items, artifacts.catalog.attributes.of(positions, body.attributes), strict=True
-        ):
-            item.attributes = words
+    items = _items(result, artifacts, body.attributes)
     return RecommendResponse(
         request_id=ctx.request_id,
         answer_id=answer_id,

@@ -14,6 +14,7 @@ import sys
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
+from app.clients.event_stream import EventStream
 from app.clients.feature_store import connect_redis, layout_meta
 from app.core.errors import ConfigError, RecsysError, SchemaError
 from app.core.log_setup import configure_logging
@@ -56,7 +57,6 @@ async def _world(settings: Settings) -> IngestWorld:
 
 def _limits(settings: Settings) -> Limits:
     return Limits(
-        batch=settings.ingest_batch,
         impressions_to_seen=settings.impressions_to_seen,
         half_life_s=settings.trending_half_life_s,
         dedupe_s=settings.event_dedupe_s,
@@ -104,14 +104,12 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
         await _check_layout(client, keys, layout_meta(world.schema))
         index, _ = settings.ingest_share
         consumer = Consumer(
-            client,
+            EventStream(client, keys, f"consumer-{index}", settings.ingest_batch),
             world,
             lambda: _world(settings),
-            keys,
             UserStore(client, keys, _bounds(settings)),
             metrics,
             partitions=partitions,
-            name=f"consumer-{index}",
             limits=_limits(settings),
         )
         log.info(

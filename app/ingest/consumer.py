@@ -20,7 +20,8 @@ letters with its reason. Only Redis being unreachable, loading, read-only or ful
 the dedupe window is set aside rather than applied: its events may have applied already
 and their ids been forgotten.
 
-The consumer follows the world: each batch checks the world id Redis holds, and when it is
+The streams are reached through app.clients.event_stream; this module is the loop and its
+policy. The consumer follows the world: each batch checks the world id Redis holds, and when it is
 another than the consumer's, the consumer loads the world's files again and applies
 nothing until they are that world.
 """
@@ -36,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from redis import exceptions as redis_errors
 
-from app.clients.feature_store import WORLD_ID_FIELD, RedisClient
+from app.clients.event_stream import Entry, EventStream, SetAside, transient
 from app.core.events import (
     Event,
     IngestOutcome,
@@ -49,49 +49,23 @@ from app.core.events import (
 from app.core.metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
-from app.ingest.scripts import TRENDING_SCRIPT
 from app.ingest.user_store import UserStore
 from app.ingest.world import IngestWorld
-from app.release.keyspace import KeySpace
 
 log = logging.getLogger("recsys.ingest")
-GROUP = "ingest"
-BLOCK_MS = 1000
 RETRY_S = 1.0
 HOUSEKEEPING_S = 1.0
 WORLD_RETRY_S = 2.0
-DEAD_LETTERS_KEPT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    batch: int
     impressions_to_seen: int
     half_life_s: float
     dedupe_s: int
     claim_idle_s: float
     max_deliveries: int
     trending_user_per_minute: int  # 0: no limit
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    entry_id: bytes
-    fields: dict[bytes, bytes]
-
-    @property
-    def ms(self) -> int:
-        return int(self.entry_id.split(b"-", 1)[0])
-
-
-@dataclass(frozen=True, slots=True)
-class SetAside:
-    """What goes to the dead letters: the entry it came from, what is kept of it, and why."""
-
-    entry_id: bytes
-    payload: dict[bytes, bytes]
-    reason: DeadLetter
-    why: str
 
 
 @dataclass(slots=True)
@@ -130,43 +104,27 @@ class _TrendingBudget:
         return count < self.per_minute
 
 
-def transient(exc: BaseException) -> bool:
-    """Redis unreachable, loading, read-only, or out of memory: wait, retry as it was."""
-    if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError | OSError):
-        return True
-    if isinstance(exc, TimeoutError | redis_errors.ReadOnlyError | redis_errors.ClusterError):
-        return True
-    text = str(exc)
-    return isinstance(exc, redis_errors.ResponseError) and any(
-        word in text for word in ("OOM", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
-    )
-
-
 WorldLoader = Callable[[], Awaitable[IngestWorld]]
 
 
 class Consumer:
     def __init__(
         self,
-        client: RedisClient,
+        stream: EventStream,
         world: IngestWorld,
         load_world: WorldLoader,
-        keys: KeySpace,
         store: UserStore,
         metrics: IngestMetrics,
         *,
         partitions: list[int],
-        name: str,
         limits: Limits,
     ) -> None:
-        self._client = client
+        self._stream = stream
         self._world = world
         self._load_world = load_world
-        self._keys = keys
         self._store = store
         self._metrics = metrics
         self._partitions = partitions
-        self._name = name
         self._limits = limits
         self._lag_s: dict[int, float] = {p: 0.0 for p in partitions}
         self._pending: dict[int, int] = {p: 0 for p in partitions}
@@ -174,25 +132,14 @@ class Consumer:
         self._failures: dict[bytes, int] = {}
         self._trending_budget = _TrendingBudget(limits.trending_user_per_minute)
         self._world_tried: tuple[str, float] = ("", 0.0)
-        self._trending = client.register_script(TRENDING_SCRIPT)
 
     @property
     def world(self) -> IngestWorld:
         return self._world
 
-    async def ensure_groups(self) -> None:
-        for partition in self._partitions:
-            try:
-                await self._client.xgroup_create(
-                    self._keys.events(partition), GROUP, id="0", mkstream=True
-                )
-            except redis_errors.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-
     async def run(self, stop: asyncio.Event) -> None:
         """Consume every owned partition until `stop` is set (a batch in hand is finished)."""
-        await self.ensure_groups()
+        await self._stream.ensure_groups(self._partitions)
         tasks = [asyncio.create_task(self._partition(p, stop)) for p in self._partitions]
         try:
             await asyncio.gather(*tasks)
@@ -201,7 +148,6 @@ class Consumer:
                 task.cancel()
 
     async def _partition(self, partition: int, stop: asyncio.Event) -> None:
-        stream = self._keys.events(partition)
         # First what this consumer read before and never acknowledged (it died mid-batch).
         cursor = "0"
         next_chores = 0.0
@@ -210,9 +156,9 @@ class Consumer:
                 if time.monotonic() >= next_chores:
                     await self._chores(partition)
                     next_chores = time.monotonic() + HOUSEKEEPING_S
-                entries, gone = await self._read(stream, cursor)
-                if gone:  # trimmed while pending: nothing left to apply
-                    await self._client.xack(stream, GROUP, *gone)
+                entries, gone = await self._stream.read(partition, cursor)
+                # Trimmed while pending: nothing left to apply.
+                await self._stream.ack(partition, gone)
                 if cursor == "0" and not entries:
                     if not gone:
                         cursor = ">"
@@ -236,42 +182,17 @@ class Consumer:
                 cursor = "0"
                 await asyncio.sleep(RETRY_S)
 
-    async def _read(self, stream: str, cursor: str) -> tuple[list[Entry], list[bytes]]:
-        """The entries read, and the ids of pending ones whose entry was trimmed away."""
-        block = None if cursor == "0" else BLOCK_MS
-        answer: Any = await self._client.xreadgroup(
-            GROUP, self._name, {stream: cursor}, count=self._limits.batch, block=block
-        )
-        if not answer:
-            return [], []
-        _, messages = answer[0]
-        entries = [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
-        return entries, [entry_id for entry_id, fields in messages if not fields]
-
     async def _chores(self, partition: int) -> None:
         """Once a second: take over what a dead consumer left, and count what is pending."""
-        stream = self._keys.events(partition)
-        claimed = await self._claim(partition)
+        idle_ms = int(self._limits.claim_idle_s * 1000)
+        claimed, following = await self._stream.claim(
+            partition, idle_ms, self._claim_from[partition]
+        )
+        self._claim_from[partition] = following
         if claimed:
             await self.apply(partition, claimed, redelivered=True)
-        summary: Any = await self._client.xpending(stream, GROUP)
-        self._pending[partition] = int(summary.get("pending", 0) if summary else 0)
+        self._pending[partition] = await self._stream.pending(partition)
         self._metrics.pending.set(sum(self._pending.values()))
-
-    async def _claim(self, partition: int) -> list[Entry]:
-        """What another consumer of this partition read and left (it died), taken over to
-        be applied here; trimmed ones XAUTOCLAIM drops from the pending list itself."""
-        answer: Any = await self._client.xautoclaim(
-            self._keys.events(partition),
-            GROUP,
-            self._name,
-            min_idle_time=int(self._limits.claim_idle_s * 1000),
-            start_id=self._claim_from[partition],
-            count=self._limits.batch,
-        )
-        self._claim_from[partition] = _text(answer[0]) if answer else "0-0"
-        messages = answer[1] if answer and len(answer) > 1 else []
-        return [Entry(entry_id, dict(fields)) for entry_id, fields in messages if fields]
 
     @property
     def lag_s(self) -> float:
@@ -310,11 +231,9 @@ class Consumer:
         held = self._held(batch, failed)
         # An entry tried again sets its events aside then, not twice.
         batch.dead = [aside for aside in batch.dead if aside.entry_id not in held]
-        stream = self._keys.events(partition)
         await self._dead_letters(partition, batch.dead)
         done = [entry.entry_id for entry in entries if entry.entry_id not in held]
-        if done:
-            await self._client.xack(stream, GROUP, *done)
+        await self._stream.ack(partition, done)
         for entry_id in done:
             self._failures.pop(entry_id, None)
         self._count(changes, batch)
@@ -410,8 +329,7 @@ class Consumer:
     async def _current_world(self) -> IngestWorld:
         """The world Redis holds, loaded again from the files when Redis changed worlds;
         HeldError while the files are not that world yet."""
-        raw: Any = await self._client.hget(self._keys.meta, WORLD_ID_FIELD)
-        found = "" if raw is None else _text(raw)
+        found = await self._stream.world_id()
         current = self._world
         if not found or not current.world_id or found == current.world_id:
             return current
@@ -458,13 +376,7 @@ class Consumer:
     async def _dead_letters(self, partition: int, dead: list[SetAside]) -> None:
         if not dead:
             return
-        pipe: Any = self._client.pipeline(transaction=False)
-        for aside in dead:
-            fields = {**aside.payload, b"dead.reason": aside.reason.value, b"dead.why": aside.why}
-            fields[b"dead.entry"] = aside.entry_id
-            key = self._keys.dead_letters(partition)
-            pipe.xadd(key, fields, maxlen=DEAD_LETTERS_KEPT, approximate=True)
-        await pipe.execute()
+        await self._stream.set_aside(partition, dead)
         first = dead[0]
         log.warning(
             "%d events set aside, the first from entry %s (%s): %s",
@@ -479,31 +391,26 @@ class Consumer:
     async def _after(self, changes: dict[str, UserChange]) -> None:
         """Trending counts and variant credits: after the transaction, at most once."""
         now = time.time()
-        args: list[Any] = []
+        raised: list[tuple[int, float]] = []
         skipped = 0
         for user_id, change in changes.items():
             for position, ts_ms in change.trending:
                 if self._trending_budget.allows(user_id, now):
-                    args += [position, ts_ms / 1000.0 / self._limits.half_life_s]
+                    raised.append((position, ts_ms / 1000.0 / self._limits.half_life_s))
                 else:
                     skipped += 1
         if skipped:
             self._metrics.trending_skipped.inc(skipped)
-        if args:
-            await self._trending(keys=[self._keys.trending], args=args)
+        await self._stream.raise_trending(raised)
         credits = [credit for change in changes.values() for credit in change.credits]
-        if credits:
-            pipe: Any = self._client.pipeline(transaction=False)
-            for answer_id, _ in credits:
-                pipe.get(self._keys.answer(answer_id))
-            variants = await pipe.execute()
-            for (_, kind), variant in zip(credits, variants, strict=True):
-                known = _variant(variant)
-                if known is None:
-                    self._metrics.credit_count["unknown"].inc()
-                else:
-                    self._metrics.credit_count["credited"].inc()
-                    self._metrics.outcome_count[(known, kind)].inc()
+        variants = await self._stream.answers([answer_id for answer_id, _ in credits])
+        for (_, kind), variant in zip(credits, variants, strict=True):
+            known = _variant(variant)
+            if known is None:
+                self._metrics.credit_count["unknown"].inc()
+            else:
+                self._metrics.credit_count["credited"].inc()
+                self._metrics.outcome_count[(known, kind)].inc()
 
     def _count(self, changes: dict[str, UserChange], batch: Sorted) -> None:
         counted = self._metrics.event_count
@@ -513,20 +420,13 @@ class Consumer:
 
     async def redis_memory(self) -> None:
         """Redis's used memory and its limit, for the alert before writes stop."""
-        info: Any = await self._client.info("memory")
-        nodes = [info] if "used_memory" in info else list(info.values())
-        used = sum(int(node.get("used_memory", 0)) for node in nodes)
-        most = sum(int(node.get("maxmemory", 0)) for node in nodes)
+        used, most = await self._stream.memory()
         self._metrics.memory["used"].set(used)
         self._metrics.memory["max"].set(most)
 
 
 def _states_of(states: dict[str, UserState | str]) -> dict[str, Any]:
     return {user: state for user, state in states.items() if not isinstance(state, str)}
-
-
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _kept(event: Event) -> dict[bytes, bytes]:

@@ -112,23 +112,3 @@ end
 return 0
 """
 )
-
-# Raises decayed trending scores, kept in log2 space, score = log2(sum of 2^(ts / half-life)),
-# so they stay small and compare as the decayed counts they stand for, at any moment; only
-# the 10,000 highest are kept.
-TRENDING_SCRIPT = """
-for n = 1, #ARGV, 2 do
-  local x = tonumber(ARGV[n + 1])
-  local old = redis.call('ZSCORE', KEYS[1], ARGV[n])
-  local new = x
-  if old then
-    old = tonumber(old)
-    local high, low = math.max(old, x), math.min(old, x)
-    new = high + math.log(1 + 2 ^ (low - high)) / math.log(2)
-  end
-  redis.call('ZADD', KEYS[1], new, ARGV[n])
-end
-local excess = redis.call('ZCARD', KEYS[1]) - 10000
-if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1) end
-return 0
-"""

@@ -16,8 +16,8 @@ from typing import Any
 from app.core.metrics import ServiceMetrics
 from app.pipeline.context import RequestContext
 from app.pipeline.recommend import RecommendPipeline
-from app.pipeline.stages.types import Moment, Query
 from app.pipeline.trace import Trace
+from app.pipeline.types import Moment, Query
 from app.release.artifacts import ServingArtifacts
 
 

@@ -36,8 +36,8 @@ from app.pipeline.stages.prerank import PreRanker
 from app.pipeline.stages.rank import Scorer
 from app.pipeline.stages.recall import CandidateRecall, CandidateSource
 from app.pipeline.stages.rerank import Reranker
-from app.pipeline.stages.types import Asked, Hydrated, Pool, Query, Recommendation
 from app.pipeline.step import Step, run_step
+from app.pipeline.types import Asked, Hydrated, Pool, Query, Recommendation
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
 

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Positions, Scores
-from app.pipeline.stages.types import Packed, Ranked
+from app.pipeline.types import Packed, Ranked
 from app.release.catalog import Catalog
 from app.release.rules import RerankRules
 from app.release.schema import HEAD_NAMES, FeatureSchema

@@ -36,9 +36,9 @@ from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.fetch import HeldItemHydrator, ItemFeatureHydrator
 from app.pipeline.stages.rank import Scorer
 from app.pipeline.stages.rerank import Reranker
-from app.pipeline.stages.types import Hydrated, Pool
 from app.pipeline.step import Step
 from app.pipeline.trace import TraceRing
+from app.pipeline.types import Hydrated, Pool
 from app.process.reload import Reloader, model_routing
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -262,6 +262,85 @@ def _search(settings: Settings, stack: AsyncExitStack) -> VectorSearch:
     return PooledSearch(executor, settings.recall_queue)
 
 
+def _clients(
+    settings: Settings,
+    schema: FeatureSchema,
+    breakers: dict[str, CircuitBreaker],
+    stack: AsyncExitStack,
+) -> tuple[FeatureStore, TritonPool]:
+    """Redis and Triton's clients, each closed with the stack."""
+    store = _feature_store(settings, schema, breakers["redis"])
+    stack.push_async_callback(store.aclose)
+    model = _triton_pool(settings, schema, breakers)
+    stack.push_async_callback(model.close)
+    return store, model
+
+
+def _trending(
+    settings: Settings, store: FeatureStore, artifacts: ArtifactsRef, metrics: ServiceMetrics
+) -> TrendingItems:
+    """The trending items, read for the catalog being served (it may grow at a reload)."""
+    return TrendingItems(
+        store.client,
+        store.keys,
+        settings.trending_candidates,
+        lambda: artifacts.current.catalog.size,
+        lambda read: metrics.trending_count[read].inc(),
+    )
+
+
+def _trace_ring(settings: Settings) -> TraceRing | None:
+    """The recent requests' traces, with the debug pages on."""
+    if not settings.debug_pages:
+        return None
+    return TraceRing(settings.trace_ring_size, settings.trace_sample_percent)
+
+
+async def _widest_with_memory(
+    settings: Settings,
+    model: TritonPool,
+    schema: FeatureSchema,
+    signatures: Sequence[ModelSignature],
+) -> ModelSignature:
+    """The routed version taking the largest batches, its inputs through shared memory
+    where the setting asks for it."""
+    signature = max(signatures, key=lambda each: each.max_batch_size)
+    if settings.triton_shared_memory != "off":
+        required = settings.triton_shared_memory == "on"
+        await share_memory(model, schema, signature, settings.max_in_flight, required)
+    return signature
+
+
+def _pipeline(
+    settings: Settings,
+    store: FeatureStore,
+    search: VectorSearch,
+    item_memory: ItemMemory | None,
+    scorer: Scorer,
+    trending: TrendingItems,
+) -> RecommendPipeline:
+    """The stages, each with the clients it calls, in the order recommend.py writes."""
+    fetch: Step[Pool, Hydrated] = (
+        HeldItemHydrator(item_memory)
+        if item_memory is not None
+        else ItemFeatureHydrator(store, settings.redis_timeout_s)
+    )
+    return build_pipeline(
+        features=UserFeatureHydrator(store, settings.redis_timeout_s, decay=settings.recent_decay),
+        search=search,
+        candidate_count=settings.candidate_count,
+        popular_count=settings.popular_candidates,
+        fetch=fetch,
+        rank=scorer,
+        rerank=Reranker(),
+        trending=lambda: trending.current,
+        trending_count=settings.trending_candidates,
+        similar_count=settings.similar_candidates,
+        recent_decay=settings.recent_decay,
+        prerank_keep=settings.prerank_keep,
+    )
+
+
 async def start_services(
     settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool] = lambda: False
 ) -> Services:
@@ -278,68 +357,34 @@ async def start_services(
     catalog = await asyncio.to_thread(opened_catalog, settings, schema)
     breakers = _breakers(settings, metrics, running_late)
     async with AsyncExitStack() as stack:
-        store = _feature_store(settings, schema, breakers["redis"])
-        stack.push_async_callback(store.aclose)
-        model = _triton_pool(settings, schema, breakers)
-        stack.push_async_callback(model.close)
+        store, model = _clients(settings, schema, breakers, stack)
         await checked_redis(store, stamp, settings.startup_timeout_s)
         routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
-        signature = max(routing.signatures(), key=lambda each: each.max_batch_size)
-        if settings.triton_shared_memory != "off":
-            required = settings.triton_shared_memory == "on"
-            await share_memory(model, schema, signature, settings.max_in_flight, required)
+        signature = await _widest_with_memory(settings, model, schema, routing.signatures())
         local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
-        if local_ranker is not None:
-            stack.callback(local_ranker.close)
+        stack.callback(lambda: local_ranker.close() if local_ranker is not None else None)
         identity = files_identity(settings.artifacts_dir, stamp)
         artifacts = ArtifactsRef(
             serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
         )
         item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
-        search = _search(settings, stack)
         shadow = ShadowCalls(
             model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight
         )
         stack.push_async_callback(shadow.aclose)
-        fetch: Step[Pool, Hydrated] = (
-            HeldItemHydrator(item_memory)
-            if item_memory is not None
-            else ItemFeatureHydrator(store, settings.redis_timeout_s)
-        )
-        trending = TrendingItems(
-            store.client,
-            store.keys,
-            settings.trending_candidates,
-            lambda: artifacts.current.catalog.size,
-            lambda read: metrics.trending_count[read].inc(),
-        )
+        trending = _trending(settings, store, artifacts, metrics)
         events = EventLog(
             store.client, store.keys, settings.event_partitions, settings.event_stream_max
         )
         stack.push_async_callback(events.aclose)
-        pipeline = build_pipeline(
-            features=UserFeatureHydrator(
-                store, settings.redis_timeout_s, decay=settings.recent_decay
-            ),
-            search=search,
-            candidate_count=settings.candidate_count,
-            popular_count=settings.popular_candidates,
-            fetch=fetch,
-            rank=Scorer(model, local_ranker, settings.triton_timeout_s, shadow),
-            rerank=Reranker(),
-            trending=lambda: trending.current,
-            trending_count=settings.trending_candidates,
-            similar_count=settings.similar_candidates,
-            recent_decay=settings.recent_decay,
-            prerank_keep=settings.prerank_keep,
+        scorer = Scorer(model, local_ranker, settings.triton_timeout_s, shadow)
+        pipeline = _pipeline(
+            settings, store, _search(settings, stack), item_memory, scorer, trending
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(
             "serving %s items with model %s (%d inputs wide, at most %d rows a batch); %s",
-            f"{catalog.size:,}",
-            signature.name,
-            schema.width,
-            signature.max_batch_size,
+            *(f"{catalog.size:,}", signature.name, schema.width, signature.max_batch_size),
             reloader.report().said(),
         )
         return Services(
@@ -357,9 +402,7 @@ async def start_services(
             trending=trending,
             world=stamp,
             item_memory=item_memory,
-            traces=TraceRing(settings.trace_ring_size, settings.trace_sample_percent)
-            if settings.debug_pages
-            else None,
+            traces=_trace_ring(settings),
             explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )
     raise AssertionError("unreachable: the block returns or raises")  # for the type checker

@@ -24,7 +24,7 @@ from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.fetch import ItemFeatureHydrator
 from app.pipeline.stages.rank import Scorer
 from app.pipeline.stages.rerank import Reranker
-from app.pipeline.stages.types import Asked, Query, UserFeatures
+from app.pipeline.types import Asked, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts, serving_artifacts
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace

@@ -20,7 +20,7 @@ from app.pipeline.sources.similar import SimilarSource
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.pack import RowPacker
 from app.pipeline.stages.prerank import PreRanker
-from app.pipeline.stages.types import (
+from app.pipeline.types import (
     Asked,
     Hydrated,
     HydratedCandidates,

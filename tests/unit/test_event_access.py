@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from redis import exceptions as redis_errors
 
+from app.clients.event_stream import transient
 from app.core.callers import entry, new_token, parse_callers, token_digest
 from app.core.token_bucket import TokenBuckets
-from app.ingest.consumer import _TrendingBudget, transient
+from app.ingest.consumer import _TrendingBudget
 
 
 def test_a_caller_is_found_by_its_token_and_only_the_digest_is_kept() -> None:

@@ -6,7 +6,7 @@ from app.pipeline.filters.blocked import BlockedFilter
 from app.pipeline.filters.excluded import ExcludedFilter
 from app.pipeline.filters.seen import SeenFilter
 from app.pipeline.stages.filter import CandidateFilter
-from app.pipeline.stages.types import Pool
+from app.pipeline.types import Pool
 from app.release.rules import BlockRule, RerankRules
 from tests.unit.fakes import artifacts, asked, context
 

@@ -11,7 +11,7 @@ import pytest
 from app.clients.feature_store import ItemBlobs, decode_item_blobs
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.pipeline.stages.fetch import HeldItemHydrator
-from app.pipeline.stages.types import Pool
+from app.pipeline.types import Pool
 from tests.unit.fakes import asked, context
 
 WIDTH = 3

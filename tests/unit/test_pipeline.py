@@ -8,7 +8,7 @@ import pytest
 from app.clients.feature_store import BlobState, UserRecord
 from app.core.errors import FailureKind, FeatureStoreError, RankingModelError, RecallError
 from app.pipeline.stages.features import NOTHING_SEEN
-from app.pipeline.stages.types import Query, Recommendation
+from app.pipeline.types import Query, Recommendation
 from tests.unit.fakes import (
     KEYS,
     FakeFallback,

@@ -15,7 +15,7 @@ from app.core.vocabulary import Scores, Variant
 from app.pipeline.context import RequestContext
 from app.pipeline.shadow import top_agreement
 from app.pipeline.stages.rank import Scorer
-from app.pipeline.stages.types import Hydrated, HydratedCandidates, Packed
+from app.pipeline.types import Hydrated, HydratedCandidates, Packed
 from app.process.reload import _warm_new
 from app.release.plan import (
     ModelRouting,

@@ -11,7 +11,7 @@ import numpy as np
 
 from app.core.membership import member_mask
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Pool
+from app.pipeline.types import Pool
 
 
 class PopularBackfill:

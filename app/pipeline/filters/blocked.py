@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.core.vocabulary import Removal
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Filtered, Pool
+from app.pipeline.types import Filtered, Pool
 
 
 class BlockedFilter:

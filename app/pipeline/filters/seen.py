@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.core.membership import member_mask
 from app.core.vocabulary import Removal
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Filtered, Pool
+from app.pipeline.types import Filtered, Pool
 
 
 class SeenFilter:

@@ -13,7 +13,7 @@ from app.core.errors import FailureKind, RecallError
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Recalling
+from app.pipeline.types import Recalling
 from app.release.catalog import Catalog
 
 _NONE: Positions = np.empty(0, dtype=np.int64)

@@ -7,7 +7,7 @@ import numpy as np
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Recalling
+from app.pipeline.types import Recalling
 
 
 def fresh_popular(found: Positions, popular_order: Positions, extra: int) -> Positions:

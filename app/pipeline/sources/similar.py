@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Recalling
+from app.pipeline.types import Recalling
 
 
 class SimilarSource:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Recalling
+from app.pipeline.types import Recalling
 
 
 class TrendingSource:

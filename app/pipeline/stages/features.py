@@ -14,7 +14,7 @@ from app.core.errors import FailureKind, FeatureStoreError
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import encode_context
-from app.pipeline.stages.types import Asked, Moment, Query, UserFeatures
+from app.pipeline.types import Asked, Moment, Query, UserFeatures
 from app.release.neighbours import NOWHERE
 from app.release.schema import FeatureSchema
 

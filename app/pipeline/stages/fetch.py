@@ -12,7 +12,7 @@ from app.clients.item_memory import ItemMatrix
 from app.core.errors import FailureKind, FeatureStoreError
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Hydrated, HydratedCandidates, Pool
+from app.pipeline.types import Hydrated, HydratedCandidates, Pool
 
 # A few items without features is a catalog ahead of its feature store; more is an incident.
 MISSING_SHARE_FLAGGED = 0.1

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from app.core.vocabulary import Removal, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Filtered, Pool
+from app.pipeline.types import Filtered, Pool
 
 
 class Filter(Protocol):

@@ -9,7 +9,7 @@ from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import pack_rows
 from app.pipeline.signals import prerank_signals, sequence_columns
-from app.pipeline.stages.types import Hydrated, Packed
+from app.pipeline.types import Hydrated, Packed
 
 
 class RowPacker:

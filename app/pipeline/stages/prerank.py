@@ -8,7 +8,7 @@ from app.core.errors import FailureKind
 from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.signals import best, prerank_scores, prerank_signals
-from app.pipeline.stages.types import Pool
+from app.pipeline.types import Pool
 
 
 class PreRanker:

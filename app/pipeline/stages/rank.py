@@ -10,7 +10,7 @@ import numpy.typing as npt
 from app.core.errors import FailureKind, RankingModelError
 from app.core.vocabulary import Heads, Scores, Stage, Variant
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
+from app.pipeline.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
 from app.release.plan import ModelAnswer, Routed
 
 # Left after a fallback for the rerank and the answer itself.

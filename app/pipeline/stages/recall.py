@@ -9,7 +9,7 @@ import numpy as np
 
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Asked, Pool, Recalling
+from app.pipeline.types import Asked, Pool, Recalling
 
 
 class CandidateSource(Protocol):

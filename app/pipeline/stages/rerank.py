@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.stages.types import Ranked, RankedItem, Recommendation
+from app.pipeline.types import Ranked, RankedItem, Recommendation
 from app.release.rules import rerank
 from app.release.schema import HEAD_NAMES
 

@@ -9,8 +9,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from recsys_tools.world.logs import InteractionLog, ItemInfo, ReadCounts
+from recsys_tools.world.measures import auc
 from recsys_tools.world.ranker_net import DCN, MLP, NetShape, export_net, fit_best, fit_net
-from recsys_tools.world.train import auc, head_aucs, like_threshold
+from recsys_tools.world.train import head_aucs, like_threshold
 
 WIDTH = 12
 FAST = replace(DCN, epochs=12, patience=3)

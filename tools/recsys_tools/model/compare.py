@@ -169,7 +169,7 @@ def agreement(labels: npt.NDArray[np.int8], base: Scores, reduced: Scores, top: 
     import numpy as np
     from scipy.stats import kendalltau, spearmanr
 
-    from recsys_tools.world.train import auc
+    from recsys_tools.world.measures import auc
 
     pairs = list(zip(base.requests, reduced.requests, strict=True))
     overlaps = [len(_top(a, top) & _top(b, top)) / min(top, len(a)) for a, b in pairs]
@@ -257,7 +257,7 @@ def _measure(
     requests: list[FloatArray],
     options: CompareOptions,
 ) -> tuple[ModelReport, Scores]:
-    from recsys_tools.world.train import auc
+    from recsys_tools.world.measures import auc
 
     session = _session(path)
     scores = Scores(_score(session, rows, options.candidates), [_run(session, r) for r in requests])

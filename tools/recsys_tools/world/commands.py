@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
-from recsys_tools.world.inputs import ITEM_FEATURES
+from recsys_tools.world.ablation import ITEM_FEATURES
 from recsys_tools.world.layout import add_layout_flags, layout_from
 from recsys_tools.world.ranker_net import NETWORKS
 

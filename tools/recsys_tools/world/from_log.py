@@ -27,6 +27,12 @@ from app.release.foldin import save_foldin
 from app.release.neighbours import Neighbours, save_neighbours
 from app.release.prerank import PrerankWeights, save_prerank
 from app.release.schema import FeatureSchema
+from recsys_tools.world.ablation import (
+    ITEM_TABLE,
+    ignored_columns,
+    ignored_signals,
+    weigh_inputs,
+)
 from recsys_tools.world.blend import (
     Blend,
     blend_scores,
@@ -56,12 +62,6 @@ from recsys_tools.world.files import (
     save_holdout,
     save_table,
     write_manifest,
-)
-from recsys_tools.world.inputs import (
-    ITEM_TABLE,
-    ignored_columns,
-    ignored_signals,
-    weigh_inputs,
 )
 from recsys_tools.world.logs import (
     FLAGS,

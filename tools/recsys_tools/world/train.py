@@ -17,6 +17,7 @@ from app.core.errors import ConfigError
 from app.pipeline.packing import encode_context, pack_rows
 from app.release.schema import FeatureSchema
 from recsys_tools.world.logs import InteractionLog
+from recsys_tools.world.measures import auc
 from recsys_tools.world.ranker_net import HEADS, NETWORKS, RankerNet, export_net, fit_best
 from recsys_tools.world.synth import World
 
@@ -60,12 +61,6 @@ def training_rows(world: World, schema: FeatureSchema) -> FloatArray:
         impressions.items
     ]
     return pack_rows(schema, user_blobs, item_blobs, impressions.contexts)
-
-
-def auc(labels: npt.NDArray[np.int8], scores: npt.NDArray[np.floating]) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(labels, scores))
 
 
 def fit_ranker(

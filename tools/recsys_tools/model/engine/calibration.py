@@ -126,7 +126,7 @@ def qdq_drift(holdout: Holdout, fp32: Path, qdq: Path, used: int) -> str:
     """How far the INT8 copy moves on held-out rows it was not calibrated on (CPU)."""
     import numpy as np
 
-    from recsys_tools.world.train import auc
+    from recsys_tools.world.measures import auc
 
     rows, labels = holdout.rows[used:], holdout.labels[used:]
     if len(np.unique(labels)) < 2:

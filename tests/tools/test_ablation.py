@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.inputs import (
+from recsys_tools.world.ablation import (
     FEATURE_GROUPS,
     ITEM_TABLE,
     ignored_columns,
@@ -17,6 +16,7 @@ from recsys_tools.world.inputs import (
     item_table_columns,
     weigh_inputs,
 )
+from recsys_tools.world.derive import interactions_schema_path
 from recsys_tools.world.logs import InteractionLog, ItemInfo, ReadCounts
 from recsys_tools.world.ranker_net import MLP, export_net, fit_net
 

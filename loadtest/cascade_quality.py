@@ -7,9 +7,9 @@ items still in its pool, recall@10 and NDCG@10 of the list it would serve) besid
 item-to-item and popularity baselines, each head's AUC, and the median over seeds of the
 ratio the target is set in: recall + pre-rank + rank against recall alone.
 
-- sessions (recsys_tools.world.sessions): users rate items in sessions of one theme; what
+- sessions (recsys_tools.world.generate.sessions): users rate items in sessions of one theme; what
   they rate next is told by what they rated last; its item table gives each item's genre;
-- drift (recsys_tools.world.drift, its history): each user rates a few items of one group;
+- drift (recsys_tools.world.generate.drift, its history): each user rates a few items of one group;
   nothing sequential to find, where the cascade must not lose to recall.
 """
 
@@ -23,11 +23,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.drift import write_drift_log
-from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import ItemColumns, LogColumns
-from recsys_tools.world.sessions import write_session_items, write_session_log
+from recsys_tools.world.generate.drift import write_drift_log
+from recsys_tools.world.generate.sessions import write_session_items, write_session_log
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.read.items import ItemColumns
+from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.release.schema import load_schema
 from loadtest.record import record

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from recsys_tools.served import questions
-from recsys_tools.world.logs import InteractionLog
-from recsys_tools.world.split import later_rows
+from recsys_tools.world.judge.split import later_rows
+from recsys_tools.world.read.log import InteractionLog
 
 FloatArray = npt.NDArray[np.float64]
 LAMBDAS = (50.0, 100.0, 200.0, 400.0, 800.0)

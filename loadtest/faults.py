@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 from recsys_tools.localstack import ManagedProcess
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.release.keyspace import KeySpace
 from app.release.world import world_schema

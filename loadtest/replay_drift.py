@@ -1,7 +1,7 @@
 """What real time buys on a log whose tastes drift: `recsys replay` with and without events.
 
 `python -m loadtest.replay_drift [--out docs/benchmarks.json]` generates the log
-(recsys_tools.world.drift), builds a world from its history as `recsys build-world` does,
+(recsys_tools.world.generate.drift), builds a world from its history as `recsys build-world` does,
 serves it on the local stack with a real recsys-ingest, and replays the later part twice on
 one Redis load: first posting nothing (the static figure), then posting each row after
 asking (real time). The ratio of the two hit@10 is the figure docs/realtime.md shows.
@@ -19,10 +19,11 @@ from typing import Any
 from recsys_tools.demo import LocalStack
 from recsys_tools.localstack import start_ingest
 from recsys_tools.replay import Row, replay, rows_in_time_order
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.drift import write_drift_log
-from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import LogColumns, read_log
+from recsys_tools.world.generate.drift import write_drift_log
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.read.log import LogColumns, read_log
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.release.schema import load_schema
 from loadtest.record import record
@@ -57,7 +58,7 @@ def measure(folder: Path, k: int, seed: int) -> dict[str, Any]:
         static, live = replay_twice(api.url, stack, world, folder, rows, k)
     hit = f"hit@{k}"
     return {
-        "log": "generated, drifting tastes (recsys_tools/world/drift.py)",
+        "log": "generated, drifting tastes (recsys_tools/world/generate/drift.py)",
         "rows_replayed": len(rows),
         "static": static,
         "with_events": live,

@@ -43,12 +43,14 @@ from recsys_tools.served import (
     questions,
     score,
 )
-from recsys_tools.world.answers import Moment
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.layout import FileLayout
-from recsys_tools.world.logs import ItemColumns, LogColumns, read_log
-from recsys_tools.world.split import write_split
+from recsys_tools.world.judge.answers import Moment
+from recsys_tools.world.judge.split import write_split
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.read.formats import FileLayout
+from recsys_tools.world.read.items import ItemColumns
+from recsys_tools.world.read.log import LogColumns, read_log
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.release.schema import load_schema
 from loadtest import ease

@@ -27,9 +27,9 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.build import DemoSize, build_demo_world
-from recsys_tools.world.identity import install_model
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
+from recsys_tools.world.store.identity import install_model
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.core.settings import Settings
 from app.main import create_app

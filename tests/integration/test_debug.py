@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from pydantic import SecretStr
-from recsys_tools.world.files import load_items, load_seen, load_users
+from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.main import create_app
 from tests.integration.conftest import CONTEXT, Stack, serving

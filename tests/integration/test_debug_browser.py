@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recsys_tools.world.files import load_seen
+from recsys_tools.world.store.files import load_seen
 
 from loadtest.service import ApiProcess, start_api
 from tests.integration.conftest import CONTEXT, Stack

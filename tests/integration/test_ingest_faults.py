@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 from recsys_tools.localstack import ManagedProcess, free_port, start_ingest
-from recsys_tools.world.build import DemoSize, build_demo_world
-from recsys_tools.world.files import load_items
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
+from recsys_tools.world.store.files import load_items
 
 from app.clients.event_log import partition_of
 from app.clients.feature_store import decode_seen

@@ -21,7 +21,7 @@ from recsys_tools.localstack import (
     start_redis_cluster,
     unapplied,
 )
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 from redis.cluster import RedisCluster
 
 from app.clients.event_log import partition_of

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import redis
 from httpx import AsyncClient
-from recsys_tools.world.files import load_items, load_seen, load_users
+from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.clients.feature_store import encode_seen
 from app.pipeline.packing import encode_context, pack_rows

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from app.release.keyspace import KeySpace

@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_triton
 from recsys_tools.model.load import load_versions
-from recsys_tools.world.identity import install_model
-from recsys_tools.world.reindex import reindex_beside
+from recsys_tools.world.store.identity import install_model
+from recsys_tools.world.store.reindex import reindex_beside
 
 from app.core.errors import ConfigError
 from app.core.settings import Settings

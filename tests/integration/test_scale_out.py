@@ -13,7 +13,7 @@ import redis.asyncio.cluster
 import tritonclient.grpc as triton_grpc
 from httpx import AsyncClient
 from recsys_tools.localstack import default_triton_env, start_redis_cluster, start_triton
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 from redis.cluster import RedisCluster
 
 from app.clients.feature_store import connect_redis

@@ -2,7 +2,7 @@
 
 A world built from a log is served by real Redis and a real Triton with rules that change
 nothing; for every user the answer must be the list the build's own evaluation computes
-from the world's files (recsys_tools.world.answers). A second copy of the world carries a
+from the world's files (recsys_tools.world.judge.answers). A second copy of the world carries a
 blend with the weights the public movie-ratings sets gave (recall 10, similar 17, recent
 295): its scores reach far past where a sigmoid is 1.0 in float32, and must still never
 tie, on Triton, between distinct candidates.
@@ -28,10 +28,11 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.answers import Moment, WorldAnswers
-from recsys_tools.world.blend import Blend, blended_onnx
-from recsys_tools.world.identity import stamp_world
-from recsys_tools.world.ranker_net import MLP, Layer, RankerNet, export_net
+from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.learn.blend import Blend, blended_onnx
+from recsys_tools.world.learn.ranker.export import export_net
+from recsys_tools.world.learn.ranker.net import MLP, Layer, RankerNet
+from recsys_tools.world.store.identity import stamp_world
 
 from app.core.settings import Settings
 from app.release.catalog import MODEL_FILE

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from recsys_tools.localstack import start_redis
-from recsys_tools.world.build import DemoSize, build_demo_world
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.core.errors import ConfigError
 from app.core.metrics import ServiceMetrics

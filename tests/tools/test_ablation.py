@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from recsys_tools.world.ablation import (
+from recsys_tools.world.judge.ablation import (
     FEATURE_GROUPS,
     ITEM_TABLE,
     ignored_columns,
@@ -16,9 +16,12 @@ from recsys_tools.world.ablation import (
     item_table_columns,
     weigh_inputs,
 )
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.logs import InteractionLog, ItemInfo, ReadCounts
-from recsys_tools.world.ranker_net import MLP, export_net, fit_net
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.ranker.export import export_net
+from recsys_tools.world.learn.ranker.fit import fit_net
+from recsys_tools.world.learn.ranker.net import MLP
+from recsys_tools.world.read.items import ItemInfo
+from recsys_tools.world.read.log import InteractionLog, ReadCounts
 
 from app.release.schema import load_schema
 from tests.unit.tiny_schema import tiny_sequence_schema

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from recsys_tools.world.blend import (
+from recsys_tools.world.learn.blend import (
     Blend,
     blended_onnx,
     fit_blend,
     recall_scores,
 )
-from recsys_tools.world.train import export_onnx, fit_ranker
+from recsys_tools.world.learn.ranker.train import export_onnx, fit_ranker
 
 from tests.unit.tiny_schema import tiny_schema, tiny_sequence_schema
 

@@ -32,7 +32,9 @@ from recsys_tools.model.engine import (
     release_of,
     run_build,
 )
-from recsys_tools.world.ranker_net import MLP, export_net, fit_net
+from recsys_tools.world.learn.ranker.export import export_net
+from recsys_tools.world.learn.ranker.fit import fit_net
+from recsys_tools.world.learn.ranker.net import MLP
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError

@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from recsys_tools.world.derive import (
+from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.learn.derive import (
     ITEM_FEATURES,
     USER_FEATURES,
     category_codes,
@@ -22,10 +23,11 @@ from recsys_tools.world.derive import (
     published_at,
     user_dense,
 )
-from recsys_tools.world.evaluate import split_holdout
-from recsys_tools.world.files import load_items, load_seen, load_users
-from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import ItemColumns, LogColumns, read_items, read_log
+from recsys_tools.world.read.items import ItemColumns, read_items
+from recsys_tools.world.read.log import LogColumns, read_log
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
+from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.core.errors import ConfigError
 from app.release.catalog import MODEL_FILE, load_catalog

@@ -12,10 +12,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from recsys_tools.world.derive import interactions_schema_path
-from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-from recsys_tools.world.logs import ItemColumns, LogColumns
-from recsys_tools.world.sessions import SessionShape, write_session_items, write_session_log
+from recsys_tools.world.generate.sessions import (
+    SessionShape,
+    write_session_items,
+    write_session_log,
+)
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.read.items import ItemColumns
+from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.pipeline.signals import SIGNALS
 from app.release.catalog import load_catalog

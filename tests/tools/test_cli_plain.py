@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from recsys_tools.world.build import DemoSize, build_demo_world
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.release.schema import load_schema
 

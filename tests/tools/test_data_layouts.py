@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from recsys_tools.cli import main
-from recsys_tools.world.layout import FileLayout
-from recsys_tools.world.logs import ItemColumns, LogColumns, read_items, read_log
+from recsys_tools.world.read.formats import FileLayout
+from recsys_tools.world.read.items import ItemColumns, read_items
+from recsys_tools.world.read.log import LogColumns, read_log
 
 from app.core.errors import ConfigError
 from app.release.attributes import load_attributes

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from recsys_tools.demo_screen import SCREEN, answer_table, demo_logging, said_answer, said_training
-from recsys_tools.world.titles import GENRES, generated_attributes, generated_titles
+from recsys_tools.world.generate.titles import GENRES, generated_attributes, generated_titles
 
 ANSWER = {
     "items": [

@@ -10,9 +10,9 @@ import faiss
 import onnx
 import pytest
 from google.protobuf import text_format
-from recsys_tools.world.build import DemoSize, build_demo_world
-from recsys_tools.world.identity import install_model, with_input_width, with_world_parameter
-from recsys_tools.world.reindex import reindex_beside
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
+from recsys_tools.world.store.identity import install_model, with_input_width, with_world_parameter
+from recsys_tools.world.store.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import pytest
 from recsys_tools.cli import main
-from recsys_tools.world.importer import read_items
+from recsys_tools.world.read.importer import read_items
 
 from app.core.errors import ConfigError
 from app.release.catalog import load_catalog

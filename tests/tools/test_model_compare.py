@@ -18,8 +18,8 @@ from recsys_tools.model.compare import (
     render_text,
 )
 from recsys_tools.model.holdout import load_holdout
-from recsys_tools.world.build import DemoSize, build_demo_world
-from recsys_tools.world.files import read_manifest, write_manifest
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
+from recsys_tools.world.store.files import read_manifest, write_manifest
 
 from app.core.errors import ConfigError
 from app.release.catalog import HOLDOUT_FILE, MODEL_FILE

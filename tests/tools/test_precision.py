@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from recsys_tools.model.precision import fp16_copy, score_tail, ties_made
-from recsys_tools.world.blend import Blend, blended_onnx
-from recsys_tools.world.train import export_onnx, fit_ranker
+from recsys_tools.world.learn.blend import Blend, blended_onnx
+from recsys_tools.world.learn.ranker.train import export_onnx, fit_ranker
 
 from tests.unit.tiny_schema import tiny_sequence_schema
 

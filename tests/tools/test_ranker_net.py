@@ -8,10 +8,13 @@ from dataclasses import replace
 import numpy as np
 import onnxruntime as ort
 import pytest
-from recsys_tools.world.logs import InteractionLog, ItemInfo, ReadCounts
-from recsys_tools.world.measures import auc
-from recsys_tools.world.ranker_net import DCN, MLP, NetShape, export_net, fit_best, fit_net
-from recsys_tools.world.train import head_aucs, like_threshold
+from recsys_tools.world.judge.measures import auc
+from recsys_tools.world.learn.ranker.export import export_net
+from recsys_tools.world.learn.ranker.fit import fit_best, fit_net
+from recsys_tools.world.learn.ranker.net import DCN, MLP, NetShape
+from recsys_tools.world.learn.ranker.train import head_aucs, like_threshold
+from recsys_tools.world.read.items import ItemInfo
+from recsys_tools.world.read.log import InteractionLog, ReadCounts
 
 WIDTH = 12
 FAST = replace(DCN, epochs=12, patience=3)

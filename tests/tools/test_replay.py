@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from recsys_tools.replay import Score, rows_in_time_order
-from recsys_tools.world.drift import DriftShape, write_drift_log
-from recsys_tools.world.logs import LogColumns, read_log
+from recsys_tools.world.generate.drift import DriftShape, write_drift_log
+from recsys_tools.world.read.log import LogColumns, read_log
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 

@@ -12,7 +12,7 @@ import pytest
 from recsys_tools import served
 from recsys_tools.cli import main
 from recsys_tools.served import Answers, agreement, questions, score
-from recsys_tools.world.logs import InteractionLog, LogColumns, read_log
+from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 

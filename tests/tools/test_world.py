@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 import pytest
-from recsys_tools.world.index import build_index, default_factory
-from recsys_tools.world.synth import World, generate_world
-from recsys_tools.world.train import TrainedRanker, train_ranker, training_rows
+from recsys_tools.world.generate.synth import World, generate_world
+from recsys_tools.world.learn.ranker.train import TrainedRanker, train_ranker, training_rows
+from recsys_tools.world.store.index import build_index, default_factory
 
 from app.release.catalog import set_search_breadth
 from app.release.schema import HEADS_OUTPUT, FeatureSchema, load_schema

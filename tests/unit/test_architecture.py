@@ -1,5 +1,6 @@
 """The house's rule, checked over the code's own imports: each package of app/ imports only
-the floors below it, and no module of app/, the tools or the load generator is in a circle.
+the floors below it, as do the tools' packages and the rooms of the world builder, and no
+module of app/, the tools or the load generator is in a circle.
 
 docs/architecture.md draws the floors; this test is what keeps them true.
 """
@@ -15,6 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # From the ground up: a package may import its own floor and those below, never above.
 FLOORS = ("core", "release", "clients", "pipeline", "process", "ingest", "api", "")
+# The tools, from the ground up: the command plumbing and the measuring helpers, the local
+# servers, the world builder, the model tools, tuning, the doctor; the entry points on top.
+TOOL_FLOORS = ("commands", "measure", "localstack", "world", "model", "tune", "doctor", "")
+# The world builder's rooms, from the ground up: storing a world's files, reading an operator's
+# tables, generating data, judging a world, learning one, the recipes that make one whole;
+# its command line on top.
+WORLD_FLOORS = ("store", "read", "generate", "judge", "learn", "recipes", "")
 # Each top-level package, and the folder that holds it.
 PACKAGES = {"app": ROOT, "recsys_tools": ROOT / "tools", "loadtest": ROOT}
 
@@ -60,6 +68,43 @@ def _floor(module: str) -> int:
     if len(parts) == 2 and parts[1] in FLOORS:
         package = parts[1]  # the package's own __init__
     return FLOORS.index(package) if package in FLOORS else len(FLOORS) - 1
+
+
+def _room(module: str, scope: str, floors: tuple[str, ...]) -> int | None:
+    """The floor of `module` among `scope`'s floors; None outside the scope. A module directly
+    in the scope is on the top floor unless a floor is named after it."""
+    if not module.startswith(f"{scope}."):
+        return None
+    parts = module[len(scope) + 1 :].split(".")
+    name = parts[0]
+    return floors.index(name) if name in floors else len(floors) - 1
+
+
+def _upward(top: str, scope: str, floors: tuple[str, ...]) -> list[str]:
+    upward = []
+    for source, targets in _graph(top).items():
+        for target in targets:
+            here, there = _room(source, scope, floors), _room(target, scope, floors)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{source} -> {target}")
+    return upward
+
+
+@pytest.mark.parametrize(
+    ("scope", "floors"),
+    [("recsys_tools", TOOL_FLOORS), ("recsys_tools.world", WORLD_FLOORS)],
+)
+def test_no_import_in_the_tools_runs_up_a_floor(scope: str, floors: tuple[str, ...]) -> None:
+    upward = _upward("recsys_tools", scope, floors)
+    assert not upward, "imports that run up (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def test_every_room_of_the_world_builder_is_a_floor() -> None:
+    # A new folder in world/ is a new room: it gets its place in WORLD_FLOORS, or it is a
+    # module of the command line on top.
+    world = ROOT / "tools" / "recsys_tools" / "world"
+    rooms = {p.name for p in world.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(WORLD_FLOORS) - {""}
 
 
 def test_every_module_of_app_lives_on_a_floor() -> None:
@@ -120,3 +165,7 @@ def test_the_check_sees_an_upward_import() -> None:
     assert _floor("app.core.metrics") < _floor("app.pipeline.context")
     assert "app.core.vocabulary" in _graph("app")["app.core.metrics"]
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    world = "recsys_tools.world"
+    assert _room(f"{world}.store.files", world, WORLD_FLOORS) == 0
+    assert _room(f"{world}.commands", world, WORLD_FLOORS) == len(WORLD_FLOORS) - 1
+    assert "recsys_tools.world.store.files" in _graph("recsys_tools")[f"{world}.recipes.demo"]

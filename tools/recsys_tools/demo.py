@@ -47,10 +47,10 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.build import DEMO, SYNTHETIC, build_demo_world
-from recsys_tools.world.files import read_manifest
-from recsys_tools.world.identity import CONFIG_FILE, install_model
-from recsys_tools.world.redis_loader import load_world_into_redis
+from recsys_tools.world.recipes.demo import DEMO, SYNTHETIC, build_demo_world
+from recsys_tools.world.store.files import read_manifest
+from recsys_tools.world.store.identity import CONFIG_FILE, install_model
+from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 log = logging.getLogger("recsys.demo")
 

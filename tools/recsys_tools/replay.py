@@ -24,7 +24,7 @@ import httpx
 
 from recsys_tools.commands import Commands
 from recsys_tools.world.commands import add_log_flags, log_columns
-from recsys_tools.world.logs import InteractionLog, read_log
+from recsys_tools.world.read.log import InteractionLog, read_log
 
 log = logging.getLogger("recsys.replay")
 

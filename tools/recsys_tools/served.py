@@ -24,10 +24,10 @@ import httpx
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
-from recsys_tools.world.answers import Moment, WorldAnswers
 from recsys_tools.world.commands import add_log_flags, log_columns
-from recsys_tools.world.logs import InteractionLog, LogColumns, read_log
-from recsys_tools.world.split import write_split
+from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.split import write_split
+from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 # Requests in flight at once: enough to finish a few thousand users in seconds, few enough
 # that the service's admission never refuses one.

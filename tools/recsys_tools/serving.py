@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.cli import add_serve_options, serve
 from recsys_tools.commands import Commands
+from recsys_tools.demo import run_demo, stack_options
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -14,8 +15,6 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from recsys_tools.demo import run_demo, stack_options
-
     run_demo(stack_options(args.world), args.host, args.port)
 
 

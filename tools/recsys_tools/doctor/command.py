@@ -8,6 +8,8 @@ from functools import cache
 from pathlib import Path
 from typing import TextIO
 
+from app.core.settings import Settings
+from app.release.schema import load_schema
 from recsys_tools.commands import Commands
 from recsys_tools.doctor.checks import (
     check_cdi_spec,
@@ -30,6 +32,12 @@ from recsys_tools.doctor.findings import (
 )
 from recsys_tools.doctor.host import Host, LocalHost
 from recsys_tools.doctor.numa import check_numa
+from recsys_tools.doctor.services import (
+    ServiceConfig,
+    check_redis,
+    check_redis_memory,
+    check_triton,
+)
 from recsys_tools.doctor.units import (
     TritonUnit,
     describe_places,
@@ -103,15 +111,6 @@ def host_checks(host: Host, units: Path | None) -> list[Check]:
 def service_checks(args: argparse.Namespace) -> list[Check]:
     """Triton and Redis, configured like the service (RECSYS_*), options first."""
     try:
-        from app.core.settings import Settings
-        from app.release.schema import load_schema
-        from recsys_tools.doctor.services import (
-            ServiceConfig,
-            check_redis,
-            check_redis_memory,
-            check_triton,
-        )
-
         settings = Settings()
         schema = load_schema(settings.feature_schema)
         config = ServiceConfig(

@@ -8,8 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from app.release.schema import FeatureSchema
+from app.clients.breaker import CircuitBreaker
+from app.clients.feature_store import FeatureStore, connect_redis
+from app.clients.ranking_model import connect_triton
+from app.core.errors import FeatureStoreError, RankingModelError, SchemaError
+from app.release.keyspace import KeySpace
+from app.release.schema import FeatureSchema, signature_mismatches
 from recsys_tools.doctor.findings import Outcome, fail, ok
+from recsys_tools.doctor.redis_memory import StreamBudget, judge, measure
 
 SERVICE_TIMEOUT_S = 3.0
 TRITON_LOGS = "systemctl status recsys-triton; journalctl -u recsys-triton"
@@ -65,10 +71,6 @@ def check_redis_memory(config: ServiceConfig) -> Outcome:
 async def _redis_memory(config: ServiceConfig) -> Outcome:
     from redis import exceptions as redis_errors
 
-    from app.clients.feature_store import connect_redis
-    from app.release.keyspace import KeySpace
-    from recsys_tools.doctor.redis_memory import StreamBudget, judge, measure
-
     keys = KeySpace(config.key_prefix)
     client = connect_redis(config.redis_url, max_connections=4, timeout_s=config.timeout_s)
     streams = [keys.events(p) for p in range(config.event_partitions)]
@@ -87,11 +89,6 @@ async def _redis_memory(config: ServiceConfig) -> Outcome:
 
 
 async def _triton(config: ServiceConfig) -> Outcome:
-    from app.clients.breaker import CircuitBreaker
-    from app.clients.ranking_model import connect_triton
-    from app.core.errors import RankingModelError
-    from app.release.schema import signature_mismatches
-
     breaker = CircuitBreaker("triton", failures=5, open_s=1.0)
     client = connect_triton(config.triton_url, config.model_name, config.model_version, breaker)
     try:
@@ -171,11 +168,6 @@ async def _why_not_ready(config: ServiceConfig, error: Exception) -> Outcome:
 
 
 async def _redis(config: ServiceConfig) -> Outcome:
-    from app.clients.breaker import CircuitBreaker
-    from app.clients.feature_store import FeatureStore, connect_redis
-    from app.core.errors import FeatureStoreError, SchemaError
-    from app.release.keyspace import KeySpace
-
     url = redacted(config.redis_url)
     client = connect_redis(config.redis_url, max_connections=2, timeout_s=config.timeout_s)
     breaker = CircuitBreaker("redis", failures=5, open_s=1.0)

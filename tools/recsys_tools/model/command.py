@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from app.core.errors import ConfigError
+from app.release.world import world_schema
 from recsys_tools.commands import Commands
 from recsys_tools.model import compare as compare_module
 from recsys_tools.model import engine, load
@@ -24,8 +25,6 @@ from recsys_tools.model.compare import (
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from app.release.world import world_schema
-
     for flag in ("rows", "top", "candidates"):
         value = getattr(args, flag)
         if value is not None and value < 1:

@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from app.core.settings import Settings
+from app.pipeline.packing import pack_rows
+from app.release.catalog import MODEL_FILE
 from recsys_tools.model.holdout import load_holdout
 from recsys_tools.model.precision import fp16_copy, ties_made
+from recsys_tools.world.judge.measures import auc
 
 if TYPE_CHECKING:
     import numpy as np
@@ -142,8 +145,6 @@ def requests_from(schema: FeatureSchema, rows: FloatArray, candidates: int) -> l
     every row's item, packed as the service packs a request (one user, many candidates)."""
     import numpy as np
 
-    from app.pipeline.packing import pack_rows
-
     size, blocks = min(candidates, len(rows)), schema.blocks
     packed = []
     for start in range(0, len(rows) - size + 1, size):
@@ -168,8 +169,6 @@ def _top(scores: FloatArray, n: int) -> set[int]:
 def agreement(labels: npt.NDArray[np.int8], base: Scores, reduced: Scores, top: int) -> Agreement:
     import numpy as np
     from scipy.stats import kendalltau, spearmanr
-
-    from recsys_tools.world.measures import auc
 
     pairs = list(zip(base.requests, reduced.requests, strict=True))
     overlaps = [len(_top(a, top) & _top(b, top)) / min(top, len(a)) for a, b in pairs]
@@ -223,8 +222,6 @@ def compare_models(world: Path, schema: FeatureSchema, options: CompareOptions) 
     """Score the held-out rows with the world's model and each reduced copy of it."""
     import numpy as np
 
-    from app.release.catalog import MODEL_FILE
-
     model = world / MODEL_FILE
     if not model.is_file():
         raise ConfigError(f"{model} is missing: build the world (recsys build-world or build-demo)")
@@ -257,8 +254,6 @@ def _measure(
     requests: list[FloatArray],
     options: CompareOptions,
 ) -> tuple[ModelReport, Scores]:
-    from recsys_tools.world.measures import auc
-
     session = _session(path)
     scores = Scores(_score(session, rows, options.candidates), [_run(session, r) for r in requests])
     p50, p99 = _latency_ms(session, requests)

@@ -7,6 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.errors import ConfigError
+from app.release.catalog import HOLDOUT_FILE, USERS_FILE
+from recsys_tools.world.generate.synth import generate_world
+from recsys_tools.world.learn.ranker.train import training_rows
+from recsys_tools.world.recipes.demo import SYNTHETIC
+from recsys_tools.world.store.files import load_users, read_manifest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +36,6 @@ def load_holdout(world: Path, schema: FeatureSchema) -> Holdout:
     """The world's saved held-out rows, else a synthetic world's made again from its seed."""
     import numpy as np
 
-    from app.release.catalog import HOLDOUT_FILE
-
     path = world / HOLDOUT_FILE
     if not path.is_file():
         return _regenerated(world, schema)
@@ -48,12 +51,6 @@ def load_holdout(world: Path, schema: FeatureSchema) -> Holdout:
 
 def _regenerated(world: Path, schema: FeatureSchema) -> Holdout:
     import numpy as np
-
-    from app.release.catalog import HOLDOUT_FILE, USERS_FILE
-    from recsys_tools.world.build import SYNTHETIC
-    from recsys_tools.world.files import load_users, read_manifest
-    from recsys_tools.world.synth import generate_world
-    from recsys_tools.world.train import training_rows
 
     manifest = read_manifest(world)
     missing = f"{world / HOLDOUT_FILE} is missing"

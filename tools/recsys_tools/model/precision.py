@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The exported network's heads (ranker_net.export_net names each node by its output) and the
+# The exported network's heads (export.export_net names each node by its output) and the
 # prefix of every node the blend appends (blend.blended_onnx).
 HEADS_MATMUL = "net_heads_m"
 BLEND_PREFIX = "blend_"

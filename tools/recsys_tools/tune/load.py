@@ -22,7 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import chunk_bounds
 from app.core.errors import ConfigError
+from app.release.world import world_schema
 from recsys_tools.measure import schedule
+from recsys_tools.model.holdout import load_holdout
 from recsys_tools.tune.figures import LoadRun
 
 FloatArray = npt.NDArray[np.float32]
@@ -43,8 +45,6 @@ def request_rows(world: Path | None, width: int, rows: int) -> tuple[list[FloatA
         rng = np.random.default_rng(0)
         blocks = [rng.random((rows, width), dtype=np.float32) for _ in range(DISTINCT_REQUESTS)]
         return blocks, f"random rows, {width} wide"
-    from app.release.world import world_schema
-    from recsys_tools.model.holdout import load_holdout
 
     holdout = load_holdout(world, world_schema(world, None))
     if holdout.rows.shape[1] != width:

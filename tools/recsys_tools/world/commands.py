@@ -7,23 +7,33 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
 
 from app.core.errors import ConfigError
+from app.release.keyspace import KeySpace
+from app.release.schema import load_schema
+from app.release.world import world_schema
 from recsys_tools.commands import Commands
-from recsys_tools.world.ablation import ITEM_FEATURES
-from recsys_tools.world.layout import add_layout_flags, layout_from
-from recsys_tools.world.ranker_net import NETWORKS
-
-if TYPE_CHECKING:
-    from recsys_tools.world.logs import LogColumns
+from recsys_tools.world.flags import add_layout_flags, layout_from
+from recsys_tools.world.judge.ablation import ITEM_FEATURES
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.ranker.net import NETWORKS
+from recsys_tools.world.read.importer import read_items, read_users
+from recsys_tools.world.read.items import ItemColumns
+from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.recipes.demo import DEMO, LARGE, DemoSize, build_demo_world
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
+from recsys_tools.world.store.catalog import write_catalog
+from recsys_tools.world.store.identity import install_model, stamp_world
+from recsys_tools.world.store.redis_loader import RedisUnreachableError, load_world_into_redis
+from recsys_tools.world.store.reindex import reindex_beside
 
 
 def _build_demo(args: argparse.Namespace) -> None:
-    from app.release.schema import load_schema
-    from recsys_tools.world.build import DEMO, LARGE, DemoSize, build_demo_world
-    from recsys_tools.world.identity import install_model
-
     size = LARGE if args.large else DEMO
     size = DemoSize(args.items or size.items, args.users or size.users, size.impressions)
     schema = load_schema(args.schema)
@@ -35,11 +45,7 @@ def _build_demo(args: argparse.Namespace) -> None:
 
 
 def _build_world(args: argparse.Namespace) -> None:
-    from app.release.schema import load_schema
-    from recsys_tools.world.from_log import WorldRecipe, build_world_from_log
-    from recsys_tools.world.logs import ItemColumns
-
-    schema = load_schema(args.schema or _interactions_schema())
+    schema = load_schema(args.schema or interactions_schema_path())
     recipe = WorldRecipe(
         interactions=args.interactions,
         columns=log_columns(args),
@@ -69,8 +75,6 @@ def _build_world(args: argparse.Namespace) -> None:
 
 def log_columns(args: argparse.Namespace) -> LogColumns:
     """The interaction log's columns as add_log_flags named them (build-world, replay)."""
-    from recsys_tools.world.logs import LogColumns
-
     return LogColumns(
         user=args.user_col,
         item=args.item_col,
@@ -105,12 +109,6 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
         "--min-weight", type=float, default=None, help="rows at or above it are positives"
     )
     add_layout_flags(parser, "--interactions", "the log")
-
-
-def _interactions_schema() -> Path:
-    from recsys_tools.world.derive import interactions_schema_path
-
-    return interactions_schema_path()
 
 
 def _figure(value: float | None) -> str:
@@ -150,9 +148,6 @@ def _inputs_table(inputs: dict[str, Any]) -> str:
 
 
 def _install_model(args: argparse.Namespace) -> None:
-    from app.release.world import world_schema
-    from recsys_tools.world.identity import install_model
-
     schema = world_schema(args.world, args.schema)
     if args.version < 1:
         raise ConfigError(f"--version {args.version}: Triton's versions start at 1")
@@ -160,18 +155,11 @@ def _install_model(args: argparse.Namespace) -> None:
 
 
 def _reindex(args: argparse.Namespace) -> None:
-    from recsys_tools.world.reindex import reindex_beside
-
     world_id = reindex_beside(args.world, args.out, args.index_factory)
     print(json.dumps({"world": str(args.out), "world_id": world_id}))
 
 
 def _import_catalog(args: argparse.Namespace) -> None:
-    from app.release.schema import load_schema
-    from recsys_tools.world.build import write_catalog
-    from recsys_tools.world.identity import stamp_world
-    from recsys_tools.world.importer import read_items, read_users
-
     schema = load_schema(args.schema)
     items, users = read_items(args.items, schema), read_users(args.users, schema)
     write_catalog(args.world, schema, items, users, args.index_factory)
@@ -189,13 +177,6 @@ def _import_catalog(args: argparse.Namespace) -> None:
 
 
 def _load_redis(args: argparse.Namespace) -> None:
-    import redis
-    from redis.cluster import RedisCluster
-
-    from app.release.keyspace import KeySpace
-    from app.release.world import world_schema
-    from recsys_tools.world.redis_loader import RedisUnreachableError, load_world_into_redis
-
     schema = world_schema(args.world, args.schema)
     try:
         client = (
@@ -286,7 +267,6 @@ def _add_build_world(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     index: argparse.ArgumentParser,
 ) -> None:
-
     built = commands.add_parser(
         "build-world",
         parents=[index],
@@ -303,32 +283,7 @@ def _add_build_world(
         help="the log: CSV, TSV or Parquet, gzipped or not (any name with --interactions-format)",
     )
     add_log_flags(built)
-    built.add_argument(
-        "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"
-    )
-    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
-    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
-    built.add_argument(
-        "--category-cols",
-        default=None,
-        metavar="A,B,C",
-        help="one column per category, set (1, true) where the item is in it: names, or "
-        "FIRST..LAST for every column between them; beside --category-col or alone",
-    )
-    built.add_argument("--published-col", default=None, help="when each item was published")
-    built.add_argument(
-        "--published-format",
-        default=None,
-        help="its strptime format where it is neither unix seconds nor ISO text, such as "
-        "%%d-%%b-%%Y for 01-Jan-1995",
-    )
-    built.add_argument(
-        "--title-col",
-        default=None,
-        help="a title kept in the catalog: /recommend returns it when asked "
-        '(attributes: ["title"]) and the demo prints it',
-    )
-    add_layout_flags(built, "--items", "the item table")
+    _add_item_table_flags(built)
     built.add_argument(
         "--item-features",
         choices=ITEM_FEATURES,
@@ -365,3 +320,33 @@ def _add_build_world(
     )
     built.add_argument("--seed", type=int, default=7)
     built.set_defaults(run=_build_world)
+
+
+def _add_item_table_flags(built: argparse.ArgumentParser) -> None:
+    """The item table build-world may read beside the log, and its columns."""
+    built.add_argument(
+        "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"
+    )
+    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
+    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
+    built.add_argument(
+        "--category-cols",
+        default=None,
+        metavar="A,B,C",
+        help="one column per category, set (1, true) where the item is in it: names, or "
+        "FIRST..LAST for every column between them; beside --category-col or alone",
+    )
+    built.add_argument("--published-col", default=None, help="when each item was published")
+    built.add_argument(
+        "--published-format",
+        default=None,
+        help="its strptime format where it is neither unix seconds nor ISO text, such as "
+        "%%d-%%b-%%Y for 01-Jan-1995",
+    )
+    built.add_argument(
+        "--title-col",
+        default=None,
+        help="a title kept in the catalog: /recommend returns it when asked "
+        '(attributes: ["title"]) and the demo prints it',
+    )
+    add_layout_flags(built, "--items", "the item table")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
+from recsys_tools.localstack import project_root
 from recsys_tools.model.engine.build import build_engine
 from recsys_tools.model.engine.calibration import CALIBRATION_ROWS
 from recsys_tools.model.engine.commands import Command
@@ -57,8 +58,6 @@ __all__ = [
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
-    from recsys_tools.localstack import project_root
-
     root = project_root()
     for flag in ("calibration_rows", "request_rows"):
         if getattr(args, flag) < 1:

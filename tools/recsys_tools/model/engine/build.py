@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
+from app.release.catalog import MODEL_FILE
 from app.release.schema import HEADS_OUTPUT
+from app.release.world import read_stamp, world_schema
 from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,
@@ -34,6 +36,7 @@ from recsys_tools.model.engine.release import release_of
 from recsys_tools.model.engine.report import EngineReport
 from recsys_tools.model.engine.rewrite import check_identity, foreign_ops, tensorrt_graph
 from recsys_tools.model.engine.runner import missing_gpu, run_build
+from recsys_tools.model.holdout import load_holdout
 from recsys_tools.model.precision import score_tail
 
 if TYPE_CHECKING:
@@ -58,9 +61,6 @@ def _prepare_out(out: Path, model_name: str) -> Path:
 def _load_world(world: Path) -> tuple[FeatureSchema, Any]:
     import onnx
 
-    from app.release.catalog import MODEL_FILE
-    from app.release.world import world_schema
-
     path = world / MODEL_FILE
     if not path.is_file():
         raise ConfigError(f"{path} is missing: build the world (recsys build-world or build-demo)")
@@ -69,8 +69,6 @@ def _load_world(world: Path) -> tuple[FeatureSchema, Any]:
 
 def build_engine(options: BuildOptions) -> EngineReport:
     """Check everything, write the model directory, then run or print the GPU steps."""
-    from app.release.world import read_stamp
-
     where = f"--config {shown(options.config)}"
     schema, model = _load_world(options.world)
     source = read_config(options.config)
@@ -133,15 +131,12 @@ def _write(
     import numpy as np
     import onnx
 
-    from app.release.catalog import MODEL_FILE
-
     home = staging / (BUILD_DIR if options.engine == "plan" else VERSION_DIR)
     home.mkdir()
     (staging / VERSION_DIR).mkdir(exist_ok=True)
     onnx.save(ready, str(home / MODEL_FILE))
     if options.precision != "int8":
         return MODEL_FILE, None
-    from recsys_tools.model.holdout import load_holdout
 
     holdout = load_holdout(options.world, schema)
     rows = calibration_rows(holdout, options.calibration_rows)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from app.core.errors import ConfigError
 from recsys_tools.model.engine.scoring import scores
+from recsys_tools.world.judge.measures import auc
 
 if TYPE_CHECKING:
     import numpy as np
@@ -125,8 +126,6 @@ def write_qdq_model(source: Path, rows: FloatArray, profile: Profile, target: Pa
 def qdq_drift(holdout: Holdout, fp32: Path, qdq: Path, used: int) -> str:
     """How far the INT8 copy moves on held-out rows it was not calibrated on (CPU)."""
     import numpy as np
-
-    from recsys_tools.world.measures import auc
 
     rows, labels = holdout.rows[used:], holdout.labels[used:]
     if len(np.unique(labels)) < 2:

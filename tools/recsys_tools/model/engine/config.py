@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from app.release.schema import HEADS_OUTPUT
+from app.release.world import WORLD_ID_PARAMETER
 from recsys_tools.model.engine.options import shown
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ def serving_config(
 ) -> Any:
     """The source config with the engine's platform, precision and profile (and world id);
     without the heads output where the model has none (`heads`)."""
-    from app.release.world import WORLD_ID_PARAMETER
-
     config = type(source)()
     config.CopyFrom(source)
     if not heads:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.clients.ranking_model import chunk_bounds
 from app.core.settings import Settings
 
 # A request's model rows: what pre-rank keeps of the pool.
@@ -39,8 +40,6 @@ class Profile:
 
 def profile_for(config: Any, request_rows: int) -> Profile:
     """min 1; opt the chunk a typical request is sent in; max the largest chunk, max_batch_size."""
-    from app.clients.ranking_model import chunk_bounds
-
     top = int(config.max_batch_size)
     opt = max(end - start for start, end in chunk_bounds(request_rows, top))
     return Profile(config.input[0].name, int(config.input[0].dims[-1]), 1, opt, top, request_rows)

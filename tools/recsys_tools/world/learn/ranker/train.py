@@ -1,8 +1,8 @@
 """Train the ranking network and export it to ONNX.
 
 It learns from a synthetic world's impressions, or from a log's candidate lists as the
-service builds them (from_log.py). The network and its export are ranker_net.py (PyTorch
-trains; serving needs neither). The training rows come from the same pack_rows (and
+service builds them (from_log.py). The network is net.py, trained by fit.py (PyTorch) and
+written by export.py; serving needs neither. The training rows come from the same pack_rows (and
 encode_context) the service uses, so the model sees exactly what it will be sent.
 """
 
@@ -16,16 +16,16 @@ import numpy.typing as npt
 from app.core.errors import ConfigError
 from app.pipeline.packing import encode_context, pack_rows
 from app.release.schema import FeatureSchema
-from recsys_tools.world.logs import InteractionLog
-from recsys_tools.world.measures import auc
-from recsys_tools.world.ranker_net import HEADS, NETWORKS, RankerNet, export_net, fit_best
-from recsys_tools.world.synth import World
+from recsys_tools.world.generate.synth import World
+from recsys_tools.world.judge.measures import auc
+from recsys_tools.world.learn.ranker.export import export_net
+from recsys_tools.world.learn.ranker.fit import fit_best
+from recsys_tools.world.learn.ranker.net import HEADS, NETWORKS, RankerNet
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.times import HOURS, WEEKDAYS, utc_hour_weekday
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
-HOURS, WEEKDAYS = 24, 7
-# 1970-01-01 was a Thursday: Python's weekday 3.
-EPOCH_WEEKDAY = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +159,6 @@ def like_threshold(log: InteractionLog) -> float | None:
         return median
     above = weights[weights > lowest]
     return float(above.min()) if len(above) else None
-
-
-def utc_hour_weekday(times: IntArray) -> tuple[IntArray, IntArray]:
-    """The UTC hour and weekday (Monday 0) of unix seconds, as the service reads its clock."""
-    return (times // 3600) % HOURS, (times // 86_400 + EPOCH_WEEKDAY) % WEEKDAYS
 
 
 def context_rows(schema: FeatureSchema, times: IntArray, rng: np.random.Generator) -> FloatArray:

@@ -31,7 +31,7 @@ from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
 from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema
 from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
-from recsys_tools.world.files import write_manifest
+from recsys_tools.world.store.files import write_manifest
 
 STAMPED_FILES = (
     ITEMS_FILE,

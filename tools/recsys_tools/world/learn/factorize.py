@@ -17,7 +17,7 @@ from scipy.sparse import csr_matrix
 from threadpoolctl import threadpool_limits
 
 from app.release.foldin import FoldInParams, Weighting
-from recsys_tools.world.logs import InteractionLog
+from recsys_tools.world.read.log import InteractionLog
 
 FloatArray = npt.NDArray[np.float32]
 

@@ -23,9 +23,9 @@ from app.release.catalog import INDEX_FILE, MODEL_FILE, SCHEMA_FILE, read_index
 from app.release.neighbours import load_neighbours
 from app.release.prerank import load_prerank
 from app.release.schema import FeatureSchema, load_schema
-from recsys_tools.world.evaluate import RANK_BATCH, Evaluator, Query, ServedModel
-from recsys_tools.world.files import load_items, load_positives, load_seen, load_users
-from recsys_tools.world.prerank_fit import nearby
+from recsys_tools.world.judge.evaluate import RANK_BATCH, Evaluator, Query, ServedModel
+from recsys_tools.world.judge.served_view import nearby
+from recsys_tools.world.store.files import load_items, load_positives, load_seen, load_users
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]

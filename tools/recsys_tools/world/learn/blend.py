@@ -27,9 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 
 FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +205,40 @@ def lists_ndcg(
 def prerank_blend(recall: float, sequence: tuple[float, ...]) -> Blend:
     """The blend that orders as pre-rank does: its weights, and none on the MLP."""
     return Blend(recall=recall, model=0.0, bias=0.0, sequence=sequence)
+
+
+def choose_blend(
+    schema: FeatureSchema,
+    prerank: PrerankWeights,
+    listed: tuple[IntArray, npt.NDArray[np.int8]],
+    recall: npt.NDArray[np.float64],
+    network: npt.NDArray[np.floating],
+    sequence: FloatArray | None,
+    ignored: BoolArray,
+) -> Blend:
+    """Of the blend fitted on half the listed users, pre-rank's own weights and recall's
+    order (the MLP left out of both), the one that orders the other half's lists best: the
+    MLP earns its place only where it helps on users the blend did not see. `ignored`
+    sequence signals get no weight (the inputs left out of this build)."""
+    users, labels = listed
+    # Pre-rank weighs three signals; the sequence block's others get no weight of its own.
+    weighed = tuple(getattr(prerank, name, 0.0) for name in schema.sequence)
+    plain = prerank_blend(prerank.user, weighed)
+    fitting = users % 2 == 0
+    if not labels[fitting].any() or labels[fitting].all() or not labels[~fitting].any():
+        return plain
+
+    def part(rows: BoolArray) -> FloatArray | None:
+        return None if sequence is None else sequence[rows]
+
+    fitted = fit_blend(recall[fitting], network[fitting], labels[fitting], part(fitting), ignored)
+    checking = ~fitting
+
+    def quality(blend: Blend) -> float:
+        scores = blend_scores(blend, recall[checking], network[checking], part(checking))
+        return lists_ndcg(users[checking], labels[checking], scores)
+
+    # Recall's own order is a choice too: pre-rank's weights were fitted to keep held-out
+    # items among hundreds, which is not the same as putting them in the first ten.
+    recall_only = prerank_blend(1.0, tuple(0.0 for _ in schema.sequence))
+    return max((plain, recall_only, fitted), key=quality)

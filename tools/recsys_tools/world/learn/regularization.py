@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from recsys_tools.world.evaluate import Holdout, split_holdout
-from recsys_tools.world.factorize import factorize
-from recsys_tools.world.logs import IntArray, InteractionLog
+from recsys_tools.world.judge.evaluate import Holdout, split_holdout
+from recsys_tools.world.learn.factorize import factorize
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import IntArray
 
 GRID = (1.0, 3.0, 10.0, 20.0, 30.0, 40.0, 80.0)
 # Enough users for the figures to tell the grid's points apart; a large log stays quick.

@@ -14,7 +14,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.release.neighbours import Neighbours
-from recsys_tools.world.logs import IntArray
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import IntArray
 
 NEIGHBOURS_K = 50
 HISTORY = 100
@@ -64,3 +65,10 @@ def item_neighbours(
         positions[row, : len(top)] = others[top]
         similarity[row, : len(top)] = scores[top]
     return Neighbours(positions, similarity)
+
+
+def positive_neighbours(part: InteractionLog) -> Neighbours:
+    """The item-to-item neighbours of the part's positives."""
+    return item_neighbours(
+        part.user[part.positive], part.item[part.positive], part.n_users, part.n_items
+    )

@@ -32,9 +32,7 @@ from app.release.catalog import set_search_breadth
 from app.release.neighbours import Nearby, Neighbours
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
-from recsys_tools.world.index import build_index
-from recsys_tools.world.logs import BoolArray, IntArray, InteractionLog
-from recsys_tools.world.prerank_fit import (
+from recsys_tools.world.judge.served_view import (
     DECAY,
     SIMILAR,
     Recent,
@@ -42,8 +40,11 @@ from recsys_tools.world.prerank_fit import (
     nearby,
     service_pool,
 )
-from recsys_tools.world.split import later_rows
-from recsys_tools.world.train import utc_hour_weekday
+from recsys_tools.world.judge.split import later_rows
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import BoolArray, IntArray
+from recsys_tools.world.read.times import utc_hour_weekday
+from recsys_tools.world.store.index import build_index
 
 FloatArray = npt.NDArray[np.float32]
 K = 10

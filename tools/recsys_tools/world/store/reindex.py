@@ -14,8 +14,8 @@ from pathlib import Path
 from app.core.errors import ConfigError
 from app.release.catalog import INDEX_FILE, MANIFEST_FILE
 from app.release.world import file_digest, read_stamp
-from recsys_tools.world.files import load_items, read_manifest, write_manifest
-from recsys_tools.world.index import build_index, save_index
+from recsys_tools.world.store.files import load_items, read_manifest, write_manifest
+from recsys_tools.world.store.index import build_index, save_index
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -16,14 +16,17 @@ import numpy.typing as npt
 
 from app.core.settings import Settings
 from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
-from app.release.neighbours import NOWHERE, Nearby, Neighbours
+from app.release.neighbours import Neighbours
 from app.release.prerank import PrerankWeights
-from recsys_tools.world.logs import IntArray, InteractionLog
+from recsys_tools.world.judge.served_view import (
+    DECAY,
+    Recent,
+    nearby,
+    service_pool,
+)
+from recsys_tools.world.read.tables import IntArray
 
 FloatArray = npt.NDArray[np.float32]
-RECENT: int = Settings.model_fields["recent_items"].default
-DECAY: float = Settings.model_fields["recent_decay"].default
-SIMILAR: int = Settings.model_fields["similar_candidates"].default
 KEEP: int = Settings.model_fields["prerank_keep"].default
 K = 10
 # The nearest items per fitted user: deep enough that pre-rank has a choice to make.
@@ -31,44 +34,6 @@ FIT_DEPTH = 2 * KEEP
 # Weights of the item-to-item signals tried, each against the user's vector's 1 (all three
 # scaled by their spread): none, a little, as much, more.
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Recent:
-    """Each user's latest positives, oldest first: items[offsets[u]:offsets[u + 1]]."""
-
-    offsets: IntArray
-    items: IntArray
-
-    def of(self, user: int) -> IntArray:
-        return self.items[self.offsets[user] : self.offsets[user + 1]]
-
-
-def latest_positives(part: InteractionLog, count: int = RECENT) -> Recent:
-    """What the service reads as a user's recent items: their last `count` positives."""
-    rows = np.flatnonzero(part.positive)
-    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
-    users = part.user[rows]
-    after = np.searchsorted(users, users, side="right") - np.arange(len(rows)) - 1
-    rows, users = rows[after < count], users[after < count]
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=part.n_users))])
-    return Recent(offsets.astype(np.int64), part.item[rows].astype(np.int64))
-
-
-def nearby(neighbours: Neighbours | None, recent: IntArray) -> Nearby:
-    """What the service's features stage finds near the user's latest positives."""
-    return neighbours.around(recent, DECAY) if neighbours is not None else NOWHERE
-
-
-def service_pool(
-    nearest: IntArray, near: Nearby, seen: IntArray, similar: int = SIMILAR
-) -> IntArray:
-    """The nearest items, then the items near the recent ones they lack, minus `seen`."""
-    pool = nearest[nearest >= 0]
-    if len(near.items) and similar:
-        pool = np.concatenate([pool, near.items[~np.isin(near.items, pool)][:similar]])
-    kept: IntArray = pool[~np.isin(pool, seen)]
-    return kept
 
 
 def _coverage(

@@ -1,4 +1,4 @@
-"""Assembling a world directory: tables, index, default user, model, manifest."""
+"""The demo world: generated, its ranker trained on its impressions, written whole."""
 
 from __future__ import annotations
 
@@ -10,23 +10,20 @@ from pathlib import Path
 import numpy as np
 
 from app.release.attributes import save_attributes
-from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
+from app.release.catalog import MODEL_FILE
 from app.release.foldin import PLAIN, save_foldin
 from app.release.neighbours import save_neighbours
 from app.release.schema import FeatureSchema
-from recsys_tools.world.files import (
-    ItemTable,
-    UserTable,
-    save_default_user,
+from recsys_tools.world.generate.synth import generate_world
+from recsys_tools.world.generate.titles import generated_attributes
+from recsys_tools.world.learn.neighbours import item_neighbours
+from recsys_tools.world.learn.ranker.train import train_ranker
+from recsys_tools.world.store.catalog import write_catalog
+from recsys_tools.world.store.files import (
     save_table,
     write_manifest,
 )
-from recsys_tools.world.identity import STAMPED_FILES, stamp_world
-from recsys_tools.world.index import build_index, save_index
-from recsys_tools.world.neighbours import item_neighbours
-from recsys_tools.world.synth import generate_world
-from recsys_tools.world.titles import generated_attributes
-from recsys_tools.world.train import train_ranker
+from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger(__name__)
 
@@ -42,45 +39,6 @@ DEMO = DemoSize(items=100_000, users=20_000, impressions=200_000)
 LARGE = DemoSize(items=1_000_000, users=100_000, impressions=400_000)
 # The manifest's `source` of a world the demo generated, and so may build again.
 SYNTHETIC = "synthetic"
-# What build-world's evaluation writes beside the world.
-REPORT_FILE = "report.json"
-
-
-def write_catalog(
-    world: Path, schema: FeatureSchema, items: ItemTable, users: UserTable, index_factory: str
-) -> None:
-    """Check and save the tables, then build the index and the cold-start default over them.
-
-    This starts the world afresh: what an earlier build left (a seen list, a model, the
-    manifest, held-out rows) would otherwise be served beside tables it does not belong to.
-    """
-    items.check(schema)
-    users.check(schema)
-    world.mkdir(parents=True, exist_ok=True)
-    for name in (*STAMPED_FILES, MANIFEST_FILE, REPORT_FILE, HOLDOUT_FILE):
-        (world / name).unlink(missing_ok=True)
-    save_table(world, items)
-    save_table(world, users)
-    save_default_user(world, users)
-    started = time.perf_counter()
-    index = build_index(items.embeddings, index_factory)
-    save_index(world, index)
-    log.info(
-        "indexed %d items (%s) in %.1f s",
-        index.ntotal,
-        index_factory,
-        time.perf_counter() - started,
-    )
-    write_manifest(
-        world,
-        schema_version=schema.version,
-        embedding_dim=schema.embedding_dim,
-        items=len(items.ids),
-        users=len(users.ids),
-        index=index_factory,
-        index_ntotal=int(index.ntotal),
-        index_build_seconds=round(time.perf_counter() - started, 2),
-    )
 
 
 def build_demo_world(

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from app.core.errors import ConfigError
-from recsys_tools.world.logs import BoolArray, InteractionLog
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import BoolArray
 
 EARLIER, LATER = "earlier.csv", "later.csv"
 

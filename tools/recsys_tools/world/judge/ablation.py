@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.release.schema import FeatureSchema
-from recsys_tools.world.logs import InteractionLog
+from recsys_tools.world.read.log import InteractionLog
 
 log = logging.getLogger("recsys.build")
 

@@ -28,7 +28,7 @@ from app.release.catalog import ITEMS_FILE, SEEN_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
 from app.release.schema import FeatureSchema
 from app.release.world import read_stamp, verify_files
-from recsys_tools.world.files import (
+from recsys_tools.world.store.files import (
     PositiveLists,
     SeenLists,
     load_items,

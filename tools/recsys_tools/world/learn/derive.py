@@ -18,7 +18,10 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.release.schema import FeatureSchema
-from recsys_tools.world.logs import NO_TIME, IntArray, InteractionLog, ItemInfo
+from recsys_tools.world.read.items import ItemInfo
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import IntArray
+from recsys_tools.world.read.times import NO_TIME
 
 FloatArray = npt.NDArray[np.float64]
 DAY = 86_400.0
@@ -37,7 +40,11 @@ class Derivation:
 
 def interactions_schema_path() -> Path:
     """The packaged schema for worlds built from an interaction log."""
-    ref = resources.files("recsys_tools.world").joinpath("schemas").joinpath("interactions.json")
+    ref = (
+        resources.files("recsys_tools.world.learn")
+        .joinpath("schemas")
+        .joinpath("interactions.json")
+    )
     return Path(str(ref))
 
 

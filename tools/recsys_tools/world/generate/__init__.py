@@ -1,0 +1,1 @@
+"""Generating worlds and logs for the demo, the tests and the benchmarks."""

@@ -1,0 +1,1 @@
+"""Judging worlds: the holdout evaluation, what a world would answer, ablations, measures."""

@@ -1,0 +1,56 @@
+"""What the service sees of a user, rebuilt from a log: their latest positives, the items
+near those, and the pool recall would hand on. The evaluation and the pre-rank fit both build
+their pools through these, so the two judge the same pools the service makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.core.settings import Settings
+from app.release.neighbours import NOWHERE, Nearby, Neighbours
+from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.tables import IntArray
+
+RECENT: int = Settings.model_fields["recent_items"].default
+DECAY: float = Settings.model_fields["recent_decay"].default
+SIMILAR: int = Settings.model_fields["similar_candidates"].default
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """Each user's latest positives, oldest first: items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: IntArray
+    items: IntArray
+
+    def of(self, user: int) -> IntArray:
+        return self.items[self.offsets[user] : self.offsets[user + 1]]
+
+
+def latest_positives(part: InteractionLog, count: int = RECENT) -> Recent:
+    """What the service reads as a user's recent items: their last `count` positives."""
+    rows = np.flatnonzero(part.positive)
+    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
+    users = part.user[rows]
+    after = np.searchsorted(users, users, side="right") - np.arange(len(rows)) - 1
+    rows, users = rows[after < count], users[after < count]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=part.n_users))])
+    return Recent(offsets.astype(np.int64), part.item[rows].astype(np.int64))
+
+
+def nearby(neighbours: Neighbours | None, recent: IntArray) -> Nearby:
+    """What the service's features stage finds near the user's latest positives."""
+    return neighbours.around(recent, DECAY) if neighbours is not None else NOWHERE
+
+
+def service_pool(
+    nearest: IntArray, near: Nearby, seen: IntArray, similar: int = SIMILAR
+) -> IntArray:
+    """The nearest items, then the items near the recent ones they lack, minus `seen`."""
+    pool = nearest[nearest >= 0]
+    if len(near.items) and similar:
+        pool = np.concatenate([pool, near.items[~np.isin(near.items, pool)][:similar]])
+    kept: IntArray = pool[~np.isin(pool, seen)]
+    return kept

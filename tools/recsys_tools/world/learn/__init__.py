@@ -1,0 +1,1 @@
+"""Learning from a log: factors, neighbours, features, the pre-rank weights, the blend."""

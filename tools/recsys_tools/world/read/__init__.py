@@ -1,0 +1,1 @@
+"""Reading what an operator hands the builder: logs, item and user tables, in their formats."""

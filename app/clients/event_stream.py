@@ -14,7 +14,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from app.clients.feature_store import WORLD_ID_FIELD, RedisClient
-from app.core.metrics import DeadLetter
+from app.core.ingest_metrics import DeadLetter
 from app.release.keyspace import KeySpace
 
 # Raises decayed trending scores, kept in log2 space, score = log2(sum of 2^(ts / half-life)),

@@ -12,16 +12,16 @@ import signal
 import sys
 
 from prometheus_client import start_http_server
-from redis.exceptions import RedisError
 
 from app.clients.event_stream import EventStream
 from app.clients.feature_store import connect_redis, layout_meta
+from app.clients.user_state import CLUSTER_CALLS, UserStateScripts
 from app.core.errors import ConfigError, RecsysError, SchemaError
+from app.core.ingest_metrics import IngestMetrics
 from app.core.log_setup import configure_logging
-from app.core.metrics import IngestMetrics
 from app.core.settings import Settings, load_settings
 from app.ingest.consumer import Consumer, Limits
-from app.ingest.user_store import CLUSTER_CALLS, Bounds, UserStore
+from app.ingest.user_store import Bounds, UserStore
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
 from app.release.keyspace import KeySpace
@@ -79,7 +79,7 @@ async def _watch_memory(consumer: Consumer) -> None:
     while True:
         try:
             await consumer.redis_memory()
-        except (RedisError, OSError) as exc:
+        except Exception as exc:  # a gauge, best effort: never the consumer's end
             log.debug("Redis memory not read: %s", exc)
         await asyncio.sleep(MEMORY_EVERY_S)
 
@@ -107,7 +107,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
             EventStream(client, keys, f"consumer-{index}", settings.ingest_batch),
             world,
             lambda: _world(settings),
-            UserStore(client, keys, _bounds(settings)),
+            UserStore(UserStateScripts(client, keys), _bounds(settings)),
             metrics,
             partitions=partitions,
             limits=_limits(settings),

@@ -46,7 +46,7 @@ from app.core.events import (
     decode_entry,
     keyable_user,
 )
-from app.core.metrics import DeadLetter, IngestMetrics
+from app.core.ingest_metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
 from app.ingest.user_store import UserStore

@@ -1,6 +1,6 @@
-"""Users' real-time state in Redis, as the consumer reads and writes it: one script per
-group of users each way (the whole batch on one Redis, each user on a Cluster, since a
-script's keys must share a slot and only a user's own keys do).
+"""Users' real-time state, as the consumer reads and writes it: what the scripts are asked
+and what their replies mean. The calls themselves (keys, groups, Redis) are
+app.clients.user_state's.
 
 State stays bounded: a user's positives and seen list keep their latest entries only, the
 ids of applied events start afresh once they are many, and a user the world did not hold
@@ -9,26 +9,19 @@ ids of applied events start afresh once they are many, and a user the world did 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from redis.asyncio.cluster import RedisCluster
 
-from app.clients.feature_store import FLOAT32, SEEN_POSITION, RedisClient, decode_seen, encode_seen
+from app.clients.feature_store import FLOAT32, SEEN_POSITION, decode_seen, encode_seen
+from app.clients.user_state import ScriptCall, UserStateScripts
 from app.core.events import Event, EventType
 from app.ingest.apply import UserChange, UserState
-from app.ingest.scripts import READ_SCRIPT, WRITE_SCRIPT
 from app.ingest.world import IngestWorld
-from app.release.keyspace import KeySpace
 
-T = TypeVar("T")
 # Event ids kept per user for spotting a retried event: past this many they start afresh.
 APPLIED_IDS_KEPT = 1024
-# Scripts in flight at once on a Redis Cluster (one per user): within the client's pool.
-CLUSTER_CALLS = 16
 # Fields of a user's reply before the impression counts and applied marks.
 _FIXED = 5
 
@@ -42,30 +35,13 @@ class Bounds:
 
 
 class UserStore:
-    def __init__(self, client: RedisClient, keys: KeySpace, bounds: Bounds) -> None:
-        self._keys = keys
+    def __init__(self, scripts: UserStateScripts, bounds: Bounds) -> None:
+        self._scripts = scripts
         self._bounds = bounds
-        self._cluster = isinstance(client, RedisCluster)
-        self._read_script = client.register_script(READ_SCRIPT)
-        self._write_script = client.register_script(WRITE_SCRIPT)
 
     @property
     def positives_kept(self) -> int:
         return self._bounds.positives
-
-    def _user_keys(self, user_id: str) -> list[str]:
-        """The keys both scripts take for a user, in their order."""
-        keys = self._keys
-        return [
-            keys.positives(user_id),
-            keys.seen(user_id),
-            keys.user(user_id),
-            keys.impressions(user_id),
-            keys.applied(user_id),
-        ]
-
-    def _groups(self, users: list[T]) -> list[list[T]]:
-        return [[one] for one in users] if self._cluster else [users]
 
     async def states(
         self, by_user: dict[str, list[tuple[Event, int]]], world: IngestWorld
@@ -75,8 +51,8 @@ class UserStore:
         for user_id, events in by_user.items():
             shown = sorted({p for e, p in events if e.type is EventType.IMPRESSION})
             asked.append((user_id, shown, [event.event_id for event, _ in events]))
-        groups = self._groups(asked)
-        replies = await _bounded(self._read(group) for group in groups)
+        groups = self._scripts.groups(asked)
+        replies = await self._scripts.read([_read_call(group) for group in groups])
         states: dict[str, UserState | str] = {}
         for group, reply in zip(groups, replies, strict=True):
             at = 0
@@ -88,42 +64,46 @@ class UserStore:
                 states[user_id] = _state(world, fixed, shown, counts, ids, applied)
         return states
 
-    async def _read(self, group: list[tuple[str, list[int], list[str]]]) -> list[Any]:
-        keys: list[str] = []
-        args: list[Any] = []
-        for user_id, shown, ids in group:
-            keys += self._user_keys(user_id)
-            args += [len(shown), *shown, len(ids), *ids]
-        return list(await self._read_script(keys=keys, args=args))
-
     async def write(self, changes: dict[str, UserChange], states: dict[str, Any]) -> None:
         """Every user's change in one script (atomic, as a transaction)."""
         writing = [(user, change) for user, change in changes.items() if change.writes]
         if writing:
-            await _bounded(self._write(group, states) for group in self._groups(writing))
+            groups = self._scripts.groups(writing)
+            await self._scripts.write([self._write_call(group, states) for group in groups])
 
-    async def _write(self, group: list[tuple[str, UserChange]], states: dict[str, Any]) -> None:
+    def _write_call(
+        self, group: list[tuple[str, UserChange]], states: dict[str, Any]
+    ) -> ScriptCall:
         bounds = self._bounds
-        keys: list[str] = []
         width = SEEN_POSITION.itemsize
         args: list[Any] = [bounds.dedupe_s, bounds.positives * width, bounds.seen * width]
         for user_id, change in group:
-            state: UserState = states[user_id]
-            keys += self._user_keys(user_id)
-            mode, positives = "", b""
-            if change.positives and state.positives_stored:
-                mode, positives = "A", encode_seen(change.positives)
-            elif change.positives:
-                whole = np.concatenate([state.positives, np.asarray(change.positives)])
-                mode, positives = "S", encode_seen(whole[-bounds.positives :])
-            blob = b"" if change.blob is None else change.blob.astype(FLOAT32).tobytes()
-            counts = [value for pair in change.impressions.items() for value in pair]
-            reset = state.applied_kept + len(change.applied) > APPLIED_IDS_KEPT
-            args += [encode_seen(change.seen) if change.seen else b"", mode, positives, blob]
-            args += [len(change.impressions), *counts]
-            args += [int(reset), len(change.applied), *change.applied]
-            args.append(0 if state.world_user else bounds.online_ttl_s)
-        await self._write_script(keys=keys, args=args)
+            args += self._write_args(states[user_id], change)
+        return ScriptCall([user_id for user_id, _ in group], args)
+
+    def _write_args(self, state: UserState, change: UserChange) -> list[Any]:
+        bounds = self._bounds
+        mode, positives = "", b""
+        if change.positives and state.positives_stored:
+            mode, positives = "A", encode_seen(change.positives)
+        elif change.positives:
+            whole = np.concatenate([state.positives, np.asarray(change.positives)])
+            mode, positives = "S", encode_seen(whole[-bounds.positives :])
+        blob = b"" if change.blob is None else change.blob.astype(FLOAT32).tobytes()
+        counts = [value for pair in change.impressions.items() for value in pair]
+        reset = state.applied_kept + len(change.applied) > APPLIED_IDS_KEPT
+        args: list[Any] = [encode_seen(change.seen) if change.seen else b"", mode, positives, blob]
+        args += [len(change.impressions), *counts]
+        args += [int(reset), len(change.applied), *change.applied]
+        args.append(0 if state.world_user else bounds.online_ttl_s)
+        return args
+
+
+def _read_call(group: list[tuple[str, list[int], list[str]]]) -> ScriptCall:
+    args: list[Any] = []
+    for _, shown, ids in group:
+        args += [len(shown), *shown, len(ids), *ids]
+    return ScriptCall([user_id for user_id, _, _ in group], args)
 
 
 def _state(
@@ -161,14 +141,3 @@ def _state(
         applied_kept=int(applied_kept),
         world_user=bool(world_user),
     )
-
-
-async def _bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The calls' results in order, at most CLUSTER_CALLS running at once."""
-    gate = asyncio.Semaphore(CLUSTER_CALLS)
-
-    async def one(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    return list(await asyncio.gather(*(one(call) for call in calls)))

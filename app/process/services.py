@@ -27,7 +27,8 @@ from app.core.errors import (
     RankingModelError,
 )
 from app.core.metrics import ServiceMetrics
-from app.core.settings import Settings, seconds
+from app.core.realtime_settings import seconds
+from app.core.settings import Settings
 from app.pipeline.context import caller_shortened
 from app.pipeline.recommend import RecommendPipeline, build_pipeline
 from app.pipeline.shadow import ShadowCalls

@@ -127,6 +127,22 @@ def test_no_import_in_app_runs_up_a_floor() -> None:
     assert not upward, "imports that run up (docs/architecture.md):\n" + "\n".join(upward)
 
 
+# The third-party clients of the service's dependencies: their errors are mapped into the
+# service's own in app/clients/, so only that floor imports them.
+DEPENDENCY_CLIENTS = ("redis", "tritonclient")
+
+
+def test_only_the_clients_floor_talks_to_redis_and_triton() -> None:
+    talking = [
+        f"{name} imports {target}"
+        for name, path in _modules("app").items()
+        if not name.startswith("app.clients.")
+        for target in _imports(path, name)
+        if target.split(".")[0] in DEPENDENCY_CLIENTS
+    ]
+    assert not talking, "through a client in app/clients/ instead:\n" + "\n".join(talking)
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1 on the path, 2 done
     path: list[str] = []

@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Positions, Scores
+from app.pipeline.selectors.selecting import Selection
 from app.pipeline.types import Packed, Ranked
 from app.release.catalog import Catalog
-from app.release.rules import RerankRules
 from app.release.schema import HEAD_NAMES, FeatureSchema
 
 StrArray = npt.NDArray[np.str_]
@@ -33,6 +33,8 @@ StrArray = npt.NDArray[np.str_]
 FIRST_IDS = 10  # ids kept of each list a trace names (a source's, a filter's)
 TOP_SCORED = 50  # scored candidates kept, best first, with their main features
 NOT_FOLLOWED = -1
+# Why a model top-N item no selector moved is not served: equal scores, another order.
+TIED = "tied with an item served (equal scores come out in catalog order)"
 
 
 @dataclass(slots=True)
@@ -168,16 +170,15 @@ class Trace:
                 f.model_rank = int(np.flatnonzero(order == at[0])[0]) + 1
         self.model = {"variant": str(ranked.model.variant), "version": ranked.model.version}
 
-    def reranked(
-        self, ranked: Ranked, chosen: Indices, final: Scores, catalog: Catalog, rules: RerankRules
-    ) -> None:
+    def reranked(self, ranked: Ranked, selection: Selection, catalog: Catalog) -> None:
         """The answer, and what rerank changed against the model's order: items boosted or
-        moved, backfilled unscored, and those the model put in the top N that it left out."""
+        moved, backfilled unscored, and those the model put in the top N that it left out,
+        each with the selector that left it out."""
         scored = ranked.scored
         order = model_order(scored.scores)
         model_rank = np.zeros(len(scored.scores), dtype=np.int64)
         model_rank[order] = np.arange(1, len(order) + 1)
-        wanted = ranked.asked.query.num_items
+        chosen, final = selection.positions, selection.scores
         changes: list[dict[str, str]] = []
         for served, (j, score) in enumerate(zip(chosen.tolist(), final.tolist(), strict=True), 1):
             item_id = str(catalog.item_ids[scored.positions[j]])
@@ -195,12 +196,11 @@ class Trace:
             if change:
                 changes.append({"item_id": item_id, "change": change})
         served_at = set(chosen.tolist())
-        left_out = [j for j in order[:wanted].tolist() if j not in served_at]
-        served_categories = catalog.categories[scored.positions[chosen]]
-        for j in left_out:
-            rule = _left_out_by(j, scored.positions, served_categories, catalog, rules)
+        wanted = ranked.asked.query.num_items
+        for j in (j for j in order[:wanted].tolist() if j not in served_at):
             item_id = str(catalog.item_ids[scored.positions[j]])
-            changes.append({"item_id": item_id, "change": f"model rank {model_rank[j]}: {rule}"})
+            reason = selection.left_out.get(j, TIED)
+            changes.append({"item_id": item_id, "change": f"model rank {model_rank[j]}: {reason}"})
         self.rerank = {"changes": changes}
         at = np.flatnonzero(scored.positions == self.about)
         if len(at):
@@ -209,9 +209,7 @@ class Trace:
             if len(picked):
                 self.followed.served_rank = int(picked[0]) + 1
             elif not np.isnan(scored.scores[j]):
-                self.followed.facts["rerank_rule"] = _left_out_by(
-                    j, scored.positions, served_categories, catalog, rules
-                )
+                self.followed.facts["rerank_rule"] = selection.left_out.get(j, TIED)
 
 
 def model_order(scores: Scores) -> Indices:
@@ -232,22 +230,6 @@ def _change(raw: float, final: float, model_rank: int, served: int) -> str:
     if model_rank != served:
         return f"moved from model rank {model_rank} to {served}"
     return ""
-
-
-def _left_out_by(
-    j: int,
-    positions: Positions,
-    served_categories: npt.NDArray[np.int64],
-    catalog: Catalog,
-    rules: RerankRules,
-) -> str:
-    cap = rules.diversity.max_per_category
-    category = catalog.categories[positions[j]]
-    if cap > 0 and int(np.count_nonzero(served_categories == category)) >= cap:
-        return f"the category cap ({cap} per category, [diversity] max_per_category)"
-    if rules.diversity.relevance < 1.0:
-        return "diversity ([diversity] relevance): too like items chosen before it"
-    return "boosted items passed it ([boost] rules)"
 
 
 def _main_features(

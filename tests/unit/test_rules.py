@@ -5,17 +5,10 @@ import numpy.typing as npt
 import pytest
 
 from app.core.errors import ConfigError
-from app.release.rules import (
-    BoostRule,
-    DiversityRule,
-    ObjectivesRule,
-    RerankRules,
-    adjusted_scores,
-    load_rules,
-    log_factors,
-    rank_within_group,
-    rerank,
-)
+from app.pipeline.selectors.boost import Boost, adjusted_scores, log_factors
+from app.pipeline.selectors.category_cap import rank_within_group
+from app.pipeline.selectors.rerank import rerank
+from app.release.rules import BoostRule, DiversityRule, ObjectivesRule, RerankRules, load_rules
 from app.release.schema import ScoreScale
 
 NO_RULES = RerankRules()
@@ -225,7 +218,7 @@ def _sorted_in_full(
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_the_head_only_shortcut_equals_a_full_sort(seed: int) -> None:
+def test_the_selectors_equal_a_plain_full_sort_and_cap(seed: int) -> None:
     rng = np.random.default_rng(seed)
     size = int(rng.integers(1, 400))
     # Coarse scores make ties common; few categories make the cap bite.
@@ -282,3 +275,57 @@ def test_marginal_relevance_is_off_without_vectors_and_at_one() -> None:
     assert selection.positions.tolist() == [0, 1]
     with pytest.raises(ValueError, match="relevance"):
         DiversityRule(relevance=0.0)
+
+
+def test_each_item_left_out_is_named_by_the_selector_that_left_it_out() -> None:
+    # Cap 1 and diversity both on. Item 2 shares item 0's category: over the cap. Item 1,
+    # of a category of its own, is a near copy of item 0: diversity passes it over. (Diversity
+    # chooses among what the cap kept: it never serves an item over the cap.)
+    scores = [0.9, 0.85, 0.8, 0.7, 0.6, 0.5]
+    categories = [1, 2, 1, 1, 3, 4]
+    vectors = [[1.0, 0.0], [0.99, 0.05], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.2], [0.0, -1.0]]
+    rules = RerankRules(diversity=DiversityRule(max_per_category=1, relevance=0.5))
+    selection = rerank(
+        tie_keys=np.arange(6, dtype=np.int64),
+        scores=np.array(scores, dtype=np.float32),
+        categories=np.array(categories, dtype=np.int64),
+        age_days=np.full(6, 100.0, dtype=np.float32),
+        rules=rules,
+        n_items=3,
+        vectors=np.array(vectors, dtype=np.float32),
+        explain=True,
+    )
+    served = selection.positions.tolist()
+    assert 2 not in served
+    assert 1 not in served
+    assert "category cap" in selection.left_out[2]
+    assert "diversity" in selection.left_out[1]
+    # Served items carry no reason; nothing is explained unless asked.
+    assert not set(served) & set(selection.left_out)
+    plain = rerank(
+        np.arange(6, dtype=np.int64),
+        np.array(scores, dtype=np.float32),
+        np.array(categories, dtype=np.int64),
+        np.full(6, 100.0, dtype=np.float32),
+        rules,
+        3,
+        np.array(vectors, dtype=np.float32),
+    )
+    assert plain.left_out == {}
+    assert plain.positions.tolist() == served
+
+
+def test_a_boost_that_passes_an_item_is_named_for_it() -> None:
+    rules = RerankRules(boost=(BoostRule(name="fresh", max_age_days=7, multiplier=4.0),))
+    selection = rerank(
+        tie_keys=np.arange(3, dtype=np.int64),
+        scores=np.array([0.5, 0.4, 0.3], dtype=np.float32),
+        categories=np.zeros(3, dtype=np.int64),
+        age_days=np.array([30.0, 30.0, 1.0], dtype=np.float32),
+        rules=rules,
+        n_items=2,
+        scale="probability",
+        explain=True,
+    )
+    assert selection.positions.tolist() == [2, 0]
+    assert selection.left_out == {1: Boost.reason}

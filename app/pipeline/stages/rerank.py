@@ -1,4 +1,5 @@
-"""Stage `rerank`: the business rules applied to the scored candidates."""
+"""Stage `rerank`: the business rules applied to the scored candidates, by rerank's selectors
+(app/pipeline/selectors/), each saying what it left out of the answer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Callable
 
 from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
+from app.pipeline.selectors.rerank import rerank
 from app.pipeline.types import Ranked, RankedItem, Recommendation
-from app.release.rules import rerank
 from app.release.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
@@ -44,9 +45,10 @@ class Reranker:
             else catalog.vectors[positions],
             likes=None if scored.heads is None else scored.heads[:, HEAD_NAMES.index("like")],
             scale=ctx.artifacts.schema.score_scale,
+            explain=ctx.trace is not None,
         )
         if ctx.trace is not None:
-            ctx.trace.reranked(ranked, selection.positions, selection.scores, catalog, rules)
+            ctx.trace.reranked(ranked, selection, catalog)
         # Only the chosen few become Python strings.
         chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
         return [

@@ -1,0 +1,1 @@
+"""Rerank's selectors: boost, category cap, backfill, diversity, one file each."""

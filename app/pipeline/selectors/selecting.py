@@ -1,0 +1,104 @@
+"""What rerank's selectors share: the candidates and the rules, the order they work on, the
+shape of a selector, and the runner that applies them in turn and says, for each candidate
+the model put in the answer and rerank left out, which selector left it out.
+
+A selector takes the order so far and returns a new one: the candidates still in the running,
+best first, and those it set aside. It never guesses for another: the runner compares the
+first `n_items` before and after each selector, so the reason an item was left out is the
+selector that last pushed it past the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.vocabulary import Indices, Scores
+from app.release.rules import RerankRules
+from app.release.schema import ScoreScale
+
+NONE: Indices = np.empty(0, dtype=np.intp)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The scored candidates as rerank sees them; every array is one entry a candidate."""
+
+    tie_keys: npt.NDArray[np.int64]  # equal scores come out in this key's order, ascending
+    scores: Scores  # the model's; NaN: not scored (a degraded answer's backfill)
+    categories: npt.NDArray[np.int64]
+    age_days: npt.NDArray[np.float32]
+    rules: RerankRules
+    n_items: int
+    vectors: npt.NDArray[np.float32] | None = None  # for diversity
+    likes: npt.NDArray[np.float32] | None = None  # the model's like head
+    scale: ScoreScale = "log_odds"
+
+
+@dataclass(frozen=True, slots=True)
+class Selecting:
+    """Indices into the candidates: those in the running, best first, and those set aside
+    (which may yet fill the answer), with every candidate's score as rerank values it."""
+
+    order: Indices
+    final: Scores
+    aside: Indices = field(default_factory=lambda: NONE)
+
+
+class Selector(Protocol):
+    @property
+    def reason(self) -> str:
+        """Why an item this selector pushes past the answer is not served."""
+        ...
+
+    def select(self, selecting: Selecting, candidates: Candidates) -> Selecting: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Positions into the candidate arrays, best first, and their final scores; and for the
+    candidates a selector pushed past the answer, which one (a reason by index)."""
+
+    positions: Indices
+    scores: Scores
+    left_out: dict[int, str] = field(default_factory=dict)
+
+
+def best_first(candidates: Indices, final: Scores, tie_keys: npt.NDArray[np.int64]) -> Indices:
+    """`candidates` by score, best first, ties by `tie_keys`; unscored (NaN) ones after, in
+    the order given."""
+    scored = candidates[~np.isnan(final[candidates])]
+    unscored = candidates[np.isnan(final[candidates])]
+    order: Indices = scored[np.lexsort((tie_keys[scored], -final[scored]))]
+    return np.concatenate([order, unscored]) if len(unscored) else order
+
+
+def run_selectors(
+    selectors: Sequence[Selector], candidates: Candidates, explain: bool = False
+) -> Selection:
+    """The answer: the first n_items after every selector. With `explain`, why each item in
+    the model's own first n_items that is not served was left out."""
+    n = candidates.n_items
+    scores = candidates.scores
+    everyone = np.arange(len(scores), dtype=np.intp)
+    selecting = Selecting(best_first(everyone, scores, candidates.tie_keys), scores)
+    out_by: dict[int, str] = {}
+    for selector in selectors:
+        before = selecting.order[:n]
+        selecting = selector.select(selecting, candidates)
+        if explain:
+            _note(out_by, before, selecting.order[:n], selector.reason)
+    chosen = selecting.order[:n]
+    return Selection(chosen, selecting.final[chosen], out_by)
+
+
+def _note(out_by: dict[int, str], before: Indices, after: Indices, reason: str) -> None:
+    """Who left the answer through this selector, and who came back into it."""
+    for j in np.setdiff1d(before, after).tolist():
+        out_by[int(j)] = reason
+    for j in after.tolist():
+        out_by.pop(int(j), None)

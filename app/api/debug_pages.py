@@ -8,7 +8,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from app.pipeline.trace import Trace
+from app.pipeline.trace import StageRecord, Trace
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
@@ -18,16 +18,8 @@ text-align:left}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric
 .bad{color:#b00}.ok{color:#070}nav a{margin-right:1em}form label{margin-right:1em}
 .answer{background:#f6f8ff;border:1px solid #99a;padding:.6em 1em;margin:1em 0}
 """
-COLOURS = {
-    "features": "#6a9fb5",
-    "recall": "#90a959",
-    "filter": "#d28445",
-    "prerank": "#aa759f",
-    "fetch": "#75b5aa",
-    "pack": "#8f5536",
-    "rank": "#ac4142",
-    "rerank": "#f4bf75",
-}
+# The waterfall's colours, one a stage in the order they ran: no stage is named here.
+COLOURS = ("#6a9fb5", "#90a959", "#d28445", "#aa759f", "#75b5aa", "#8f5536", "#ac4142", "#f4bf75")
 
 
 def _link(trace_id: str) -> str:
@@ -84,7 +76,7 @@ def _waterfall(trace: Trace) -> str:
         y = 10 + i * row_h
         x = left + s.start_ms * scale
         w = max(1.0, s.duration_ms * scale)
-        colour = COLOURS.get(s.stage, "#999")
+        colour = COLOURS[i % len(COLOURS)]
         bars.append(
             f"<text x=4 y={y + 14}>{_e(s.stage)}</text>"
             f"<rect class=span data-stage={_e(s.stage)} x={x:.1f} y={y} width={w:.1f} "
@@ -108,7 +100,9 @@ def _funnel(trace: Trace) -> str:
     return f"<table id=funnel><tr><th>stage</th><th>candidates out</th></tr>{rows}</table>"
 
 
-def _listed(title: str, rows: list[dict[str, Any]], keys: list[str], table_id: str) -> str:
+def _listed(
+    title: str, rows: list[dict[str, Any]], keys: list[str], table_id: str, level: int = 2
+) -> str:
     if not rows:
         return ""
     head = "".join(f"<th>{_e(k)}</th>" for k in keys)
@@ -116,7 +110,8 @@ def _listed(title: str, rows: list[dict[str, Any]], keys: list[str], table_id: s
         "<tr>" + "".join(f"<td>{_e(_shown(row.get(k, '')))}</td>" for k in keys) + "</tr>"
         for row in rows
     )
-    return f"<h2>{_e(title)}</h2><table id={table_id}><tr>{head}</tr>{body}</table>"
+    heading = f"<h{level}>{_e(title)}</h{level}>"
+    return f"{heading}<table id={_e(table_id)}><tr>{head}</tr>{body}</table>"
 
 
 def _shown(value: object) -> str:
@@ -137,34 +132,36 @@ def trace_page(trace: Trace) -> str:
         f"{_e(trace.model.get('variant', ''))} {_e(trace.model.get('version', ''))}; "
         f"degraded: {_e(degraded)}.</p>"
     )
-    scored_keys = ["rank", "item_id", "score", *_feature_keys(trace)]
-    body = (
-        summary
-        + "<h2>Stages</h2>"
-        + _waterfall(trace)
-        + _funnel(trace)
-        + _listed("Candidates by source", trace.sources, ["source", "count", "first"], "sources")
-        + _listed("Removed by the filters", trace.removed, ["reason", "count", "first"], "removed")
-        + (f"<p>Backfilled: {trace.backfilled}.</p>" if trace.backfilled else "")
-        + _listed(
-            f"Scored before rerank (top {len(trace.scored)} of {trace.scored_total})",
-            trace.scored,
-            scored_keys,
-            "scored",
-        )
-        + _listed(
-            "What rerank changed", trace.rerank.get("changes", []), ["item_id", "change"], "rerank"
-        )
-        + _listed("The answer", trace.answer, ["rank", "item_id", "score", "model_rank"], "answer")
-    )
+    records = "".join(_record(stage, record) for stage, record in trace.records.items())
+    body = summary + "<h2>Stages</h2>" + _waterfall(trace) + _funnel(trace) + records
     return page(f"Request {trace.request_id}", body)
 
 
-def _feature_keys(trace: Trace) -> list[str]:
-    keys: list[str] = []
-    for row in trace.scored[:1]:
-        keys = [k for k in row if k not in ("rank", "item_id", "score")]
-    return keys
+def _record(stage: str, record: StageRecord) -> str:
+    """One stage's record, whatever the stage: its counts and figures, what it removed, and
+    its tables."""
+    flows = [
+        f"{value} {word}"
+        for value, word in ((record.came_in, "in"), (record.went_out, "out"))
+        if value is not None
+    ]
+    counts = _e(", ".join(flows))
+    figures = ", ".join(f"{_e(k)} {_e(_shown(v))}" for k, v in record.facts.items())
+    said = "; ".join(part for part in (counts, figures) if part)
+    removed = _listed(
+        "Removed", record.removed, ["reason", "count", "first"], f"{stage}-removed", level=3
+    )
+    tables = "".join(
+        _listed(table.title, table.rows, table.columns, name, level=3)
+        for name, table in record.tables.items()
+    )
+    return (
+        f"<section id=stage-{_e(stage)}><h2>{_e(stage)}</h2>"
+        + (f"<p>{said}.</p>" if said else "")
+        + removed
+        + tables
+        + "</section>"
+    )
 
 
 def why_page(fields: dict[str, str], answer: dict[str, Any] | None, error: str | None) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.metrics import ServiceMetrics
+from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.recommend import RecommendPipeline
 from app.pipeline.trace import Trace
@@ -53,7 +54,8 @@ class Explanation:
 
 
 def _last_served(trace: Trace) -> dict[str, Any] | None:
-    return trace.answer[-1] if trace.answer else None
+    answer = _answer(trace)
+    return answer[-1] if answer else None
 
 
 def _score(value: float | None) -> str:
@@ -70,9 +72,9 @@ def explain(trace: Trace, item_id: str) -> Explanation:
             item_id,
             "served",
             None,
-            f"served at rank {f.served_rank} of {len(trace.answer)}: recalled by "
+            f"served at rank {f.served_rank} of {len(_answer(trace))}: recalled by "
             f"{f.source}, pre-ranked {_rank(f.prerank_rank, f.prerank_pool)}, scored "
-            f"{_score(f.score)} by the model (rank {f.model_rank} of {trace.scored_total})"
+            f"{_score(f.score)} by the model (rank {f.model_rank} of {_scored_total(trace)})"
             f"{moved}",
         )
     if f.source is None:
@@ -101,14 +103,14 @@ def explain(trace: Trace, item_id: str) -> Explanation:
             "store, so the model could not score it",
         )
     last = _last_served(trace)
-    wanted = len(trace.answer)
+    wanted = len(_answer(trace))
     if f.model_rank is not None and f.model_rank > wanted:
         return Explanation(
             item_id,
             "outranked",
             "rank",
             f"scored {_score(f.score)} by the model, rank {f.model_rank} of "
-            f"{trace.scored_total}; the answer holds {wanted}, the last served scored "
+            f"{_scored_total(trace)}; the answer holds {wanted}, the last served scored "
             f"{_score(None if last is None else last['model_score'])}",
         )
     rule = f.facts.get("rerank_rule", "the rerank rules")
@@ -116,7 +118,7 @@ def explain(trace: Trace, item_id: str) -> Explanation:
         item_id,
         "reranked_out",
         "rerank",
-        f"scored {_score(f.score)}, rank {f.model_rank} of {trace.scored_total} by the model, "
+        f"scored {_score(f.score)}, rank {f.model_rank} of {_scored_total(trace)} by the model, "
         f"within the answer's {wanted}; removed by {rule}",
     )
 
@@ -188,3 +190,12 @@ async def explain_item(
     )
     await pipeline.run(Query(user_id, num_items, moment=moment), ctx)
     return trace, explain(trace, item_id)
+
+
+def _answer(trace: Trace) -> list[dict[str, Any]]:
+    return trace.rows(Stage.RERANK, "answer")
+
+
+def _scored_total(trace: Trace) -> int:
+    record = trace.records.get(Stage.RANK)
+    return 0 if record is None else int(record.facts.get("scored_total", 0))

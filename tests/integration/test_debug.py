@@ -84,15 +84,22 @@ async def test_a_traced_request_shows_each_stage_and_what_it_did(debug: Any) -> 
     assert [span["stage"] for span in trace["spans"]] == STAGES
     starts = [span["start_ms"] for span in trace["spans"]]
     assert starts == sorted(starts)
-    assert [s["source"] for s in trace["sources"]] == ["ann", "similar", "trending", "popular"]
-    removed = {r["reason"]: r for r in trace["removed"]}
+    records = trace["records"]
+    # Each stage that changes the candidates wrote its own record, in the order they ran.
+    assert list(records) == ["recall", "filter", "prerank", "rank", "rerank"]
+    sources = records["recall"]["tables"]["sources"]["rows"]
+    assert [s["source"] for s in sources] == ["ann", "similar", "trending", "popular"]
+    removed = {r["reason"]: r for r in records["filter"]["removed"]}
     assert set(removed) == {"blocked", "seen", "excluded"}
     assert removed["blocked"]["first"] == [blocked]
-    assert trace["prerank"]["keep"] == 40
-    assert 0 < len(trace["scored"]) <= 50
-    assert {"rank", "item_id", "score", "recall", "p_interact"} <= set(trace["scored"][0])
+    assert records["prerank"]["facts"]["keep"] == 40
+    assert records["prerank"]["went_out"] == 40
+    scored = records["rank"]["tables"]["scored"]["rows"]
+    assert 0 < len(scored) <= 50
+    assert {"rank", "item_id", "score", "recall", "p_interact"} <= set(scored[0])
     served = [item["item_id"] for item in answer["items"]]
-    assert [item["item_id"] for item in trace["answer"]] == served
+    answered = records["rerank"]["tables"]["answer"]["rows"]
+    assert [item["item_id"] for item in answered] == served
     assert trace["model"]["version"] == answer["model"]["version"]
     assert trace["request"]["user_id"] == USER
     listed = (await client.get("/debug/traces")).json()
@@ -138,16 +145,19 @@ async def test_why_not_names_the_stage_each_planted_item_left(debug: Any, stack:
             break
     assert verdicts["filtered"]["stage"] == "filter"
     # The popular items recall adds: most are cut by pre-rank.
-    for item in next(s for s in trace["sources"] if s["source"] == "popular")["first"]:
+    records = trace["records"]
+    sources = records["recall"]["tables"]["sources"]["rows"]
+    for item in next(s for s in sources if s["source"] == "popular")["first"]:
         await ask(item)
     assert "keeps the best 40" in verdicts["not_preranked"]["because"]
     # Scored past the answer: outranked; in the model's top N but not served: rerank's cap.
-    scored = [row["item_id"] for row in trace["scored"]]
+    scored = [row["item_id"] for row in records["rank"]["tables"]["scored"]["rows"]]
     for item in scored[WANTED + 5 :]:
         await ask(item)
     assert verdicts["outranked"]["stage"] == "rank"
-    left_out = [c["item_id"] for c in trace["rerank"]["changes"] if "category cap" in c["change"]]
-    assert left_out, trace["rerank"]
+    changes = records["rerank"]["tables"]["changes"]["rows"]
+    left_out = [c["item_id"] for c in changes if "category cap" in c["change"]]
+    assert left_out, changes
     capped = await ask(left_out[0])
     assert capped["verdict"] == "reranked_out"
     assert "category cap" in capped["because"]

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.core.vocabulary import Removal, Stage
 from app.pipeline.explain import explain
+from app.pipeline.stages.filter import _filtered
+from app.pipeline.stages.prerank import _preranked
+from app.pipeline.stages.recall import _recalled
 from app.pipeline.trace import FIRST_IDS, Trace, TraceRing
+from app.pipeline.types import Filtered
 
 IDS = np.array([f"i{n}" for n in range(100)])
 
@@ -32,13 +37,23 @@ def test_sampling_traces_its_share_and_always_what_asks() -> None:
     assert 250 < made < 550  # 400 expected
 
 
+def _removed(trace: Trace, reason: Removal, removed: list[int] | np.ndarray) -> None:
+    positions = np.asarray(removed, dtype=np.int64)
+    _filtered(trace, Filtered(np.empty(0, np.int64), positions, reason), IDS)
+
+
 def test_a_stage_records_counts_and_the_first_ids_only() -> None:
     trace = Trace("r", 0.0, {})
-    trace.recalled("ann", np.arange(40), IDS)
-    trace.filtered("seen", np.arange(5, 30), IDS)
-    assert trace.sources == [{"source": "ann", "count": 40, "first": list(IDS[:FIRST_IDS])}]
-    assert trace.removed[0]["count"] == 25
-    assert len(trace.removed[0]["first"]) == FIRST_IDS
+    _recalled(trace, "ann", np.arange(40), IDS)
+    _removed(trace, Removal.SEEN, np.arange(5, 30))
+    first = list(IDS[:FIRST_IDS])
+    assert trace.rows(Stage.RECALL, "sources") == [{"source": "ann", "count": 40, "first": first}]
+    removed = trace.records[Stage.FILTER].removed
+    assert removed[0]["count"] == 25
+    assert len(removed[0]["first"]) == FIRST_IDS
+    # Records come in the order the stages wrote them; a stage's table is found by name only.
+    assert list(trace.records) == [Stage.RECALL, Stage.FILTER]
+    assert trace.rows(Stage.RANK, "scored") == []
     trace.span("recall", trace.began + 0.002, 0.001)
     trace.counted("recall", 40)
     assert trace.spans[0].start_ms == 2.0
@@ -50,10 +65,10 @@ def test_a_stage_records_counts_and_the_first_ids_only() -> None:
 
 def test_a_followed_item_is_found_where_it_leaves() -> None:
     trace = Trace("r", 0.0, {}, about=7)
-    trace.recalled("ann", np.array([1, 2]), IDS)
-    trace.recalled("popular", np.array([7, 9]), IDS)
-    trace.filtered("blocked", np.array([9]), IDS)
-    trace.preranked(np.array([1, 2, 7]), np.array([0.9, 0.5, 0.1]), keep=2)
+    _recalled(trace, "ann", np.array([1, 2]), IDS)
+    _recalled(trace, "popular", np.array([7, 9]), IDS)
+    _removed(trace, Removal.BLOCKED, [9])
+    _preranked(trace, np.array([1, 2, 7]), np.array([0.9, 0.5, 0.1]), keep=2)
     followed = trace.followed
     assert followed.source == "popular"
     assert followed.removed_by is None
@@ -75,8 +90,9 @@ def test_explain_names_the_stage_and_the_figure() -> None:
     assert explain(trace, "i4").because == "recalled by ann, then removed by the seen filter"
     followed.removed_by = None
     followed.fetched, followed.score, followed.model_rank = True, 0.2, 31
-    trace.scored_total = 500
-    trace.answer = [{"rank": 1, "item_id": "i1", "score": 0.9, "model_score": 0.8}]
+    trace.record(Stage.RANK).facts["scored_total"] = 500
+    answer = trace.record(Stage.RERANK).table("answer", "The answer", ["rank", "item_id"])
+    answer.rows.append({"rank": 1, "item_id": "i1", "score": 0.9, "model_score": 0.8})
     outranked = explain(trace, "i4")
     assert outranked.verdict == "outranked"
     assert "rank 31 of 500" in outranked.because

@@ -1,5 +1,6 @@
 """Selector `boost`: each score valued by the rules (the like objective, fresh-item boosts),
-the candidates ordered again by it."""
+and the candidates put in order by it, best first: the first selector, it gives the others
+their order."""
 
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ class Boost:
 
     def select(self, selecting: Selecting, candidates: Candidates) -> Selecting:
         rules = candidates.rules
-        if not rules.boost and not (rules.objectives.like > 0 and candidates.likes is not None):
-            return selecting
-        factors = log_factors(candidates.likes, candidates.age_days, rules)
-        final: Scores = adjusted_scores(selecting.final, factors, candidates.scale)
+        final: Scores = selecting.final
+        if rules.boost or (rules.objectives.like > 0 and candidates.likes is not None):
+            factors = log_factors(candidates.likes, candidates.age_days, rules)
+            final = adjusted_scores(selecting.final, factors, candidates.scale)
         order = best_first(selecting.order, final, candidates.tie_keys)
         return Selecting(order, final, selecting.aside)

@@ -3,7 +3,8 @@ shape of a selector, and the runner that applies them in turn and says, for each
 the model put in the answer and rerank left out, which selector left it out.
 
 A selector takes the order so far and returns a new one: the candidates still in the running,
-best first, and those it set aside. It never guesses for another: the runner compares the
+best first, and those it set aside. The first (boost) puts the candidates in order; the
+others keep it. It never guesses for another: the runner compares the
 first `n_items` before and after each selector, so the reason an item was left out is the
 selector that last pushed it past the answer.
 """
@@ -71,27 +72,36 @@ class Selection:
 def best_first(candidates: Indices, final: Scores, tie_keys: npt.NDArray[np.int64]) -> Indices:
     """`candidates` by score, best first, ties by `tie_keys`; unscored (NaN) ones after, in
     the order given."""
-    scored = candidates[~np.isnan(final[candidates])]
-    unscored = candidates[np.isnan(final[candidates])]
+    values = final[candidates]
+    missing = np.isnan(values)
+    if not missing.any():
+        whole: Indices = candidates[np.lexsort((tie_keys[candidates], -values))]
+        return whole
+    scored, unscored = candidates[~missing], candidates[missing]
     order: Indices = scored[np.lexsort((tie_keys[scored], -final[scored]))]
-    return np.concatenate([order, unscored]) if len(unscored) else order
+    return np.concatenate([order, unscored])
 
 
 def run_selectors(
     selectors: Sequence[Selector], candidates: Candidates, explain: bool = False
 ) -> Selection:
-    """The answer: the first n_items after every selector. With `explain`, why each item in
-    the model's own first n_items that is not served was left out."""
+    """The answer: the first n_items after every selector. The first selector orders (the
+    candidates come to it in input order, so the list is sorted once, by the score it
+    values). With `explain`, why each item in the model's own first n_items that is not
+    served was left out."""
     n = candidates.n_items
     scores = candidates.scores
     everyone = np.arange(len(scores), dtype=np.intp)
-    selecting = Selecting(best_first(everyone, scores, candidates.tie_keys), scores)
+    selecting = Selecting(everyone, scores)
     out_by: dict[int, str] = {}
+    # Only a traced request pays for the model's own order, to compare against.
+    before = best_first(everyone, scores, candidates.tie_keys)[:n] if explain else NONE
     for selector in selectors:
-        before = selecting.order[:n]
         selecting = selector.select(selecting, candidates)
         if explain:
-            _note(out_by, before, selecting.order[:n], selector.reason)
+            after = selecting.order[:n]
+            _note(out_by, before, after, selector.reason)
+            before = after
     chosen = selecting.order[:n]
     return Selection(chosen, selecting.final[chosen], out_by)
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from app.core.vocabulary import Removal, Stage
 from app.pipeline.context import RequestContext
+from app.pipeline.trace import Trace
 from app.pipeline.types import Filtered, Pool
 
 
@@ -41,8 +45,17 @@ class CandidateFilter:
             ctx.metrics.removed_count[result.reason].inc(len(result.removed))
             kept = Pool(pool.asked, result.kept)
             if trace is not None:
-                trace.filtered(result.reason, result.removed, ctx.artifacts.catalog.item_ids)
+                _filtered(trace, result, ctx.artifacts.catalog.item_ids)
         filled = await self._backfill.fill(pool, kept, ctx)
         if trace is not None:
-            trace.backfilled = filled.candidates - kept.candidates
+            record = trace.record(self.stage)
+            record.came_in, record.went_out = pool.candidates, filled.candidates
+            if filled.candidates > kept.candidates:
+                record.facts["backfilled"] = filled.candidates - kept.candidates
         return filled
+
+
+def _filtered(trace: Trace, result: Filtered, ids: npt.NDArray[np.str_]) -> None:
+    trace.record(Stage.FILTER).remove(result.reason, result.removed, ids)
+    if trace.followed.removed_by is None and trace.holds_followed(result.removed):
+        trace.followed.removed_by = result.reason

@@ -4,10 +4,14 @@ the model scores only what pre-rank kept, so its cost follows `prerank_keep`, no
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 from app.core.errors import FailureKind
-from app.core.vocabulary import Stage
+from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.signals import best, prerank_scores, prerank_signals
+from app.pipeline.trace import Trace
 from app.pipeline.types import Pool
 
 
@@ -46,6 +50,21 @@ class PreRanker:
         )
         scores = prerank_scores(signals, catalog.prerank)
         if ctx.trace is not None:
-            ctx.trace.preranked(pool.positions, scores, self._keep)
+            _preranked(ctx.trace, pool.positions, scores, self._keep)
         kept = best(scores, self._keep)
         return Pool(pool.asked, pool.positions[kept])
+
+
+def _preranked(
+    trace: Trace, positions: Positions, scores: npt.NDArray[np.floating], keep: int
+) -> None:
+    order = np.argsort(-scores, kind="stable")
+    record = trace.record(Stage.PRERANK)
+    record.came_in, record.went_out = len(positions), min(keep, len(positions))
+    cutoff = round(float(scores[order[min(keep, len(order)) - 1]]), 4)
+    record.facts |= {"pool": len(positions), "keep": keep, "cutoff_score": cutoff}
+    trace.followed.prerank_pool, trace.followed.prerank_keep = len(positions), keep
+    at = np.flatnonzero(positions[order] == trace.about)
+    if len(at):
+        trace.followed.prerank_rank = int(at[0]) + 1
+        trace.followed.facts["prerank_score"] = round(float(scores[order[at[0]]]), 4)

@@ -6,10 +6,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
+from app.pipeline.trace import Trace, first_ids
 from app.pipeline.types import Asked, Pool, Recalling
+from app.release.catalog import Catalog
 
 
 class CandidateSource(Protocol):
@@ -43,8 +46,33 @@ class CandidateRecall:
             fresh = await source.candidates(recalling, so_far, ctx)
             so_far = np.concatenate([so_far, fresh]) if len(so_far) else fresh
             if trace is not None:
-                trace.recalled(source.name, fresh, ids)
-        if trace is not None and trace.follows and trace.followed.source is None:
-            user_vector = asked.user.blob[: ctx.artifacts.schema.embedding_dim]
-            trace.not_recalled(user_vector, ctx.artifacts.catalog)
+                _recalled(trace, source.name, fresh, ids)
+        if trace is not None:
+            trace.record(self.stage).went_out = len(so_far)
+            if trace.follows and trace.followed.source is None:
+                user_vector = asked.user.blob[: ctx.artifacts.schema.embedding_dim]
+                _not_recalled(trace, user_vector, ctx.artifacts.catalog)
         return Pool(asked, so_far)
+
+
+def _recalled(trace: Trace, source: str, fresh: Positions, ids: npt.NDArray[np.str_]) -> None:
+    sources = trace.record(Stage.RECALL).table(
+        "sources", "Candidates by source", ["source", "count", "first"]
+    )
+    sources.rows.append({"source": source, "count": len(fresh), "first": first_ids(ids, fresh)})
+    if trace.followed.source is None and trace.holds_followed(fresh):
+        trace.followed.source = source
+
+
+def _not_recalled(trace: Trace, user_vector: npt.NDArray[np.float32], catalog: Catalog) -> None:
+    """How near the user the followed item is, where no source brought it."""
+    facts = trace.followed.facts
+    rows = trace.rows(Stage.RECALL, "sources")
+    facts["ann_returned"] = next((s["count"] for s in rows if s["source"] == "ann"), 0)
+    facts["catalog_size"] = catalog.size
+    if catalog.vectors is None or not user_vector.any():
+        return
+    similarity = catalog.vectors @ user_vector
+    mine = similarity[trace.about]
+    facts["similarity"] = round(float(mine), 4)
+    facts["similarity_rank"] = int(np.count_nonzero(similarity > mine)) + 1

@@ -7,13 +7,20 @@ import math
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from app.core.vocabulary import Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.selectors.rerank import rerank
-from app.pipeline.types import Ranked, RankedItem, Recommendation
+from app.pipeline.selectors.selecting import Selection
+from app.pipeline.trace import Trace, model_order
+from app.pipeline.types import Ranked, RankedItem, Recommendation, Scored
+from app.release.catalog import Catalog
 from app.release.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
+# Why a model top-N item no selector moved is not served: equal scores, another order.
+TIED = "tied with an item served (equal scores come out in catalog order)"
 
 
 class Reranker:
@@ -48,10 +55,71 @@ class Reranker:
             explain=ctx.trace is not None,
         )
         if ctx.trace is not None:
-            ctx.trace.reranked(ranked, selection, catalog)
+            _reranked(ctx.trace, ranked, selection, catalog)
         # Only the chosen few become Python strings.
         chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
         return [
             RankedItem(item_id, None if math.isnan(score) else score)
             for item_id, score in zip(chosen_ids, selection.scores.tolist(), strict=True)
         ]
+
+
+def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catalog) -> None:
+    """The answer, and what rerank changed against the model's order: items boosted or
+    moved, backfilled unscored, and those the model put in the top N that it left out, each
+    with the selector that left it out."""
+    scored = ranked.scored
+    order = model_order(scored.scores)
+    model_rank = np.zeros(len(scored.scores), dtype=np.int64)
+    model_rank[order] = np.arange(1, len(order) + 1)
+    record = trace.record(Stage.RERANK)
+    record.came_in, record.went_out = len(scored.positions), len(selection.positions)
+    changes = record.table("changes", "What rerank changed", ["item_id", "change"])
+    answer = record.table("answer", "The answer", ["rank", "item_id", "score", "model_rank"])
+    chosen, final = selection.positions, selection.scores
+    for served, (j, score) in enumerate(zip(chosen.tolist(), final.tolist(), strict=True), 1):
+        item_id = str(catalog.item_ids[scored.positions[j]])
+        raw = float(scored.scores[j])
+        answer.rows.append(
+            {
+                "rank": served,
+                "item_id": item_id,
+                "score": None if np.isnan(score) else round(score, 4),
+                "model_score": None if np.isnan(raw) else round(raw, 4),
+                "model_rank": None if np.isnan(raw) else int(model_rank[j]),
+            }
+        )
+        change = _change(raw, score, int(model_rank[j]), served)
+        if change:
+            changes.rows.append({"item_id": item_id, "change": change})
+    served_at = set(chosen.tolist())
+    for j in (j for j in order[: ranked.asked.query.num_items].tolist() if j not in served_at):
+        item_id = str(catalog.item_ids[scored.positions[j]])
+        reason = selection.left_out.get(j, TIED)
+        changes.rows.append({"item_id": item_id, "change": f"model rank {model_rank[j]}: {reason}"})
+    _follow(trace, scored, selection)
+
+
+def _follow(trace: Trace, scored: Scored, selection: Selection) -> None:
+    at = np.flatnonzero(scored.positions == trace.about)
+    if not len(at):
+        return
+    j = int(at[0])
+    picked = np.flatnonzero(selection.positions == j)
+    if len(picked):
+        trace.followed.served_rank = int(picked[0]) + 1
+    elif not np.isnan(scored.scores[j]):
+        trace.followed.facts["rerank_rule"] = selection.left_out.get(j, TIED)
+
+
+def _change(raw: float, final: float, model_rank: int, served: int) -> str:
+    if np.isnan(raw):
+        return "backfilled: not scored by the model"
+    if not np.isnan(final) and not math.isclose(final, raw, rel_tol=1e-6, abs_tol=1e-9):
+        return (
+            f"boosted by the rules ({raw:.4f} -> {final:.4f}): model rank {model_rank}, "
+            f"served {served}"
+        )
+    if model_rank != served:
+        return f"moved from model rank {model_rank} to {served}"
+    return ""

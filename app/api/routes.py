@@ -150,9 +150,10 @@ async def recommend(
     artifacts = services.artifacts.current
     budget_s = services.budget_s(budget_ms)
     caller_shortened.set(services.shortened(budget_s))  # this request's task only
-    ctx = RequestContext(
-        request_id=state.request_id,
-        deadline=arrived + budget_s,
+    ctx = RequestContext.on_budget(
+        state.request_id,
+        arrived=arrived,
+        budget_s=budget_s,
         reserve_s=services.settings.reserve_s,
         artifacts=artifacts,
         metrics=services.metrics,

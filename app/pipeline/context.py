@@ -49,6 +49,32 @@ class RequestContext:
     # Set for a traced request only (app/pipeline/trace.py); stages record into it.
     trace: Trace | None = None
 
+    @classmethod
+    def on_budget(
+        cls,
+        request_id: str,
+        *,
+        arrived: float,
+        budget_s: float,
+        reserve_s: float,
+        artifacts: ServingArtifacts,
+        metrics: ServiceMetrics,
+        user_id: str,
+        trace: Trace | None = None,
+    ) -> RequestContext:
+        """A request's context: `budget_s` from when it `arrived` (time.monotonic), the
+        artifacts snapshot it reads throughout. The route and the explain run make theirs
+        here, so both run the pipeline on the same terms."""
+        return cls(
+            request_id=request_id,
+            deadline=arrived + budget_s,
+            reserve_s=reserve_s,
+            artifacts=artifacts,
+            metrics=metrics,
+            user_id=user_id,
+            trace=trace,
+        )
+
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 

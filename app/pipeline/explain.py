@@ -179,9 +179,10 @@ async def explain_item(
         "explains": item_id,
     }
     trace = Trace(request_id, time.time(), request, about=position)
-    ctx = RequestContext(
-        request_id=request_id,
-        deadline=time.monotonic() + budget[0],
+    ctx = RequestContext.on_budget(
+        request_id,
+        arrived=time.monotonic(),
+        budget_s=budget[0],
         reserve_s=budget[1],
         artifacts=artifacts,
         metrics=metrics,

@@ -43,11 +43,26 @@ NOTHING: Positions = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
-class RecommendPipeline:
-    features: UserFeatureHydrator
+class CandidateStages:
+    """Recall, the filters and pre-rank: the cascade's first half, over the candidates'
+    positions alone. The build's evaluation runs these same objects over a world in memory
+    (recsys_tools.world.judge.evaluate), so what it measures is what the service does."""
+
     recall: CandidateRecall
     filter: CandidateFilter
     prerank: PreRanker
+
+    async def run(self, asked: Asked, ctx: RequestContext) -> tuple[Pool, Pool]:
+        """The pool after the filters, and the part of it pre-rank hands on."""
+        recalled = await run_step(self.recall, asked, ctx)
+        kept = await run_step(self.filter, recalled, ctx)
+        return kept, await run_step(self.prerank, kept, ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendPipeline:
+    features: UserFeatureHydrator
+    candidates: CandidateStages
     fetch: Step[Pool, Hydrated]
     pack: RowPacker
     rank: Scorer
@@ -55,13 +70,41 @@ class RecommendPipeline:
 
     async def run(self, query: Query, ctx: RequestContext) -> Recommendation:
         asked: Asked = await run_step(self.features, query, ctx)
-        recalled = await run_step(self.recall, asked, ctx)
-        kept = await run_step(self.filter, recalled, ctx)
-        best = await run_step(self.prerank, kept, ctx)
+        _, best = await self.candidates.run(asked, ctx)
         hydrated = await run_step(self.fetch, best, ctx)
         packed = await run_step(self.pack, hydrated, ctx)
         ranked = await run_step(self.rank, packed, ctx)
         return await run_step(self.rerank, ranked, ctx)
+
+
+def candidate_stages(
+    *,
+    search: VectorSearch,
+    candidate_count: int,
+    popular_count: int,
+    trending: Callable[[], Positions] = lambda: NOTHING,
+    trending_count: int = 0,
+    similar_count: int = 0,
+    recent_decay: float = 0.9,
+    prerank_keep: int = 5000,
+) -> CandidateStages:
+    """Recall's sources and the filters, in the order they run, and pre-rank."""
+    sources: list[CandidateSource] = [
+        AnnSource(search),
+        SimilarSource(similar_count),
+        TrendingSource(trending, trending_count),
+        PopularSource(popular_count),
+    ]
+    filters: list[Filter] = [
+        BlockedFilter(),
+        SeenFilter(),
+        ExcludedFilter(),
+    ]
+    return CandidateStages(
+        recall=CandidateRecall(sources, candidate_count),
+        filter=CandidateFilter(filters, PopularBackfill()),
+        prerank=PreRanker(prerank_keep, recent_decay),
+    )
 
 
 def build_pipeline(
@@ -80,22 +123,18 @@ def build_pipeline(
     prerank_keep: int = 5000,
 ) -> RecommendPipeline:
     """The pipeline with its candidate sources and filters, in the order they run."""
-    sources: list[CandidateSource] = [
-        AnnSource(search),
-        SimilarSource(similar_count),
-        TrendingSource(trending, trending_count),
-        PopularSource(popular_count),
-    ]
-    filters: list[Filter] = [
-        BlockedFilter(),
-        SeenFilter(),
-        ExcludedFilter(),
-    ]
     return RecommendPipeline(
         features=features,
-        recall=CandidateRecall(sources, candidate_count),
-        filter=CandidateFilter(filters, PopularBackfill()),
-        prerank=PreRanker(prerank_keep, recent_decay),
+        candidates=candidate_stages(
+            search=search,
+            candidate_count=candidate_count,
+            popular_count=popular_count,
+            trending=trending,
+            trending_count=trending_count,
+            similar_count=similar_count,
+            recent_decay=recent_decay,
+            prerank_keep=prerank_keep,
+        ),
         fetch=fetch,
         pack=RowPacker(recent_decay),
         rank=rank,

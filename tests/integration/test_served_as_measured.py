@@ -171,6 +171,40 @@ async def test_every_answer_is_the_list_the_build_computes_from_the_files(
     assert not differing, {user: (answers[user], expected[user]) for user in differing[:3]}
 
 
+async def test_the_build_and_the_service_hand_the_model_the_same_candidates(
+    served: Served,
+) -> None:
+    # The build's evaluation runs the service's own candidate stages over the world's files;
+    # the service's trace says what its stages did with Redis and Triton, user by user.
+    # A pool short of the catalog and a pre-rank cut, so every source and the cut count.
+    settings = served.settings(
+        served.world,
+        debug_pages=True,
+        trace_sample_percent=0.0,
+        candidate_count=60,
+        popular_candidates=20,
+        prerank_keep=40,
+    )
+    world = WorldAnswers(served.world, settings)
+    sample = served.users[:: max(1, len(served.users) // 20)]
+    async with serving(settings) as api:
+        for user in sample:
+            response = await api.post(
+                "/recommend",
+                json={"user_id": user, "num_items": 10, "context": MOMENT.as_json(), "debug": True},
+            )
+            answer_id = response.json()["answer_id"]
+            records = (await api.get(f"/debug/traces/{answer_id}")).json()["records"]
+            pool, by_model = world.candidates(user, MOMENT)
+            assert records["filter"]["went_out"] == len(pool), user
+            assert records["rank"]["came_in"] == len(by_model) == 40, user
+            scored = [row["item_id"] for row in records["rank"]["tables"]["scored"]["rows"]]
+            # The model's order of what pre-rank kept: Triton's against onnxruntime's, the
+            # first ten in order, the rest among what the build kept.
+            assert scored[:10] == by_model[:10], user
+            assert set(scored) <= set(by_model), user
+
+
 async def test_scores_far_past_a_sigmoids_range_never_tie_on_triton(served: Served) -> None:
     _install(served, served.saturating)
     try:

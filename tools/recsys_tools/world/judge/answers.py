@@ -70,9 +70,10 @@ def _lists(user_ids: npt.NDArray[np.str_], offsets: IntArray, items: IntArray) -
 
 
 class WorldAnswers:
-    """The world's files, read once; `answers` for any users."""
+    """The world's files, read once; `answers` for any users. `settings`: those of the
+    service compared with (its candidate stages'), else the defaults."""
 
-    def __init__(self, world: Path) -> None:
+    def __init__(self, world: Path, settings: Settings | None = None) -> None:
         if not (world / MODEL_FILE).is_file():
             raise ConfigError(f"{world} has no {MODEL_FILE}: a world built from a log has one")
         self.schema: FeatureSchema = load_schema(world / SCHEMA_FILE)
@@ -111,9 +112,8 @@ class WorldAnswers:
             load_prerank(world),
             items.categories.astype(np.int64),
         )
-        self._evaluator = Evaluator(
-            model, self.schema, "auto", read_index(world / INDEX_FILE, mmap=False)
-        )
+        index = read_index(world / INDEX_FILE, mmap=False)
+        self._evaluator = Evaluator(model, self.schema, "auto", index, settings)
 
     def _query(self, user: str, moment: Moment) -> Query:
         recent = self._positives.of(user)[-RECENT:]
@@ -137,6 +137,17 @@ class WorldAnswers:
         (found,) = self._evaluator.search([query])
         kept, signals = self._evaluator.kept(query, found)
         return self.item_ids[kept].tolist(), self._evaluator.packed(query, kept, signals)
+
+    def candidates(self, user: str, moment: Moment) -> tuple[list[str], list[str]]:
+        """The pool pre-rank cuts for `user` (after the filters, in recall's order) and what it
+        keeps, in the model's order (best first), as item ids."""
+        query = self._query(user, moment)
+        (found,) = self._evaluator.search([query])
+        pool, _ = self._evaluator.pools(found, query)
+        kept, signals = self._evaluator.kept(query, found)
+        scores = self._evaluator.ranker.score(self._evaluator.packed(query, kept, signals))
+        by_model = kept[np.argsort(-scores, kind="stable")]
+        return self.item_ids[pool].tolist(), self.item_ids[by_model].tolist()
 
     def answers(self, users: Sequence[str], moment: Moment) -> Iterator[tuple[str, list[str]]]:
         """Each user's answer of ten, item ids best first, in batches of RANK_BATCH."""

@@ -27,7 +27,6 @@ import numpy.typing as npt
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
-from app.pipeline.sources.popular import merge_popular
 from app.release.catalog import set_search_breadth
 from app.release.neighbours import Nearby, Neighbours
 from app.release.prerank import PrerankWeights
@@ -38,8 +37,8 @@ from recsys_tools.world.judge.served_view import (
     Recent,
     latest_positives,
     nearby,
-    service_pool,
 )
+from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import BoolArray, IntArray
@@ -192,11 +191,11 @@ class Cascade:
     ranked: IntArray
 
 
-def _handed_on(order: npt.NDArray[np.intp], pool_size: int) -> npt.NDArray[np.intp]:
-    """Which of the pool pre-rank hands the model: its best KEEP; a pool no larger than
-    KEEP passes as it came, as in the service."""
-    kept: npt.NDArray[np.intp] = order[:KEEP] if pool_size > KEEP else np.arange(pool_size)
-    return kept
+def _where(pool: IntArray, chosen: IntArray) -> npt.NDArray[np.intp]:
+    """Where each of `chosen` (positions, all in `pool`) is in `pool`."""
+    by_position = np.argsort(pool, kind="stable")
+    at: npt.NDArray[np.intp] = by_position[np.searchsorted(pool, chosen, sorter=by_position)]
+    return at
 
 
 class Evaluator:
@@ -204,7 +203,12 @@ class Evaluator:
     built with `index_factory`, as the build does for the part it evaluates)."""
 
     def __init__(
-        self, model: ServedModel, schema: FeatureSchema, index_factory: str, index: Any = None
+        self,
+        model: ServedModel,
+        schema: FeatureSchema,
+        index_factory: str,
+        index: Any = None,
+        settings: Settings | None = None,
     ) -> None:
         self.model = model
         self.schema = schema
@@ -214,6 +218,18 @@ class Evaluator:
         set_search_breadth(self.index, NPROBE)
         self.popular = np.argsort(-model.popularity, kind="stable").astype(np.int64)
         self.ranker = _Ranker(model, schema)
+        self.stages = ServiceStages(
+            schema,
+            self.index,
+            self.vectors,
+            self.popular,
+            np.zeros(len(self.popular), dtype=np.int64)
+            if model.categories is None
+            else model.categories,
+            model.neighbours,
+            model.prerank,
+            settings,
+        )
 
     def search(self, queries: list[Query]) -> IntArray:
         n_items = len(self.popular)
@@ -225,18 +241,10 @@ class Evaluator:
         ids: IntArray = found.astype(np.int64)
         return ids
 
-    def candidates(self, found: IntArray, q: Query) -> IntArray:
-        """The service's pool: recalled, similar and popular candidates, minus seen,
-        backfilled."""
-        k = min(CANDIDATES, len(self.popular))
-        recalled = service_pool(found[:k], q.near, q.seen[:0])
-        extra = min(POPULAR_CANDIDATES + max(0, k - len(recalled)), len(self.popular))
-        merged = merge_popular(recalled, self.popular, extra)
-        kept = merged[~np.isin(merged, q.seen)]
-        if len(kept) < K:
-            spare = self.popular[~np.isin(self.popular, kept) & ~np.isin(self.popular, q.seen)]
-            kept = np.concatenate([kept, spare[: K - len(kept)]])
-        return kept
+    def pools(self, found: IntArray, q: Query) -> tuple[IntArray, IntArray]:
+        """The service's pool for `q` after the filters, and what its pre-rank hands the
+        model: the service's own stage objects, over this world (service_stages.py)."""
+        return self.stages.pools(found, self.model.user_blobs[q.user], q.seen, q.recent, q.near)
 
     def prerank(self, q: Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
         """The pool's pre-rank order, as the stage computes it (all of it: the first KEEP
@@ -266,10 +274,9 @@ class Evaluator:
     def kept(self, q: Query, found: IntArray) -> tuple[IntArray, FloatArray]:
         """What pre-rank hands the model for `q` (the positions, and their signals), from
         what the index found for it."""
-        pool = self.candidates(found, q)
-        order, signals = self.prerank(q, pool)
-        chosen = _handed_on(order, len(pool))
-        return pool[chosen], signals[chosen]
+        pool, handed = self.pools(found, q)
+        _, signals = self.prerank(q, pool)
+        return handed, signals[_where(pool, handed)]
 
     def rank(
         self, queries: list[Query], pools: list[IntArray], signals: list[FloatArray]
@@ -289,19 +296,19 @@ class Evaluator:
 
     def cascades(self, queries: list[Query]) -> list[Cascade]:
         found = self.search(queries)
-        pools = [self.candidates(row, q) for row, q in zip(found, queries, strict=True)]
-        preranked = [self.prerank(q, pool) for q, pool in zip(queries, pools, strict=True)]
-        chosen = [
-            _handed_on(order, len(pool)) for (order, _), pool in zip(preranked, pools, strict=True)
-        ]
+        pools = [self.pools(row, q) for row, q in zip(found, queries, strict=True)]
+        preranked = [self.prerank(q, pool) for q, (pool, _) in zip(queries, pools, strict=True)]
         ranked = self.rank(
             queries,
-            [pool[kept] for pool, kept in zip(pools, chosen, strict=True)],
-            [signals[kept] for (_, signals), kept in zip(preranked, chosen, strict=True)],
+            [handed for _, handed in pools],
+            [
+                signals[_where(pool, handed)]
+                for (pool, handed), (_, signals) in zip(pools, preranked, strict=True)
+            ],
         )
         return [
             Cascade(_unseen(row, q.seen, K), pool, pool[order[:KEEP]], top)
-            for row, q, pool, (order, _), top in zip(
+            for row, q, (pool, _), (order, _), top in zip(
                 found, queries, pools, preranked, ranked, strict=True
             )
         ]

@@ -4,12 +4,12 @@ features -> recall -> filter -> prerank -> fetch -> pack -> rank -> rerank: the 
 cascade, with recall casting a wide net, pre-rank keeping a few hundred in process and the
 model scoring only those. Each stage is a component
 of one shape (app/pipeline/step.py), run, timed and counted by `run_step`; recall's sources
-and the filters are lists, in `build_pipeline`. Every stage that calls a dependency falls back
+and the filters are lists, in `candidate_stages`. Every stage that calls a dependency falls back
 instead of failing and flags the answer (see the table in docs/api.md), so `run` returns an answer
 for any request that reached it.
 
 Adding a stage is a file in stages/ and a line in `run`; a candidate source, a file in
-sources/ and a line in `build_pipeline`; a filter, a file in filters/ and a line there too.
+sources/ and a line in `candidate_stages`; a filter, a file in filters/ and a line there too.
 """
 
 from __future__ import annotations
@@ -110,31 +110,17 @@ def candidate_stages(
 def build_pipeline(
     *,
     features: UserFeatureHydrator,
-    search: VectorSearch,
-    candidate_count: int,
-    popular_count: int,
+    candidates: CandidateStages,
     fetch: Step[Pool, Hydrated],
     rank: Scorer,
     rerank: Reranker,
-    trending: Callable[[], Positions] = lambda: NOTHING,
-    trending_count: int = 0,
-    similar_count: int = 0,
     recent_decay: float = 0.9,
-    prerank_keep: int = 5000,
 ) -> RecommendPipeline:
-    """The pipeline with its candidate sources and filters, in the order they run."""
+    """The pipeline: the features stage, the candidate stages (candidate_stages), then fetch,
+    pack, rank and rerank."""
     return RecommendPipeline(
         features=features,
-        candidates=candidate_stages(
-            search=search,
-            candidate_count=candidate_count,
-            popular_count=popular_count,
-            trending=trending,
-            trending_count=trending_count,
-            similar_count=similar_count,
-            recent_decay=recent_decay,
-            prerank_keep=prerank_keep,
-        ),
+        candidates=candidates,
         fetch=fetch,
         pack=RowPacker(recent_decay),
         rank=rank,

@@ -30,7 +30,7 @@ from app.core.metrics import ServiceMetrics
 from app.core.realtime_settings import seconds
 from app.core.settings import Settings
 from app.pipeline.context import caller_shortened
-from app.pipeline.recommend import RecommendPipeline, build_pipeline
+from app.pipeline.recommend import RecommendPipeline, build_pipeline, candidate_stages
 from app.pipeline.shadow import ShadowCalls
 from app.pipeline.sources.ann import InlineSearch, PooledSearch, VectorSearch
 from app.pipeline.stages.features import UserFeatureHydrator
@@ -326,19 +326,23 @@ def _pipeline(
         if item_memory is not None
         else ItemFeatureHydrator(store, settings.redis_timeout_s)
     )
-    return build_pipeline(
-        features=UserFeatureHydrator(store, settings.redis_timeout_s, decay=settings.recent_decay),
+    candidates = candidate_stages(
         search=search,
         candidate_count=settings.candidate_count,
         popular_count=settings.popular_candidates,
-        fetch=fetch,
-        rank=scorer,
-        rerank=Reranker(),
         trending=lambda: trending.current,
         trending_count=settings.trending_candidates,
         similar_count=settings.similar_candidates,
         recent_decay=settings.recent_decay,
         prerank_keep=settings.prerank_keep,
+    )
+    return build_pipeline(
+        features=UserFeatureHydrator(store, settings.redis_timeout_s, decay=settings.recent_decay),
+        candidates=candidates,
+        fetch=fetch,
+        rank=scorer,
+        rerank=Reranker(),
+        recent_decay=settings.recent_decay,
     )
 
 

@@ -19,7 +19,7 @@ from app.core.errors import DependencyError, FailureKind, RankingModelError
 from app.core.metrics import ServiceMetrics
 from app.core.vocabulary import Positions, Scores
 from app.pipeline.context import RequestContext
-from app.pipeline.recommend import RecommendPipeline, build_pipeline
+from app.pipeline.recommend import RecommendPipeline, build_pipeline, candidate_stages
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.fetch import ItemFeatureHydrator
 from app.pipeline.stages.rank import Scorer
@@ -185,9 +185,9 @@ class World:
             features=UserFeatureHydrator(
                 self.users, 0.02, clock=lambda: datetime(2024, 1, 1, 10, tzinfo=UTC)
             ),
-            search=self.search,
-            candidate_count=candidates,
-            popular_count=popular,
+            candidates=candidate_stages(
+                search=self.search, candidate_count=candidates, popular_count=popular
+            ),
             fetch=ItemFeatureHydrator(self.items, 0.02),
             rank=Scorer(self.model, self.fallback, 0.05),
             rerank=Reranker(clock=lambda: NOW),

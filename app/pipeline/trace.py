@@ -135,22 +135,20 @@ class Trace:
         return self.about != NOT_FOLLOWED
 
     def holds_followed(self, positions: Positions) -> bool:
-        return holds(positions, self.about)
+        """Whether `positions` hold the item this trace follows (never outside explain)."""
+        return self.follows and bool(np.any(positions == self.about))
 
 
-def model_order(scores: Scores) -> Indices:
-    """Scored candidates best first by the model's own score (ties: the first listed)."""
+def model_order(scores: Scores, positions: Positions) -> Indices:
+    """Scored candidates best first by the model's own score, ties by catalog position, as
+    rerank breaks them: the model's first N are the ones rerank starts from."""
     scored = np.flatnonzero(~np.isnan(scores))
-    order: Indices = scored[np.argsort(-scores[scored], kind="stable")]
+    order: Indices = scored[np.lexsort((positions[scored], -scores[scored]))]
     return order
 
 
 def first_ids(ids: npt.NDArray[np.str_], positions: Positions) -> list[str]:
     return [str(i) for i in ids[positions[:FIRST_IDS]].tolist()]
-
-
-def holds(positions: Positions, position: int) -> bool:
-    return position != NOT_FOLLOWED and bool(np.any(positions == position))
 
 
 class TraceRing:

@@ -159,7 +159,7 @@ def _ranked(
     """The top scored, best first, with their heads and main features; the followed item's
     score and rank."""
     scored = ranked.scored
-    order = model_order(scored.scores)
+    order = model_order(scored.scores, scored.positions)
     record = trace.record(Stage.RANK)
     record.came_in, record.went_out = len(packed.rows), ranked.candidates
     record.facts["scored_total"] = ranked.candidates

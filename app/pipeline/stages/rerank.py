@@ -19,8 +19,6 @@ from app.release.catalog import Catalog
 from app.release.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
-# Why a model top-N item no selector moved is not served: equal scores, another order.
-TIED = "tied with an item served (equal scores come out in catalog order)"
 
 
 class Reranker:
@@ -69,7 +67,7 @@ def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catal
     moved, backfilled unscored, and those the model put in the top N that it left out, each
     with the selector that left it out."""
     scored = ranked.scored
-    order = model_order(scored.scores)
+    order = model_order(scored.scores, scored.positions)
     model_rank = np.zeros(len(scored.scores), dtype=np.int64)
     model_rank[order] = np.arange(1, len(order) + 1)
     record = trace.record(Stage.RERANK)
@@ -95,7 +93,8 @@ def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catal
     served_at = set(chosen.tolist())
     for j in (j for j in order[: ranked.asked.query.num_items].tolist() if j not in served_at):
         item_id = str(catalog.item_ids[scored.positions[j]])
-        reason = selection.left_out.get(j, TIED)
+        # The model's first N are rerank's starting answer: each left out has its selector.
+        reason = selection.left_out[j]
         changes.rows.append({"item_id": item_id, "change": f"model rank {model_rank[j]}: {reason}"})
     _follow(trace, scored, selection)
 
@@ -108,8 +107,8 @@ def _follow(trace: Trace, scored: Scored, selection: Selection) -> None:
     picked = np.flatnonzero(selection.positions == j)
     if len(picked):
         trace.followed.served_rank = int(picked[0]) + 1
-    elif not np.isnan(scored.scores[j]):
-        trace.followed.facts["rerank_rule"] = selection.left_out.get(j, TIED)
+    elif j in selection.left_out:  # in the model's first N, left out by a selector
+        trace.followed.facts["rerank_rule"] = selection.left_out[j]
 
 
 def _change(raw: float, final: float, model_rank: int, served: int) -> str:

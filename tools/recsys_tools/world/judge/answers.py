@@ -146,7 +146,7 @@ class WorldAnswers:
         pool, _ = self._evaluator.pools(found, query)
         kept, signals = self._evaluator.kept(query, found)
         scores = self._evaluator.ranker.score(self._evaluator.packed(query, kept, signals))
-        by_model = kept[np.argsort(-scores, kind="stable")]
+        by_model = kept[np.lexsort((kept, -scores))]  # ties by catalog position, as rerank
         return self.item_ids[pool].tolist(), self.item_ids[by_model].tolist()
 
     def answers(self, users: Sequence[str], moment: Moment) -> Iterator[tuple[str, list[str]]]:

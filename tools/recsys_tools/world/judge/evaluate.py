@@ -246,11 +246,10 @@ class Evaluator:
         model: the service's own stage objects, over this world (service_stages.py)."""
         return self.stages.pools(found, self.model.user_blobs[q.user], q.seen, q.recent, q.near)
 
-    def prerank(self, q: Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
-        """The pool's pre-rank order, as the stage computes it (all of it: the first KEEP
-        are what it hands on), and the pool's signals."""
-        signals = prerank_signals(
-            pool,
+    def signals(self, q: Query, positions: IntArray) -> FloatArray:
+        """What relates each of `positions` to the user's latest items (app.pipeline.signals)."""
+        return prerank_signals(
+            positions,
             self.model.user_blobs[q.user, : self.schema.embedding_dim],
             q.recent,
             self.vectors,
@@ -258,6 +257,11 @@ class Evaluator:
             DECAY,
             self.model.categories,
         )
+
+    def prerank(self, q: Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
+        """The pool's whole pre-rank order (its first KEEP are what the stage hands on, and
+        the first K what it would serve), and the pool's signals."""
+        signals = self.signals(q, pool)
         return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
 
     def packed(self, q: Query, pool: IntArray, signals: FloatArray) -> FloatArray:
@@ -274,9 +278,8 @@ class Evaluator:
     def kept(self, q: Query, found: IntArray) -> tuple[IntArray, FloatArray]:
         """What pre-rank hands the model for `q` (the positions, and their signals), from
         what the index found for it."""
-        pool, handed = self.pools(found, q)
-        _, signals = self.prerank(q, pool)
-        return handed, signals[_where(pool, handed)]
+        _, handed = self.pools(found, q)
+        return handed, self.signals(q, handed)
 
     def rank(
         self, queries: list[Query], pools: list[IntArray], signals: list[FloatArray]

@@ -175,7 +175,8 @@ def _report(
     judged: _Judged,
     learnt: Learnt,
     choice: Choice | None,
-    written: dict[str, Any],
+    counted: dict[str, Any],
+    seen: SeenLists,
 ) -> dict[str, Any]:
     return {
         "source": {
@@ -183,10 +184,10 @@ def _report(
             "items": None if recipe.items is None else str(recipe.items),
         },
         "served": "train part" if recipe.keep_holdout else "all interactions",
-        "counts": written["counts"],
+        "counts": counted,
         "evaluation": judged.evaluation,
         "inputs": judged.weighed.report,
-        "histories": written["histories"],
+        "histories": histories(seen),
         "als": {
             "regularization": recipe.shrink,
             "chosen_on": None if choice is None else choice.recall,
@@ -239,8 +240,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
     with clock.step("write"):
         users, seen = _write(world, schema, recipe, served, learnt, item_attributes(whole.items))
     log.info("wrote the world to %s %s", world, clock.took("write"))
-    written = {"counts": counts(whole, served, users), "histories": histories(seen)}
-    report = _report(recipe, judged, learnt, choice, written)
+    report = _report(recipe, judged, learnt, choice, counts(whole, served, users), seen)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
     _finish(world, schema, recipe, report)
     return report

@@ -191,13 +191,6 @@ class Cascade:
     ranked: IntArray
 
 
-def _where(pool: IntArray, chosen: IntArray) -> npt.NDArray[np.intp]:
-    """Where each of `chosen` (positions, all in `pool`) is in `pool`."""
-    by_position = np.argsort(pool, kind="stable")
-    at: npt.NDArray[np.intp] = by_position[np.searchsorted(pool, chosen, sorter=by_position)]
-    return at
-
-
 class Evaluator:
     """The service's cascade over a world's arrays: `index`, the world's own (else one is
     built with `index_factory`, as the build does for the part it evaluates)."""
@@ -258,11 +251,11 @@ class Evaluator:
             self.model.categories,
         )
 
-    def prerank(self, q: Query, pool: IntArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
-        """The pool's whole pre-rank order (its first KEEP are what the stage hands on, and
-        the first K what it would serve), and the pool's signals."""
-        signals = self.signals(q, pool)
-        return best(prerank_scores(signals, self.model.prerank), len(pool)), signals
+    def prerank_order(self, q: Query, pool: IntArray) -> npt.NDArray[np.intp]:
+        """The pool's whole pre-rank order: its first KEEP are what the stage hands on, and
+        its first K what it would serve were the model down."""
+        order = best(prerank_scores(self.signals(q, pool), self.model.prerank), len(pool))
+        return order
 
     def packed(self, q: Query, pool: IntArray, signals: FloatArray) -> FloatArray:
         """The model's input for `pool` (what pre-rank kept), packed as the service packs it."""
@@ -300,19 +293,16 @@ class Evaluator:
     def cascades(self, queries: list[Query]) -> list[Cascade]:
         found = self.search(queries)
         pools = [self.pools(row, q) for row, q in zip(found, queries, strict=True)]
-        preranked = [self.prerank(q, pool) for q, (pool, _) in zip(queries, pools, strict=True)]
+        orders = [self.prerank_order(q, pool) for q, (pool, _) in zip(queries, pools, strict=True)]
         ranked = self.rank(
             queries,
             [handed for _, handed in pools],
-            [
-                signals[_where(pool, handed)]
-                for (pool, handed), (_, signals) in zip(pools, preranked, strict=True)
-            ],
+            [self.signals(q, handed) for q, (_, handed) in zip(queries, pools, strict=True)],
         )
         return [
             Cascade(_unseen(row, q.seen, K), pool, pool[order[:KEEP]], top)
-            for row, q, (pool, _), (order, _), top in zip(
-                found, queries, pools, preranked, ranked, strict=True
+            for row, q, (pool, _), order, top in zip(
+                found, queries, pools, orders, ranked, strict=True
             )
         ]
 

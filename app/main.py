@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from app.api.access import EventAccess
 from app.api.admin import router as admin_router
+from app.api.catalog import router as catalog_router
 from app.api.debug import router as debug_router
 from app.api.errors import install_error_handlers
 from app.api.events import router as events_router
@@ -111,6 +112,11 @@ def _background(services: Services, lag: LoopLag) -> list[asyncio.Task[None]]:
         tasks.append(asyncio.create_task(trending, name="trending"))
     else:
         trending.close()
+    if services.catalog_follower is not None:
+        following = services.catalog_follower.keep_current(
+            settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
+        )
+        tasks.append(asyncio.create_task(following, name="catalog-changes"))
     if services.item_memory is not None:
         refreshing = services.item_memory.keep_current(settings.item_refresh_s)
         tasks.append(asyncio.create_task(refreshing, name="item-features"))
@@ -213,6 +219,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.event_access = event_access
     app.include_router(router)
     app.include_router(events_router)
+    app.include_router(catalog_router)
     if resolved.admin_token is not None:
         app.include_router(admin_router)
     if resolved.debug_pages:

@@ -16,6 +16,8 @@ from app.api.models import EventIn, EventsAccepted, EventsRequest
 from app.core.errors import FeatureStoreError
 from app.core.events import Event, EventOutcome, is_answer_id
 from app.core.throttled_log import ThrottledLog
+from app.core.vocabulary import Positions
+from app.process.services import Services
 
 router = APIRouter()
 unavailable = ThrottledLog(logging.getLogger("recsys.events"))
@@ -64,6 +66,19 @@ def _uncredited(given: EventIn) -> bool:
     return answer is not None and not is_answer_id(answer)
 
 
+async def _positions(services: Services, ids: list[str]) -> Positions:
+    """Each item's position; an item put a moment ago is known too (the log is read again)."""
+    positions = services.artifacts.current.lookup(ids)
+    follower = services.catalog_follower
+    if follower is None or (positions >= 0).all():
+        return positions
+    try:
+        await follower.catch_up(services.settings.event_append_timeout_s)
+    except FeatureStoreError:
+        return positions
+    return services.artifacts.current.lookup(ids)
+
+
 @router.post(
     "/events",
     status_code=202,
@@ -86,7 +101,7 @@ async def post_events(
     now_ms = int(time.time() * 1000)
     latest_ms = now_ms + int(settings.event_max_future_ms)
     earliest_ms = now_ms - int(settings.event_max_age_ms)
-    positions = services.artifacts.current.lookup([event.item_id for event in body.events])
+    positions = await _positions(services, [event.item_id for event in body.events])
     unknown: list[int] = []
     future: list[int] = []
     stale: list[int] = []

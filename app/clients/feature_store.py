@@ -13,6 +13,7 @@ names; within a world, reloads keep the items and their order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ class UserRecord:
     seen: Positions
     seen_whole: bool = True
     recent: Positions = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # The catalog change log's last batch number, read with the user (0: none, or not read).
+    catalog_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,7 @@ class FeatureStore:
         keys: KeySpace,
         breaker: CircuitBreaker,
         recent_items: int = 0,
+        catalog_seq_key: str | None = None,
     ) -> None:
         self._client = client
         self._schema = schema
@@ -184,6 +188,7 @@ class FeatureStore:
         self._breaker = breaker
         # The tail of the positives list read with the user: SEEN_POSITION bytes an item.
         self._recent_bytes = recent_items * SEEN_POSITION.itemsize
+        self.catalog_seq_key = catalog_seq_key
 
     @property
     def keys(self) -> KeySpace:
@@ -206,9 +211,14 @@ class FeatureStore:
                 pipe.get(self._keys.seen(user_id))
                 if self._recent_bytes:
                     pipe.getrange(self._keys.positives(user_id), -self._recent_bytes, -1)
+                if self.catalog_seq_key is not None:
+                    pipe.get(self.catalog_seq_key)
                 answers = await pipe.execute()
         recent = answers[2] if self._recent_bytes else None
-        return decode_user(answers[0], answers[1], self._schema.user_blob_width, recent)
+        record = decode_user(answers[0], answers[1], self._schema.user_blob_width, recent)
+        if self.catalog_seq_key is None or not answers[-1]:
+            return record
+        return dataclasses.replace(record, catalog_seq=int(answers[-1]))
 
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs:
         """Blobs for the given item keys: MGETs in chunks, sent as one pipeline.

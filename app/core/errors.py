@@ -56,5 +56,13 @@ class RankingModelError(DependencyError):
     dependency = "triton"
 
 
+class CatalogChangeRefusedError(RecsysError):
+    """The catalog's change log refused a change (it is full, or an id is unknown)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class RecallError(DependencyError):
     dependency = "index"

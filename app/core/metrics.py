@@ -269,6 +269,19 @@ DECLARED: dict[str, Declared] = {
         "Reads of the trending items from Redis, by result.",
         ("result",),
     ),
+    "catalog_changes": Declared(
+        Counter,
+        "recsys_catalog_changes",
+        "Catalog changes this process applied from the change log: items put, withdrawn.",
+        ("change",),
+    ),
+    "catalog_added": Declared(
+        Gauge,
+        "recsys_catalog_added_items",
+        "Items added while serving that this process holds, and the room for them.",
+        ("of",),
+        mode="livemax",
+    ),
     "redis_world": Declared(
         Gauge,
         "recsys_redis_world",
@@ -317,6 +330,8 @@ class ServiceMetrics:
     event_posts: Counter
     uncredited: Counter
     trending_refreshes: Counter
+    catalog_changes: Counter
+    catalog_added: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -347,6 +362,9 @@ class ServiceMetrics:
             (stage, kind): self.degraded.labels(stage, kind)
             for stage in DEGRADABLE_STAGES
             for kind in FailureKind
+        }
+        self.catalog_change_count = {
+            change: self.catalog_changes.labels(change) for change in ("put", "withdraw")
         }
         self.redis_world_state = {state: self.redis_world.labels(state) for state in RedisWorld}
         self.event_post_count: dict[tuple[str, EventPost], Any] = {}

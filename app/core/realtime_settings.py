@@ -111,6 +111,27 @@ class RealtimeSettings(BaseSettings):
     trending_refresh_ms: float = Field(
         default=1000.0, gt=0, description="how often each worker reads the trending items"
     )
+    catalog_headroom: int = Field(
+        default=20_000,
+        ge=0,
+        le=10_000_000,
+        description="items that may be added to the catalog while serving (POST "
+        "/catalog/items), held in every process's memory beside the world's; past it an "
+        "addition is refused (409) until the next world takes them in. The same on every "
+        "process of a deployment; 0: the catalog is the world's, changes refused (404)",
+    )
+    catalog_follow_ms: float = Field(
+        default=100.0,
+        gt=0,
+        description="how often each process reads the catalog's change log (a request that "
+        "finds it ahead reads the rest before answering)",
+    )
+    arrival_candidates: int = Field(
+        default=50,
+        ge=0,
+        le=5000,
+        description="items added while serving that recall brings, nearest the user first",
+    )
     answer_ttl_s: int = Field(
         default=3600,
         ge=0,
@@ -153,6 +174,10 @@ class RealtimeSettings(BaseSettings):
     @property
     def trending_refresh_s(self) -> float:
         return seconds(self.trending_refresh_ms)
+
+    @property
+    def catalog_follow_s(self) -> float:
+        return seconds(self.catalog_follow_ms)
 
     @property
     def ingest_claim_idle_s(self) -> float:

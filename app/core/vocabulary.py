@@ -38,6 +38,7 @@ class Removal(StrEnum):
     BLOCKED = "blocked"
     SEEN = "seen"
     EXCLUDED = "excluded"
+    WITHDRAWN = "withdrawn"  # taken out of the catalog while serving
 
 
 class RedisWorld(StrEnum):

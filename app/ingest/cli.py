@@ -13,8 +13,9 @@ import sys
 
 from prometheus_client import start_http_server
 
+from app.clients.catalog_log import CatalogLog
 from app.clients.event_stream import EventStream
-from app.clients.feature_store import connect_redis, layout_meta
+from app.clients.feature_store import RedisClient, connect_redis, layout_meta
 from app.clients.user_state import CLUSTER_CALLS, UserStateScripts
 from app.core.errors import ConfigError, RecsysError, SchemaError
 from app.core.ingest_metrics import IngestMetrics
@@ -48,11 +49,19 @@ async def _check_layout(client: object, keys: KeySpace, expected: dict[str, str]
         raise SchemaError(f"Redis holds another layout: {differing} (stored, expected)")
 
 
-async def _world(settings: Settings) -> IngestWorld:
+async def _world(settings: Settings, client: RedisClient) -> IngestWorld:
     """The world the files hold now (the artifacts directory may be a flipped symlink)."""
     stamp, schema = await asyncio.to_thread(opened_world, settings)
     world_id = "" if stamp is None else stamp.world_id
-    return await asyncio.to_thread(load_ingest_world, settings.artifacts_dir, schema, world_id)
+    keys = KeySpace(settings.redis_key_prefix)
+    return await asyncio.to_thread(
+        load_ingest_world,
+        settings.artifacts_dir,
+        schema,
+        world_id,
+        lambda world: CatalogLog(client, keys, world),
+        settings.catalog_headroom,
+    )
 
 
 def _limits(settings: Settings) -> Limits:
@@ -85,7 +94,6 @@ async def _watch_memory(consumer: Consumer) -> None:
 
 
 async def consume(settings: Settings, stop: asyncio.Event) -> None:
-    world = await _world(settings)
     password = settings.redis_password
     partitions = owned_partitions(settings)
     client = connect_redis(
@@ -97,6 +105,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
         password=password.get_secret_value() if password is not None else None,
     )
     keys = KeySpace(settings.redis_key_prefix)
+    world = await _world(settings, client)
     metrics = IngestMetrics()
     if settings.ingest_metrics_port:
         start_http_server(settings.ingest_metrics_port, settings.host, metrics.registry)
@@ -106,7 +115,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
         consumer = Consumer(
             EventStream(client, keys, f"consumer-{index}", settings.ingest_batch),
             world,
-            lambda: _world(settings),
+            lambda: _world(settings, client),
             UserStore(UserStateScripts(client, keys), _bounds(settings)),
             metrics,
             partitions=partitions,

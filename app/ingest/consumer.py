@@ -209,6 +209,7 @@ class Consumer:
         self._lag_s[partition] = max(0.0, time.time() - entries[0].ms / 1000.0)
         self._metrics.lag.set(self.lag_s)
         world = await self._current_world()
+        await world.follow_catalog()
         fresh, stale = self._split_stale(entries, redelivered)
         batch = self._sort(fresh, world)
         batch.dead += stale

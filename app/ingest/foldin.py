@@ -19,10 +19,13 @@ FloatArray = npt.NDArray[np.float32]
 
 class FoldIn:
     def __init__(self, items: FloatArray, params: FoldInParams) -> None:
-        self._items = np.ascontiguousarray(items, dtype=np.float64)
+        # Held, not copied: rows of items added while serving are written into it later
+        # (app.ingest.world). The gram is the world's: an added item's share is negligible.
+        self._items = items
         self._params = params
         k = items.shape[1]
-        self._gram = self._items.T @ self._items + params.regularization * np.eye(k)
+        whole = items.astype(np.float64)
+        self._gram = whole.T @ whole + params.regularization * np.eye(k)
 
     def confidences(
         self, items: Positions, counts: npt.NDArray[np.float64]
@@ -45,7 +48,7 @@ class FoldIn:
             return np.zeros(k, dtype=np.float32)
         items, counts = np.unique(positives, return_counts=True)
         confidence = self.confidences(items, counts.astype(np.float64))
-        chosen = self._items[items]
+        chosen = self._items[items].astype(np.float64)
         # As implicit does: a negative confidence (an idf below zero, for an item nearly
         # every user chose) weighs the fit by its size and adds nothing to the target.
         a = self._gram + (chosen.T * (np.abs(confidence) - 1.0)) @ chosen

@@ -5,17 +5,20 @@ found holding another world (app.ingest.consumer follows it)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from app.clients.catalog_log import CatalogLog
 from app.core.membership import lookup
 from app.core.vocabulary import Positions
 from app.ingest.foldin import FoldIn
+from app.release.arrivals import CatalogRoom, make_room
 from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE
-from app.release.foldin import PLAIN, FoldInParams, load_foldin
+from app.release.foldin import PLAIN, FoldInParams, Weighting, load_foldin
 from app.release.schema import FeatureSchema
 
 log = logging.getLogger("recsys.ingest")
@@ -23,6 +26,7 @@ FloatArray = npt.NDArray[np.float32]
 # Dense user features the consumer keeps current, by the names the world build gives them
 # (tools' derive registry): activity from the count of positives, recency as "just now".
 ONLINE_FEATURES = ("activity", "recency")
+CATALOG_READ_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,8 @@ class IngestWorld:
     fold: FoldIn
     params: FoldInParams
     default_blob: FloatArray
+    # The items put while serving, and the log they come from (app.clients.catalog_log).
+    arrivals: CatalogTail | None = None
 
     @property
     def size(self) -> int:
@@ -44,7 +50,17 @@ class IngestWorld:
         return self.schema.user_blob_width
 
     def lookup(self, ids: list[str]) -> Positions:
-        return lookup(self.item_ids, self.id_order, ids)
+        found = lookup(self.item_ids, self.id_order, ids)
+        if self.arrivals is not None and (found < 0).any():
+            room = self.arrivals.room
+            missing = np.flatnonzero(found < 0)
+            found[missing] = room.lookup([ids[i] for i in missing], room.rows)
+        return found
+
+    async def follow_catalog(self, timeout_s: float = CATALOG_READ_S) -> None:
+        """Know the items put up to now: events may name them."""
+        if self.arrivals is not None:
+            await self.arrivals.catch_up(timeout_s)
 
     def refold(self, positives: Positions, blob: FloatArray | None) -> FloatArray:
         """The user's blob with their vector folded in from `positives`, and the activity
@@ -63,15 +79,54 @@ class IngestWorld:
         return new
 
 
-def load_ingest_world(world: Path, schema: FeatureSchema, world_id: str) -> IngestWorld:
+class CatalogTail:
+    """The consumer's copy of the catalog's change log: ids and vectors of added items."""
+
+    def __init__(self, changes: CatalogLog, room: CatalogRoom) -> None:
+        self._changes = changes
+        self.room = room
+        self._after = "-"
+
+    async def catch_up(self, timeout_s: float) -> None:
+        while True:
+            page = await self._changes.read(self._after, timeout_s)
+            for entry_id, batch in page:
+                if batch.seq > self.room.seq:
+                    self.room.apply(batch)
+                self._after = entry_id
+            if len(page) < self._changes.page:
+                return
+
+
+def load_ingest_world(
+    world: Path,
+    schema: FeatureSchema,
+    world_id: str,
+    changes: Callable[[str], CatalogLog] | None = None,
+    headroom: int = 0,
+) -> IngestWorld:
+    """The world's files; with `changes` and room for `headroom` added items, also the
+    items its change log puts (read on the first batch)."""
     with np.load(world / ITEMS_FILE) as items:
         item_ids = items["ids"].astype(np.str_)
         vectors = items["embeddings"].astype(np.float32)
+        categories = items["categories"].astype(np.int64)
+        published = items["published_at"].astype(np.int64)
     default_blob = np.load(world / DEFAULT_USER_FILE).astype(np.float32)
     params = load_foldin(world, len(item_ids))
     if params is None:
         log.warning("%s has no fold-in parameters: vectors are folded in with plain counts", world)
         params = PLAIN
+    arrivals = None
+    if changes is not None and headroom > 0:
+        room = make_room(categories, published, vectors, None, headroom, schema.item_blob_width)
+        arrivals = CatalogTail(changes(world_id), room)
+        vectors = room.vectors
+        if params.weighting is Weighting.BM25 and len(params.idf):
+            # An added item is as rare as the rarest: nobody chose it at the build.
+            idf = np.full(room.rows, params.idf.max(), dtype=np.float32)
+            idf[: len(params.idf)] = params.idf
+            params = replace(params, idf=idf)
     return IngestWorld(
         world_id=world_id,
         schema=schema,
@@ -80,4 +135,5 @@ def load_ingest_world(world: Path, schema: FeatureSchema, world_id: str) -> Inge
         fold=FoldIn(vectors, params),
         params=params,
         default_blob=default_blob,
+        arrivals=arrivals,
     )

@@ -25,7 +25,9 @@ from app.pipeline.filters.backfill import PopularBackfill
 from app.pipeline.filters.blocked import BlockedFilter
 from app.pipeline.filters.excluded import ExcludedFilter
 from app.pipeline.filters.seen import SeenFilter
+from app.pipeline.filters.withdrawn import WithdrawnFilter
 from app.pipeline.sources.ann import AnnSource, VectorSearch
+from app.pipeline.sources.arrivals import ArrivalsSource
 from app.pipeline.sources.popular import PopularSource
 from app.pipeline.sources.similar import SimilarSource
 from app.pipeline.sources.trending import TrendingSource
@@ -87,16 +89,19 @@ def candidate_stages(
     similar_count: int = 0,
     recent_decay: float = 0.9,
     prerank_keep: int = 5000,
+    arrival_count: int = 0,
 ) -> CandidateStages:
     """Recall's sources and the filters, in the order they run, and pre-rank."""
     sources: list[CandidateSource] = [
         AnnSource(search),
+        ArrivalsSource(arrival_count),
         SimilarSource(similar_count),
         TrendingSource(trending, trending_count),
         PopularSource(popular_count),
     ]
     filters: list[Filter] = [
         BlockedFilter(),
+        WithdrawnFilter(),
         SeenFilter(),
         ExcludedFilter(),
     ]

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -78,7 +78,7 @@ class StageRecord:
     tables: dict[str, Table] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 
-    def remove(self, reason: str, removed: Positions, ids: StrArray) -> None:
+    def remove(self, reason: str, removed: Positions, ids: ItemIds) -> None:
         self.removed.append(
             {"reason": reason, "count": len(removed), "first": first_ids(ids, removed)}
         )
@@ -147,8 +147,14 @@ def model_order(scores: Scores, positions: Positions) -> Indices:
     return order
 
 
-def first_ids(ids: npt.NDArray[np.str_], positions: Positions) -> list[str]:
-    return [str(i) for i in ids[positions[:FIRST_IDS]].tolist()]
+class ItemIds(Protocol):
+    """What turns catalog positions into ids (the catalog)."""
+
+    def ids_at(self, positions: Positions) -> npt.NDArray[np.str_]: ...
+
+
+def first_ids(ids: ItemIds, positions: Positions) -> list[str]:
+    return [str(i) for i in ids.ids_at(positions[:FIRST_IDS]).tolist()]
 
 
 class TraceRing:

@@ -95,7 +95,7 @@ async def readiness(services: Services) -> dict[str, bool]:
     catalog = services.artifacts.current.catalog
     dependencies = await services.readiness_checks.get(lambda: _dependency_checks(services))
     return {
-        "index": catalog.index.ntotal == catalog.size > 0,
+        "index": catalog.index.ntotal == catalog.world_size > 0,
         **dependencies,
         "serving": not services.draining,
     }

@@ -36,7 +36,7 @@ from app.core.metrics import ReloadOutcome, ServiceMetrics
 from app.core.settings import Settings
 from app.process.startup_checks import opened_catalog, opened_world, pool_signature
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, artifacts_label, serving_artifacts
-from app.release.catalog import Catalog
+from app.release.catalog import Catalog, in_room
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, ReleasePlan, Routed, read_plan, write_plan
 from app.release.rules import load_rules
@@ -255,6 +255,9 @@ class Reloader:
             return dataclasses.replace(served, routing=routing)
         catalog = opened_catalog(settings, schema)
         _same_items(catalog, served.catalog)
+        if served.catalog.room is not None:
+            # The same world: what its change log put and withdrew stays.
+            catalog = in_room(catalog, served.catalog.room)
         return serving_artifacts(schema, catalog, rules, routing, self._keys, identity)
 
     async def _install(self, build: ServingArtifacts, plan: ReleasePlan) -> ReleaseReport:

@@ -14,6 +14,7 @@ from typing import Protocol
 import faiss
 
 from app.clients.breaker import BreakerState, CircuitBreaker
+from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
 from app.clients.feature_store import FeatureStore, connect_redis
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
@@ -40,6 +41,7 @@ from app.pipeline.stages.rerank import Reranker
 from app.pipeline.step import Step
 from app.pipeline.trace import TraceRing
 from app.pipeline.types import Hydrated, Pool
+from app.process.catalog_follower import CatalogFollower, replayed
 from app.process.reload import Reloader, model_routing
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -48,7 +50,7 @@ from app.process.startup_checks import (
     opened_world,
 )
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
-from app.release.catalog import MODEL_FILE
+from app.release.catalog import MODEL_FILE, with_room
 from app.release.keyspace import KeySpace
 from app.release.plan import read_plan
 from app.release.rules import load_rules
@@ -76,6 +78,9 @@ class Services:
     trending: TrendingItems
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
+    # Items put and withdrawn while serving (app.process.catalog_follower); None without room.
+    catalog_log: CatalogLog | None = None
+    catalog_follower: CatalogFollower | None = None
     # The recent requests' traces, with the debug pages on (app/pipeline/trace.py).
     traces: TraceRing | None = None
     draining: bool = field(default=False)
@@ -319,6 +324,7 @@ def _pipeline(
     item_memory: ItemMemory | None,
     scorer: Scorer,
     trending: TrendingItems,
+    follower: CatalogFollower | None,
 ) -> RecommendPipeline:
     """The stages, each with the clients it calls, in the order recommend.py writes."""
     fetch: Step[Pool, Hydrated] = (
@@ -335,9 +341,12 @@ def _pipeline(
         similar_count=settings.similar_candidates,
         recent_decay=settings.recent_decay,
         prerank_keep=settings.prerank_keep,
+        arrival_count=settings.arrival_candidates,
     )
     return build_pipeline(
-        features=UserFeatureHydrator(store, settings.redis_timeout_s, decay=settings.recent_decay),
+        features=UserFeatureHydrator(
+            store, settings.redis_timeout_s, decay=settings.recent_decay, catalog=follower
+        ),
         candidates=candidates,
         fetch=fetch,
         rank=scorer,
@@ -360,6 +369,7 @@ async def start_services(
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
     catalog = await asyncio.to_thread(opened_catalog, settings, schema)
+    catalog = with_room(catalog, settings.catalog_headroom, schema.item_blob_width)
     breakers = _breakers(settings, metrics, running_late)
     async with AsyncExitStack() as stack:
         store, model = _clients(settings, schema, breakers, stack)
@@ -373,6 +383,16 @@ async def start_services(
             serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
         )
         item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
+        following = await replayed(
+            store.client,
+            store.keys,
+            stamp.world_id if stamp else "",
+            artifacts,
+            metrics,
+            settings.startup_timeout_s,
+        )
+        if following is not None:
+            store.catalog_seq_key = following[0].seq_key
         shadow = ShadowCalls(
             model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight
         )
@@ -383,8 +403,9 @@ async def start_services(
         )
         stack.push_async_callback(events.aclose)
         scorer = Scorer(model, local_ranker, settings.triton_timeout_s, shadow)
+        follower = None if following is None else following[1]
         pipeline = _pipeline(
-            settings, store, _search(settings, stack), item_memory, scorer, trending
+            settings, store, _search(settings, stack), item_memory, scorer, trending, follower
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(
@@ -407,6 +428,8 @@ async def start_services(
             trending=trending,
             world=stamp,
             item_memory=item_memory,
+            catalog_log=None if following is None else following[0],
+            catalog_follower=follower,
             traces=_trace_ring(settings),
             explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )

@@ -36,6 +36,7 @@ class ServingArtifacts:
     blocked: npt.NDArray[np.bool_]  # by position: the rules' block list
     popular: npt.NDArray[np.int64]  # unblocked positions, most popular first
     id_order: npt.NDArray[np.intp]  # sorts catalog.item_ids: ids to positions by binary search
+    item_key_prefix: bytes = b""  # an item's key is this and its id
 
     @property
     def model(self) -> ModelSignature:
@@ -44,11 +45,38 @@ class ServingArtifacts:
 
     def positions_of(self, ids: Collection[str]) -> Positions:
         """The positions of those of `ids` that the catalog has, in no particular order."""
-        return positions_of(self.catalog.item_ids, self.id_order, list(ids))
+        room = self.catalog.room
+        if room is None or not room.positions:
+            return positions_of(self.catalog.item_ids, self.id_order, list(ids))
+        found = self.lookup(list(ids))
+        return found[found >= 0]
 
     def lookup(self, ids: list[str]) -> Positions:
         """The position of each of `ids`, in order; -1 where the catalog lacks it."""
-        return lookup(self.catalog.item_ids, self.id_order, ids)
+        found = lookup(self.catalog.item_ids, self.id_order, ids)
+        room = self.catalog.room
+        if room is not None and room.positions and (found < 0).any():
+            missing = np.flatnonzero(found < 0)
+            found[missing] = room.lookup([ids[i] for i in missing], self.catalog.size)
+        return found
+
+    def keys_at(self, positions: Positions) -> list[bytes]:
+        """The Redis keys of the items at `positions`."""
+        base = len(self.item_keys)
+        room = self.catalog.room
+        if room is None or len(positions) == 0 or int(positions.max()) < base:
+            keys: list[bytes] = self.item_keys[positions].tolist()
+            return keys
+        return [
+            bytes(self.item_keys[p]) if p < base else self.item_key_prefix + room.id_at(p).encode()
+            for p in positions.tolist()
+        ]
+
+    @property
+    def withdrawn(self) -> npt.NDArray[np.bool_] | None:
+        """By position, the items withdrawn while serving; None without a room."""
+        room = self.catalog.room
+        return None if room is None else room.withdrawn
 
 
 def artifacts_label(world_files: str, rules: RerankRules) -> str:
@@ -69,13 +97,22 @@ def serving_artifacts(
 ) -> ServingArtifacts:
     """Resolve, once, what requests would otherwise look up item by item."""
     id_order = np.argsort(catalog.item_ids, kind="stable")
-    blocked = np.zeros(catalog.size, dtype=bool)
+    blocked = np.zeros(catalog.rows, dtype=bool)
     blocked[positions_of(catalog.item_ids, id_order, sorted(rules.block.item_ids))] = True
     popular = catalog.popular_order[~blocked[catalog.popular_order]]
     item_keys = keys.item_keys(catalog.item_ids)
     label = artifacts_label(world_files, rules)
     return ServingArtifacts(
-        schema, catalog, rules, routing, label, item_keys, blocked, popular, id_order
+        schema,
+        catalog,
+        rules,
+        routing,
+        label,
+        item_keys,
+        blocked,
+        popular,
+        id_order,
+        keys.item("").encode(),
     )
 
 
@@ -93,6 +130,10 @@ class ArtifactsRef:
     @property
     def current(self) -> ServingArtifacts:
         return self._current
+
+    def grow(self, replacement: ServingArtifacts) -> None:
+        """Install the same release over a catalog its change log grew: no new generation."""
+        self._current = replacement
 
     def swap(self, replacement: ServingArtifacts) -> ServingArtifacts:
         """Install `replacement` (built and checked beforehand) and return what it replaced."""

@@ -29,6 +29,8 @@ ATTRIBUTE_NAMES: tuple[str, ...] = AttributeName.__args__  # type: ignore[attr-d
 @dataclass(frozen=True, slots=True)
 class ItemAttributes:
     columns: Mapping[str, npt.NDArray[np.str_]] = field(default_factory=dict)
+    # Items put while serving, by position (app.release.arrivals): their words win.
+    extra: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -39,6 +41,10 @@ class ItemAttributes:
         position of -1)."""
         rows: list[dict[str, str | None]] = []
         for position in positions.tolist():
+            put = self.extra.get(position)
+            if put is not None:
+                rows.append({name: put.get(name) for name in asked})
+                continue
             rows.append(
                 {
                     name: None

@@ -22,7 +22,7 @@ On disk a world directory holds:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
+from app.core.vocabulary import Positions
+from app.release.arrivals import CatalogRoom, make_room
 from app.release.attributes import ItemAttributes, load_attributes
+from app.release.item_prior import ItemPrior, load_item_prior
 from app.release.neighbours import Neighbours, load_neighbours
 from app.release.prerank import PrerankWeights, load_prerank
 from app.release.schema import FeatureSchema
@@ -68,10 +71,73 @@ class Catalog:
     neighbours: Neighbours | None = None
     prerank: PrerankWeights = field(default_factory=PrerankWeights)
     attributes: ItemAttributes = field(default_factory=ItemAttributes)
+    # Items added while serving (app.release.arrivals): the arrays above are then views of
+    # the room's, as long as the world's items and the added ones together.
+    room: CatalogRoom | None = None
+    # What an added item's vector is guessed from (app.release.item_prior); None: no guess.
+    prior: ItemPrior | None = None
 
     @property
     def size(self) -> int:
+        """Positions below this hold an item (or an added item's hole), world's or added."""
+        return len(self.categories)
+
+    @property
+    def world_size(self) -> int:
+        """The items the world was built with: the FAISS index's rows."""
         return len(self.item_ids)
+
+    @property
+    def rows(self) -> int:
+        """The positions any change may fill: the world's items and the room past them."""
+        return self.size if self.room is None else self.room.rows
+
+    def ids_at(self, positions: Positions) -> npt.NDArray[np.str_]:
+        """The ids at `positions` (all below `size`)."""
+        base = len(self.item_ids)
+        if self.room is None or len(positions) == 0 or int(positions.max()) < base:
+            ids: npt.NDArray[np.str_] = self.item_ids[positions]
+            return ids
+        return np.asarray(
+            [self.item_ids[p] if p < base else self.room.id_at(p) for p in positions.tolist()],
+            dtype=np.str_,
+        )
+
+
+def in_room(catalog: Catalog, room: CatalogRoom) -> Catalog:
+    """The catalog as the room holds it now: views up to its size, no copy."""
+    size = room.size
+    neighbours = catalog.neighbours
+    if room.neighbour_positions is not None and room.neighbour_similarity is not None:
+        neighbours = Neighbours(room.neighbour_positions[:size], room.neighbour_similarity[:size])
+    return replace(
+        catalog,
+        categories=room.categories[:size],
+        published_at=room.published_at[:size],
+        vectors=room.vectors[:size],
+        neighbours=neighbours,
+        attributes=replace(catalog.attributes, extra=room.attributes),
+        room=room,
+    )
+
+
+def with_room(catalog: Catalog, capacity: int, blob_width: int) -> Catalog:
+    """The catalog with room for `capacity` items added while serving (none at 0)."""
+    if capacity <= 0:
+        return catalog
+    vectors = catalog.vectors
+    if vectors is None:
+        raise ConfigError("a catalog without item vectors cannot take items while serving")
+    neighbours = catalog.neighbours
+    room = make_room(
+        catalog.categories,
+        catalog.published_at,
+        vectors,
+        None if neighbours is None else (neighbours.positions, neighbours.similarity),
+        capacity,
+        blob_width,
+    )
+    return in_room(catalog, room)
 
 
 def _require(world: Path, name: str) -> Path:
@@ -134,4 +200,5 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
         neighbours,
         load_prerank(world),
         load_attributes(world, len(item_ids)),
+        prior=load_item_prior(world, schema.embedding_dim, len(schema.item_dense)),
     )

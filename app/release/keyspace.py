@@ -59,6 +59,12 @@ class KeySpace:
         """What one answer was (its variant), expiring: clicks on it credit that variant."""
         return f"{self.prefix}:ans:{request_id}"
 
+    def catalog(self, world_id: str, part: str) -> str:
+        """The world's catalog change log (`log`, a stream), its number of the last batch
+        (`seq`) and the added items' positions (`positions`, a hash): one hash tag, so one
+        script changes all three on a Redis Cluster too. A new world starts a new log."""
+        return f"{self.prefix}:catalog:{{catalog-{world_id}}}:{part}"
+
     @property
     def trending(self) -> str:
         """A sorted set: item position -> decayed count of positives (app.ingest.trending)."""

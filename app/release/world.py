@@ -25,6 +25,7 @@ from app.release.catalog import (
     MANIFEST_FILE,
     SCHEMA_FILE,
 )
+from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
 from app.release.schema import FeatureSchema, load_schema
@@ -39,6 +40,7 @@ SERVED_FILES = (
     NEIGHBOURS_FILE,
     PRERANK_FILE,
     ATTRIBUTES_FILE,
+    ITEM_PRIOR_FILE,
 )
 WORLD_ID_PARAMETER = "world_id"
 

@@ -30,7 +30,12 @@ async def test_removes_blocked_seen_and_excluded_and_says_how_many_of_each() -> 
         [5, 4, 3, 2], seen={"i4"}, excluded={"i3", "i4"}, at_least=1, blocked={"i5"}
     )
     assert kept == [2]
-    assert removed == {Removal.BLOCKED: 1, Removal.SEEN: 1, Removal.EXCLUDED: 1}
+    assert removed == {
+        Removal.BLOCKED: 1,
+        Removal.SEEN: 1,
+        Removal.EXCLUDED: 1,
+        Removal.WITHDRAWN: 0,
+    }
 
 
 async def test_keeps_order_when_nothing_is_removed() -> None:

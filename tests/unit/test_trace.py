@@ -13,7 +13,16 @@ from app.pipeline.stages.recall import _recalled
 from app.pipeline.trace import FIRST_IDS, Trace, TraceRing
 from app.pipeline.types import Filtered
 
-IDS = np.array([f"i{n}" for n in range(100)])
+IDS_ARRAY = np.array([f"i{n}" for n in range(100)])
+
+
+class _Ids:
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        ids: np.ndarray = IDS_ARRAY[positions]
+        return ids
+
+
+IDS = _Ids()
 
 
 def test_the_ring_keeps_the_latest_only() -> None:
@@ -46,7 +55,7 @@ def test_a_stage_records_counts_and_the_first_ids_only() -> None:
     trace = Trace("r", 0.0, {})
     _recalled(trace, "ann", np.arange(40), IDS)
     _removed(trace, Removal.SEEN, np.arange(5, 30))
-    first = list(IDS[:FIRST_IDS])
+    first = list(IDS_ARRAY[:FIRST_IDS])
     assert trace.rows(Stage.RECALL, "sources") == [{"source": "ann", "count": 40, "first": first}]
     removed = trace.records[Stage.FILTER].removed
     assert removed[0]["count"] == 25

@@ -24,4 +24,6 @@ class PopularBackfill:
         excluded_at = artifacts.positions_of(asked.query.exclude_item_ids)
         absent = np.concatenate([recalled.positions, asked.user.seen, excluded_at])
         reserve = artifacts.popular[~member_mask(artifacts.popular, absent)]
+        if artifacts.withdrawn is not None:
+            reserve = reserve[~artifacts.withdrawn[reserve]]
         return Pool(asked, np.concatenate([kept.positions, reserve[:short]]))

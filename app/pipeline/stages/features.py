@@ -15,6 +15,7 @@ from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import encode_context
 from app.pipeline.types import Asked, Moment, Query, UserFeatures
+from app.release.artifacts import ServingArtifacts
 from app.release.neighbours import NOWHERE
 from app.release.schema import FeatureSchema
 
@@ -23,6 +24,12 @@ NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
 
 class UserStore(Protocol):
     async def user(self, user_id: str, timeout_s: float) -> UserRecord: ...
+
+
+class CatalogHead(Protocol):
+    async def at_least(self, seq: int, timeout_s: float) -> ServingArtifacts:
+        """The artifacts once the catalog's change log is applied up to `seq`."""
+        ...
 
 
 def _utc_now() -> datetime:
@@ -47,17 +54,27 @@ class UserFeatureHydrator:
         timeout_s: float,
         clock: Callable[[], datetime] = _utc_now,
         decay: float = 0.9,
+        catalog: CatalogHead | None = None,
     ) -> None:
         self._store = store
         self._timeout_s = timeout_s
         self._clock = clock
         self._decay = decay
+        self._catalog = catalog
 
     def encode(self, schema: FeatureSchema, moment: Moment) -> npt.NDArray[np.float32]:
         now = self._clock()
         hour = now.hour if moment.hour is None else moment.hour
         weekday = now.weekday() if moment.weekday is None else moment.weekday
         return encode_context(schema, moment.device, moment.page, moment.locale, hour, weekday)
+
+    async def _follow_catalog(self, catalog: CatalogHead, seq: int, ctx: RequestContext) -> None:
+        """Answer from a catalog holding every change acknowledged before the request:
+        a withdrawn item is never served after its acknowledgement."""
+        try:
+            ctx.artifacts = await catalog.at_least(seq, ctx.time_for(self._timeout_s))
+        except FeatureStoreError as exc:
+            ctx.degrade(Stage.FEATURES, exc.kind, exc)
 
     async def run(self, query: Query, ctx: RequestContext) -> Asked:
         return Asked(query, await self._user(query, ctx))
@@ -70,6 +87,8 @@ class UserFeatureHydrator:
         except FeatureStoreError as exc:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
             return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
+        if self._catalog is not None and record.catalog_seq:
+            await self._follow_catalog(self._catalog, record.catalog_seq, ctx)
         seen = record.seen
         catalog = ctx.artifacts.catalog
         recent = record.recent[record.recent < catalog.size]

@@ -13,6 +13,7 @@ from app.core.errors import FailureKind, FeatureStoreError
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.types import Hydrated, HydratedCandidates, Pool
+from app.release.arrivals import CatalogRoom
 
 # A few items without features is a catalog ahead of its feature store; more is an incident.
 MISSING_SHARE_FLAGGED = 0.1
@@ -49,10 +50,35 @@ class HeldItemHydrator:
     async def run(self, pool: Pool, ctx: RequestContext) -> Hydrated:
         positions = pool.positions
         matrix = self._held.current  # one snapshot: never half old, half new
-        found = np.flatnonzero(matrix.usable[positions])
-        hydrated = HydratedCandidates(positions, found, np.take(matrix.blobs, positions[found], 0))
+        room = ctx.artifacts.catalog.room
+        if room is not None and (room.updated_blobs or room.size > room.base):
+            hydrated = _held_rows(positions, matrix, room)
+        else:
+            found = np.flatnonzero(matrix.usable[positions])
+            hydrated = HydratedCandidates(
+                positions, found, np.take(matrix.blobs, positions[found], 0)
+            )
         _flag_missing(hydrated, ctx)
         return Hydrated(pool.asked, hydrated)
+
+
+def _held_rows(positions: Positions, matrix: ItemMatrix, room: CatalogRoom) -> HydratedCandidates:
+    """The world items' rows from the matrix (or as last put), the added ones' from the room."""
+    added = positions >= room.base
+    usable = np.zeros(len(positions), dtype=bool)
+    usable[~added] = matrix.usable[positions[~added]]
+    usable[added] = room.present[positions[added]]
+    found = np.flatnonzero(usable)
+    chosen = positions[found]
+    rows = np.empty((len(found), matrix.blobs.shape[1]), dtype=np.float32)
+    mine = chosen >= room.base
+    rows[~mine] = matrix.blobs[chosen[~mine]]
+    rows[mine] = room.blobs[chosen[mine] - room.base]
+    for k in np.flatnonzero(~mine).tolist() if room.updated_blobs else ():
+        put = room.updated_blobs.get(int(chosen[k]))
+        if put is not None:
+            rows[k] = put
+    return HydratedCandidates(positions, found, rows)
 
 
 def without_bad_rows(positions: Positions, blobs: ItemBlobs) -> tuple[HydratedCandidates, int]:
@@ -87,7 +113,7 @@ class ItemFeatureHydrator:
 
     async def _read(self, positions: Positions, ctx: RequestContext) -> HydratedCandidates:
         artifacts = ctx.artifacts
-        keys: list[bytes] = artifacts.item_keys[positions].tolist()
+        keys = artifacts.keys_at(positions)
         try:
             blobs = await self._store.items(keys, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:

@@ -6,12 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
 from app.core.vocabulary import Removal, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.trace import Trace
+from app.pipeline.trace import ItemIds, Trace
 from app.pipeline.types import Filtered, Pool
 
 
@@ -45,7 +42,7 @@ class CandidateFilter:
             ctx.metrics.removed_count[result.reason].inc(len(result.removed))
             kept = Pool(pool.asked, result.kept)
             if trace is not None:
-                _filtered(trace, result, ctx.artifacts.catalog.item_ids)
+                _filtered(trace, result, ctx.artifacts.catalog)
         filled = await self._backfill.fill(pool, kept, ctx)
         if trace is not None:
             record = trace.record(self.stage)
@@ -55,7 +52,7 @@ class CandidateFilter:
         return filled
 
 
-def _filtered(trace: Trace, result: Filtered, ids: npt.NDArray[np.str_]) -> None:
+def _filtered(trace: Trace, result: Filtered, ids: ItemIds) -> None:
     trace.record(Stage.FILTER).remove(result.reason, result.removed, ids)
     if trace.followed.removed_by is None and trace.holds_followed(result.removed):
         trace.followed.removed_by = result.reason

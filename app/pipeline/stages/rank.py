@@ -10,7 +10,7 @@ import numpy.typing as npt
 from app.core.errors import FailureKind, RankingModelError
 from app.core.vocabulary import Heads, Indices, Scores, Stage, Variant
 from app.pipeline.context import RequestContext
-from app.pipeline.trace import TOP_SCORED, StrArray, Trace, model_order
+from app.pipeline.trace import TOP_SCORED, ItemIds, Trace, model_order
 from app.pipeline.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
 from app.release.plan import ModelAnswer, Routed
 from app.release.schema import HEAD_NAMES, FeatureSchema
@@ -149,12 +149,12 @@ class Scorer:
         ranked = Ranked(packed.hydrated.asked, scored, model)
         if ctx.trace is not None:
             artifacts = ctx.artifacts
-            _ranked(ctx.trace, packed, ranked, artifacts.schema, artifacts.catalog.item_ids)
+            _ranked(ctx.trace, packed, ranked, artifacts.schema, artifacts.catalog)
         return ranked
 
 
 def _ranked(
-    trace: Trace, packed: Packed, ranked: Ranked, schema: FeatureSchema, ids: StrArray
+    trace: Trace, packed: Packed, ranked: Ranked, schema: FeatureSchema, ids: ItemIds
 ) -> None:
     """The top scored, best first, with their heads and main features; the followed item's
     score and rank."""
@@ -175,7 +175,7 @@ def _ranked(
     table = record.table(
         "scored", f"Scored before rerank (top {len(top)} of {ranked.candidates})", columns
     )
-    top_ids = ids[scored.positions[top]].tolist()
+    top_ids = ids.ids_at(scored.positions[top]).tolist()
     top_scores = np.round(scored.scores[top].astype(np.float64), 4).tolist()
     for k, item_id in enumerate(top_ids):
         entry: dict[str, Any] = {"rank": k + 1, "item_id": item_id, "score": top_scores[k]}

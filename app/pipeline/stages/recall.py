@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.trace import Trace, first_ids
+from app.pipeline.trace import ItemIds, Trace, first_ids
 from app.pipeline.types import Asked, Pool, Recalling
 from app.release.catalog import Catalog
 
@@ -41,7 +41,7 @@ class CandidateRecall:
         catalog_size = len(ctx.artifacts.popular)
         recalling = Recalling(asked, min(max(self._candidate_count, asked.at_least), catalog_size))
         so_far: Positions = np.empty(0, dtype=np.int64)
-        trace, ids = ctx.trace, ctx.artifacts.catalog.item_ids
+        trace, ids = ctx.trace, ctx.artifacts.catalog
         for source in self._sources:
             fresh = await source.candidates(recalling, so_far, ctx)
             so_far = np.concatenate([so_far, fresh]) if len(so_far) else fresh
@@ -55,7 +55,7 @@ class CandidateRecall:
         return Pool(asked, so_far)
 
 
-def _recalled(trace: Trace, source: str, fresh: Positions, ids: npt.NDArray[np.str_]) -> None:
+def _recalled(trace: Trace, source: str, fresh: Positions, ids: ItemIds) -> None:
     sources = trace.record(Stage.RECALL).table(
         "sources", "Candidates by source", ["source", "count", "first"]
     )

@@ -55,7 +55,7 @@ class Reranker:
         if ctx.trace is not None:
             _reranked(ctx.trace, ranked, selection, catalog)
         # Only the chosen few become Python strings.
-        chosen_ids: list[str] = catalog.item_ids[positions[selection.positions]].tolist()
+        chosen_ids: list[str] = catalog.ids_at(positions[selection.positions]).tolist()
         return [
             RankedItem(item_id, None if math.isnan(score) else score)
             for item_id, score in zip(chosen_ids, selection.scores.tolist(), strict=True)
@@ -76,7 +76,7 @@ def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catal
     answer = record.table("answer", "The answer", ["rank", "item_id", "score", "model_rank"])
     chosen, final = selection.positions, selection.scores
     for served, (j, score) in enumerate(zip(chosen.tolist(), final.tolist(), strict=True), 1):
-        item_id = str(catalog.item_ids[scored.positions[j]])
+        item_id = str(catalog.ids_at(scored.positions[j : j + 1])[0])
         raw = float(scored.scores[j])
         answer.rows.append(
             {
@@ -92,7 +92,7 @@ def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catal
             changes.rows.append({"item_id": item_id, "change": change})
     served_at = set(chosen.tolist())
     for j in (j for j in order[: ranked.asked.query.num_items].tolist() if j not in served_at):
-        item_id = str(catalog.item_ids[scored.positions[j]])
+        item_id = str(catalog.ids_at(scored.positions[j : j + 1])[0])
         # The model's first N are rerank's starting answer: each left out has its selector.
         reason = selection.left_out[j]
         changes.rows.append({"item_id": item_id, "change": f"model rank {model_rank[j]}: {reason}"})

@@ -12,10 +12,12 @@ import numpy as np
 from app.release.attributes import save_attributes
 from app.release.catalog import MODEL_FILE
 from app.release.foldin import PLAIN, save_foldin
+from app.release.item_prior import save_item_prior
 from app.release.neighbours import save_neighbours
 from app.release.schema import FeatureSchema
 from recsys_tools.world.generate.synth import generate_world
-from recsys_tools.world.generate.titles import generated_attributes
+from recsys_tools.world.generate.titles import generated_attributes, genre_names
+from recsys_tools.world.learn.item_prior import ItemAttributesIn, fit_item_prior
 from recsys_tools.world.learn.neighbours import item_neighbours
 from recsys_tools.world.learn.ranker.train import train_ranker
 from recsys_tools.world.store.catalog import write_catalog
@@ -68,13 +70,27 @@ def build_demo_world(
     log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
     (world / MODEL_FILE).write_bytes(trained.onnx_model)
-    save_attributes(world, generated_attributes(generated.items.categories, seed))
+    attributes = generated_attributes(generated.items.categories, seed)
+    save_attributes(world, attributes)
+    codes = generated.items.categories
+    prior, prior_report = fit_item_prior(
+        ItemAttributesIn(
+            tuple(genre_names(int(codes.max()) + 1)),
+            [[code] for code in codes.tolist()],
+            attributes["title"].tolist(),
+            generated.items.dense,
+        ),
+        generated.items.embeddings,
+        seed,
+    )
+    save_item_prior(world, prior)
     report = trained.report.as_dict()
     write_manifest(
         world,
         source=SYNTHETIC,
         seed=seed,
         training=report,
+        item_prior=prior_report.as_dict(),
         build_seconds=round(time.perf_counter() - started, 1),
     )
     stamp_world(world, schema)

@@ -22,6 +22,7 @@ from app.core.errors import ConfigError
 from app.release.attributes import save_attributes
 from app.release.catalog import MODEL_FILE
 from app.release.foldin import save_foldin
+from app.release.item_prior import save_item_prior
 from app.release.neighbours import save_neighbours
 from app.release.prerank import save_prerank
 from app.release.schema import FeatureSchema
@@ -29,6 +30,7 @@ from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, weigh_inputs
 from recsys_tools.world.judge.evaluate import Holdout, evaluate, split_holdout
 from recsys_tools.world.learn.derive import check_derivable, item_attributes
 from recsys_tools.world.learn.factorize import foldin_params
+from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
@@ -79,6 +81,11 @@ def _write(
     save_table(world, positive_lists(part))
     save_foldin(world, foldin_params(part, recipe.shrink))
     save_neighbours(world, learnt.neighbours)
+    prior, prior_report = fit_item_prior(
+        log_attributes(part.items, learnt.item_dense), learnt.embeddings.items, recipe.seed
+    )
+    save_item_prior(world, prior)
+    write_manifest(world, item_prior=prior_report.as_dict())
     save_prerank(world, learnt.ranker.prerank)
     (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
     save_holdout(world, learnt.ranker.holdout_rows, learnt.ranker.holdout_labels)

@@ -27,6 +27,7 @@ from app.release.catalog import (
     USERS_FILE,
 )
 from app.release.foldin import FOLDIN_FILE
+from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
 from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema
@@ -44,6 +45,7 @@ STAMPED_FILES = (
     MODEL_FILE,
     SCHEMA_FILE,
     NEIGHBOURS_FILE,
+    ITEM_PRIOR_FILE,
     PRERANK_FILE,
     ATTRIBUTES_FILE,
 )

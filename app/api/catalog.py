@@ -1,0 +1,264 @@
+"""/catalog: items put into the catalog while serving, and withdrawn from it.
+
+Callers hold RECSYS_ADMIN_TOKEN (with none configured, loopback only). A change is
+acknowledged once the catalog's change log holds it: every process applies it within
+RECSYS_CATALOG_FOLLOW_MS, and any request that begins after the acknowledgement reads the
+log's number with the user's features and applies what it lacks first, so a withdrawn item
+is in no answer from then on (app.clients.catalog_log, app.process.catalog_follower).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from app.api.access import bearer, holds, loopback
+from app.api.catalog_models import (
+    CatalogChanged,
+    CatalogState,
+    ItemIn,
+    ItemPut,
+    ItemsIn,
+    WithdrawalsIn,
+)
+from app.api.deps import ServicesDep
+from app.api.errors import documented, error_body, request_id_of
+from app.api.models import ErrorField
+from app.clients.catalog_log import Accepted
+from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
+from app.process.services import Services
+from app.release.arrivals import ItemChange, Withdrawal
+from app.release.artifacts import ServingArtifacts
+
+CHANGE_TIMEOUT_S = 2.0
+
+
+async def allowed(request: Request, services: ServicesDep) -> Services:
+    token = services.settings.admin_token
+    if token is None and loopback(request.scope):
+        return services
+    if not holds(bearer(request.scope), token):
+        raise HTTPException(
+            status_code=401,
+            detail="send Authorization: Bearer <RECSYS_ADMIN_TOKEN> (with none set: loopback only)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return services
+
+
+CatalogDep = Annotated[Services, Depends(allowed)]
+CATALOG_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: documented("No bearer token, or not RECSYS_ADMIN_TOKEN."),
+    404: documented("An item to withdraw is not in the catalog, or changes are off."),
+    409: documented("No room for more added items until the next world takes them in."),
+    422: documented("A field is invalid (named in `fields`): nothing was applied."),
+    503: documented("Redis did not take the change: nothing was applied."),
+}
+router = APIRouter(prefix="/catalog", tags=["catalog"], responses=CATALOG_ERRORS)
+
+
+class InvalidChangeError(Exception):
+    def __init__(self, fields: list[ErrorField]) -> None:
+        self.fields = fields
+
+
+def _refusal(
+    status: int, code: str, message: str, rid: str, fields: list[ErrorField]
+) -> JSONResponse:
+    body = error_body(code, message, rid, fields)
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def _change(
+    n: int, given: ItemIn, artifacts: ServingArtifacts, position: int, now: int
+) -> ItemChange:
+    """The change the log will carry, or InvalidChangeError naming each field at fault."""
+    schema, catalog = artifacts.schema, artifacts.catalog
+    where = f"items.{n}"
+    problems: list[ErrorField] = []
+    prior = catalog.prior
+    codes = [] if prior is None else [prior.code(name) for name in given.categories]
+    if prior is None:
+        problems.append(
+            ErrorField(
+                field=f"{where}.categories", message="this world has no category names (rebuild it)"
+            )
+        )
+    for k, code in enumerate(codes):
+        if code is None:
+            problems.append(
+                ErrorField(field=f"{where}.categories.{k}", message="not a category of this world")
+            )
+    unknown = sorted(set(given.dense) - set(schema.item_dense))
+    for name in unknown:
+        problems.append(
+            ErrorField(
+                field=f"{where}.dense.{name}",
+                message=f"not an item dense feature ({', '.join(schema.item_dense)})",
+            )
+        )
+    if given.embedding is not None and len(given.embedding) != schema.embedding_dim:
+        problems.append(
+            ErrorField(
+                field=f"{where}.embedding", message=f"must hold {schema.embedding_dim} numbers"
+            )
+        )
+    if problems:
+        raise InvalidChangeError(problems)
+    known = [code for code in codes if code is not None]
+    dense = np.asarray([given.dense.get(name, 0.0) for name in schema.item_dense], np.float32)
+    guessed = given.embedding is None
+    if given.embedding is not None:
+        embedding = [float(v) for v in given.embedding]
+    else:
+        assert prior is not None
+        embedding = prior.vector(known, given.title, dense).tolist()
+    return ItemChange(
+        item_id=given.item_id,
+        position=position,
+        title=given.title,
+        categories=tuple(given.categories),
+        category=known[0],
+        published_at=now if given.published_at is None else given.published_at,
+        dense=tuple(float(v) for v in dense.tolist()),
+        embedding=tuple(embedding),
+        guessed=guessed,
+    )
+
+
+def _changes(body: ItemsIn, artifacts: ServingArtifacts) -> list[ItemChange]:
+    """One change per item id; the same id twice with other attributes is refused."""
+    world = artifacts.catalog.world_size
+    found = artifacts.lookup([given.item_id for given in body.items])
+    now = int(time.time())
+    first: dict[str, ItemIn] = {}
+    changes: list[ItemChange] = []
+    problems: list[ErrorField] = []
+    for n, (given, position) in enumerate(zip(body.items, found.tolist(), strict=True)):
+        earlier = first.setdefault(given.item_id, given)
+        if earlier is not given:
+            if earlier != given:
+                problems.append(
+                    ErrorField(
+                        field=f"items.{n}.item_id", message="given twice, with other attributes"
+                    )
+                )
+            continue
+        try:
+            changes.append(
+                _change(n, given, artifacts, position if 0 <= position < world else -1, now)
+            )
+        except InvalidChangeError as exc:
+            problems += exc.fields
+    if problems:
+        raise InvalidChangeError(problems)
+    return changes
+
+
+async def _accepted(
+    services: Services, puts: list[ItemChange], withdrawals: list[Withdrawal], rid: str
+) -> Accepted | JSONResponse:
+    changes, follower = services.catalog_log, services.catalog_follower
+    assert changes is not None
+    assert follower is not None
+    catalog = services.artifacts.current.catalog
+    room = catalog.room
+    assert room is not None
+    keys = services.store.keys
+    blobs = [
+        (keys.item(change.item_id), np.asarray(change.embedding + change.dense, "<f4").tobytes())
+        for change in puts
+    ]
+    try:
+        accepted = await changes.append(
+            puts, withdrawals, room.base, room.capacity, CHANGE_TIMEOUT_S, blobs
+        )
+        await follower.at_least(accepted.seq, CHANGE_TIMEOUT_S)
+    except CatalogChangeRefusedError as exc:
+        status = 409 if exc.field == "items" else 404
+        field = ErrorField(field=exc.field, message=str(exc))
+        return _refusal(
+            status, "catalog_full" if status == 409 else "unknown_item", str(exc), rid, [field]
+        )
+    except FeatureStoreError as exc:
+        return _refusal(503, "catalog_unavailable", f"nothing was applied: {exc}", rid, [])
+    return accepted
+
+
+async def _current(services: Services) -> ServingArtifacts:
+    """The artifacts with every change the log holds: ids put earlier are known."""
+    follower = services.catalog_follower
+    if follower is None:
+        raise HTTPException(
+            status_code=404, detail="catalog changes are off (RECSYS_CATALOG_HEADROOM=0)"
+        )
+    await follower.catch_up(CHANGE_TIMEOUT_S)
+    return services.artifacts.current
+
+
+@router.get("", response_model=CatalogState, summary="What this process holds of the log")
+async def catalog_state(services: CatalogDep) -> CatalogState:
+    await _current(services)
+    room = services.artifacts.current.catalog.room
+    assert room is not None  # _current answered 404 otherwise
+    return CatalogState(
+        batch=room.seq,
+        world_items=room.base,
+        added=room.added,
+        withdrawn=room.withdrawals,
+        room=room.capacity - room.added,
+        digest=room.digest(),
+    )
+
+
+@router.post(
+    "/items", response_model=CatalogChanged, summary="Add items, or replace their attributes"
+)
+async def put_items(
+    body: ItemsIn, request: Request, services: CatalogDep
+) -> CatalogChanged | JSONResponse:
+    rid = request_id_of(request)
+    try:
+        artifacts = await _current(services)
+        puts = _changes(body, artifacts)
+    except InvalidChangeError as exc:
+        return _refusal(422, "invalid_request", "nothing was applied", rid, exc.fields)
+    except FeatureStoreError as exc:
+        return _refusal(503, "catalog_unavailable", f"nothing was applied: {exc}", rid, [])
+    accepted = await _accepted(services, puts, [], rid)
+    if isinstance(accepted, JSONResponse):
+        return accepted
+    items = [
+        ItemPut(item_id=change.item_id, position=position, guessed=change.guessed)
+        for change, position in zip(puts, accepted.positions, strict=False)
+    ]
+    return CatalogChanged(request_id=rid, batch=accepted.seq, items=items)
+
+
+@router.post(
+    "/withdrawals",
+    response_model=CatalogChanged,
+    summary="Withdraw items: in no answer from the acknowledgement on",
+)
+async def withdraw(
+    body: WithdrawalsIn, request: Request, services: CatalogDep
+) -> CatalogChanged | JSONResponse:
+    rid = request_id_of(request)
+    try:
+        artifacts = await _current(services)
+    except FeatureStoreError as exc:
+        return _refusal(503, "catalog_unavailable", f"nothing was applied: {exc}", rid, [])
+    ids = list(dict.fromkeys(body.item_ids))
+    world = artifacts.catalog.world_size
+    found = artifacts.lookup(ids).tolist()
+    withdrawals = [
+        Withdrawal(i, p if 0 <= p < world else -1) for i, p in zip(ids, found, strict=True)
+    ]
+    accepted = await _accepted(services, [], withdrawals, rid)
+    if isinstance(accepted, JSONResponse):
+        return accepted
+    return CatalogChanged(request_id=rid, batch=accepted.seq, withdrawn=ids)

@@ -1,0 +1,165 @@
+"""The catalog's change log in Redis: items put into the catalog or withdrawn while serving.
+
+A stream per world, with a counter of its batches and a hash of the positions it gave added
+items (app.release.keyspace `catalog`). One script accepts a batch whole or not at all: it
+gives each new id the next position, refuses a batch past the room every process holds,
+numbers it and appends it. Every API process and the ingest consumer read the stream from
+its start (a process started later replays it) and apply it in order; a request reads the
+counter with the user's features, so it never answers from a catalog older than a change
+acknowledged before it began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis import exceptions as redis_errors
+
+from app.clients.feature_store import RedisClient, failure_kind
+from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
+from app.release.arrivals import ChangeBatch, ItemChange, Withdrawal, decode_changes, encode_changes
+from app.release.keyspace import KeySpace
+
+READ_BATCHES = 500
+
+# KEYS: positions hash, seq, log. ARGV: base, capacity, body, then (id, known position)
+# for each put and each withdrawal in order; a known position is -1 where the caller does
+# not know the item (not a world item). The number of puts is ARGV[4].
+_ACCEPT = """
+local base = tonumber(ARGV[1])
+local capacity = tonumber(ARGV[2])
+local puts = tonumber(ARGV[4])
+local n = (#ARGV - 4) / 2
+local used = redis.call('HLEN', KEYS[1])
+local positions = {}
+local fresh = {}
+local added = 0
+for i = 1, n do
+  local id = ARGV[3 + 2 * i]
+  local known = tonumber(ARGV[4 + 2 * i])
+  if known >= 0 then
+    positions[i] = known
+  else
+    local stored = redis.call('HGET', KEYS[1], id)
+    if stored then
+      positions[i] = tonumber(stored)
+    elseif fresh[id] then
+      positions[i] = fresh[id]
+    elseif i <= puts then
+      if used + added >= capacity then
+        return {'full', tostring(used)}
+      end
+      fresh[id] = base + used + added
+      added = added + 1
+      positions[i] = fresh[id]
+    else
+      return {'unknown', id}
+    end
+  end
+end
+for id, position in pairs(fresh) do
+  redis.call('HSET', KEYS[1], id, position)
+end
+local seq = redis.call('INCR', KEYS[2])
+local joined = table.concat(positions, ',')
+redis.call('XADD', KEYS[3], '*', 'seq', seq, 'body', ARGV[3], 'positions', joined)
+return {'ok', tostring(seq), joined}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    seq: int
+    positions: tuple[int, ...]  # the puts', then the withdrawals'
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _positions(joined: str) -> list[int]:
+    return [int(p) for p in joined.split(",")] if joined else []
+
+
+class CatalogLog:
+    """One world's change log; FeatureStoreError when Redis cannot answer."""
+
+    def __init__(self, client: RedisClient, keys: KeySpace, world_id: str) -> None:
+        self._client = client
+        self._positions = keys.catalog(world_id, "positions")
+        self._seq = keys.catalog(world_id, "seq")
+        self._log = keys.catalog(world_id, "log")
+        self._accept = client.register_script(_ACCEPT)
+
+    @property
+    def seq_key(self) -> str:
+        return self._seq
+
+    @property
+    def page(self) -> int:
+        """Batches read at most at once: a shorter page is the log's end."""
+        return READ_BATCHES
+
+    async def append(
+        self,
+        puts: Sequence[ItemChange],
+        withdrawals: Sequence[Withdrawal],
+        base: int,
+        capacity: int,
+        timeout_s: float,
+        blobs: Sequence[tuple[str, bytes]] = (),
+    ) -> Accepted:
+        """Accept the batch; each change's `position` is used where >= 0 (a world item).
+
+        The items' feature blobs (`blobs`, key and value) are written first, for processes
+        that read item features from Redis: a blob of a batch then refused names an item no
+        catalog holds, and is never read."""
+        if blobs:
+            pipe = self._client.pipeline(transaction=False)
+            for key, value in blobs:
+                pipe.set(key, value)
+            await self._call("write item features", pipe.execute(), timeout_s)
+        args: list[Any] = [base, capacity, encode_changes(puts, withdrawals), len(puts)]
+        changed: list[ItemChange | Withdrawal] = [*puts, *withdrawals]
+        for change in changed:
+            args += [change.item_id, change.position]
+        keys = [self._positions, self._seq, self._log]
+        answer = await self._call("append", self._accept(keys=keys, args=args), timeout_s)
+        outcome, *rest = [_text(part) for part in cast(list[Any], answer)]
+        if outcome == "full":
+            raise CatalogChangeRefusedError(
+                "items", f"the catalog has no room past {rest[0]} added items"
+            )
+        if outcome == "unknown":
+            raise CatalogChangeRefusedError("item_ids", f"no item {rest[0]!r} in the catalog")
+        return Accepted(int(rest[0]), tuple(_positions(rest[1])))
+
+    async def head(self, timeout_s: float) -> int:
+        """The number of the last batch accepted (0: none)."""
+        value = await self._call("read head", self._client.get(self._seq), timeout_s)
+        return int(value) if value else 0
+
+    async def read(self, after: str, timeout_s: float) -> list[tuple[str, ChangeBatch]]:
+        """Batches after stream id `after` ("-" for all), oldest first, a page at a time."""
+        start = "-" if after == "-" else f"({after}"
+        page = self._client.xrange(self._log, start, "+", count=READ_BATCHES)
+        entries = await self._call("read changes", page, timeout_s)
+        batches: list[tuple[str, ChangeBatch]] = []
+        for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries):
+            seq = int(fields[b"seq"])
+            body = _text(fields[b"body"])
+            positions = _positions(_text(fields[b"positions"]))
+            batches.append((_text(entry_id), decode_changes(seq, body, positions)))
+        return batches
+
+    async def _call(self, operation: str, call: Any, timeout_s: float) -> Any:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await call
+        except (redis_errors.RedisError, OSError, TimeoutError) as exc:
+            raise FeatureStoreError(
+                failure_kind(exc), f"catalog {operation}: {type(exc).__name__} {exc}"
+            ) from exc

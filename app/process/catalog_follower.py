@@ -1,0 +1,124 @@
+"""This process's catalog kept at the change log's head (app.clients.catalog_log).
+
+At start-up the whole log is replayed; then a task reads what was appended every
+`every_s`, and a request that finds the log ahead of its catalog (the features stage reads
+the log's number with the user) waits for the rest first. Each read applies its batches to
+the catalog's room (app.release.arrivals) and swaps the artifacts for ones that see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from app.clients.catalog_log import CatalogLog
+from app.clients.feature_store import RedisClient
+from app.core.cancelling import cancel_requested
+from app.core.errors import FeatureStoreError
+from app.core.metrics import ServiceMetrics
+from app.release.arrivals import CatalogRoom
+from app.release.artifacts import ArtifactsRef, ServingArtifacts
+from app.release.catalog import in_room
+from app.release.keyspace import KeySpace
+
+log = logging.getLogger(__name__)
+
+
+class CatalogFollower:
+    def __init__(
+        self,
+        changes: CatalogLog,
+        artifacts: ArtifactsRef,
+        counted: Callable[[int, int], None] = lambda puts, withdrawals: None,
+    ) -> None:
+        self._changes = changes
+        self._artifacts = artifacts
+        self._counted = counted
+        self._after = "-"
+        self._lock = asyncio.Lock()
+
+    @property
+    def room(self) -> CatalogRoom | None:
+        return self._artifacts.current.catalog.room
+
+    @property
+    def applied(self) -> int:
+        room = self.room
+        return 0 if room is None else room.seq
+
+    async def at_least(self, seq: int, timeout_s: float) -> ServingArtifacts:
+        """The artifacts once every batch up to `seq` is applied."""
+        if self.applied < seq:
+            await self.catch_up(timeout_s, seq)
+        return self._artifacts.current
+
+    async def catch_up(self, timeout_s: float, until: int = 0) -> None:
+        """Apply every batch the log holds past the last one applied (requests waiting for
+        batch `until` stop waiting once another has applied it)."""
+        async with self._lock:
+            room = self.room
+            if room is None or (until and room.seq >= until):
+                return
+            while True:
+                page = await self._changes.read(self._after, timeout_s)
+                for entry_id, batch in page:
+                    if batch.seq > room.seq:
+                        room.apply(batch)
+                        self._counted(len(batch.puts), len(batch.withdrawals))
+                    self._after = entry_id
+                if page:
+                    self._show(room)
+                if len(page) < self._changes.page:
+                    return
+
+    def _show(self, room: CatalogRoom) -> None:
+        current = self._artifacts.current
+        if current.catalog.room is room:
+            grown = in_room(current.catalog, room)
+            self._artifacts.grow(dataclasses.replace(current, catalog=grown))
+
+    async def keep_current(self, every_s: float, timeout_s: float) -> None:
+        while not cancel_requested():
+            await asyncio.sleep(every_s)
+            try:
+                await self.catch_up(timeout_s)
+            except FeatureStoreError as exc:
+                log.warning("catalog changes not read (%s); serving the catalog held", exc)
+            except ValueError as exc:  # a position past this process's room
+                log.error("a catalog change cannot be applied here: %s", exc)
+        raise asyncio.CancelledError
+
+
+async def replayed(
+    client: RedisClient,
+    keys: KeySpace,
+    world_id: str,
+    artifacts: ArtifactsRef,
+    metrics: ServiceMetrics,
+    timeout_s: float,
+) -> tuple[CatalogLog, CatalogFollower] | None:
+    """The world's change log, replayed into the served catalog's room; None without one."""
+    room = artifacts.current.catalog.room
+    if room is None:
+        return None
+    changes = CatalogLog(client, keys, world_id)
+
+    metrics.catalog_added.labels("room").set(room.capacity)
+
+    def counted(puts: int, withdrawals: int) -> None:
+        metrics.catalog_change_count["put"].inc(puts)
+        metrics.catalog_change_count["withdraw"].inc(withdrawals)
+        metrics.catalog_added.labels("held").set(room.added)
+
+    follower = CatalogFollower(changes, artifacts, counted)
+    await follower.catch_up(timeout_s)
+    if room.seq:
+        log.info(
+            "catalog change log replayed: %d items added, %d withdrawals, up to batch %d",
+            room.added,
+            room.withdrawals,
+            room.seq,
+        )
+    return changes, follower

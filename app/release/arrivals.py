@@ -1,0 +1,228 @@
+"""Items put into the catalog while serving, and items withdrawn from it.
+
+Every change is an entry of the catalog's change log (app.clients.catalog_log), numbered in
+the order the log accepted it. An item the world was not built with gets a position once,
+when the log first accepts it (the next past the world's last, or past the last added
+one), so every process that applies the log holds every item at the same position. A world
+item keeps its own.
+
+`CatalogRoom` is where a process holds the changes: the world's per-item arrays, copied
+once into arrays with `capacity` rows to spare, filled in place. A change writes its rows
+first and then lets the catalog grow over them, so a request that took the catalog before
+never sees a row half written, and no change copies the catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.vocabulary import Positions
+
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemChange:
+    """An item put into the catalog: added, or its attributes replaced. `embedding` is the
+    one the caller gave or the world's guess from its attributes, made once, by the API."""
+
+    item_id: str
+    position: int
+    title: str
+    categories: tuple[str, ...]
+    category: int  # the catalog's code for the first of `categories`
+    published_at: int
+    dense: tuple[float, ...]
+    embedding: tuple[float, ...]
+    guessed: bool = False  # the embedding is the world's guess, not the caller's
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    item_id: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeBatch:
+    """One accepted call: its number in the log, and what it changed."""
+
+    seq: int
+    puts: tuple[ItemChange, ...] = ()
+    withdrawals: tuple[Withdrawal, ...] = ()
+
+
+def encode_changes(puts: Sequence[ItemChange], withdrawals: Sequence[Withdrawal]) -> str:
+    """A batch's body as the log stores it; positions of new items are the log's to give,
+    so they are carried beside the body (app.clients.catalog_log), not in it."""
+    body = {
+        "puts": [
+            [
+                c.item_id,
+                c.title,
+                list(c.categories),
+                c.category,
+                c.published_at,
+                list(c.dense),
+                list(c.embedding),
+                c.guessed,
+            ]
+            for c in puts
+        ],
+        "withdrawals": [w.item_id for w in withdrawals],
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def decode_changes(seq: int, body: str, positions: Sequence[int]) -> ChangeBatch:
+    """A batch back from the log; `positions` are its items', puts first, in order."""
+    raw: dict[str, Any] = json.loads(body)
+    puts = tuple(
+        ItemChange(
+            item_id=str(row[0]),
+            position=int(positions[i]),
+            title=str(row[1]),
+            categories=tuple(str(name) for name in row[2]),
+            category=int(row[3]),
+            published_at=int(row[4]),
+            dense=tuple(float(v) for v in row[5]),
+            embedding=tuple(float(v) for v in row[6]),
+            guessed=bool(row[7]),
+        )
+        for i, row in enumerate(raw["puts"])
+    )
+    offset = len(puts)
+    withdrawals = tuple(
+        Withdrawal(str(item_id), int(positions[offset + i]))
+        for i, item_id in enumerate(raw["withdrawals"])
+    )
+    return ChangeBatch(seq, puts, withdrawals)
+
+
+def _grown(array: npt.NDArray[Any], rows: int, fill: Any) -> npt.NDArray[Any]:
+    grown = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+@dataclass(slots=True)
+class CatalogRoom:
+    """The catalog's arrays with room for `capacity` items past the world's `base`."""
+
+    base: int
+    capacity: int
+    categories: npt.NDArray[np.int64]
+    published_at: npt.NDArray[np.int64]
+    vectors: FloatArray
+    neighbour_positions: npt.NDArray[np.int32] | None
+    neighbour_similarity: FloatArray | None
+    blobs: FloatArray  # (capacity, item blob width): the added items' feature rows
+    present: npt.NDArray[np.bool_]  # base + capacity: a row that holds an item
+    withdrawn: npt.NDArray[np.bool_]  # base + capacity
+    ids: list[str] = field(default_factory=list)  # the added items', by position - base
+    positions: dict[str, int] = field(default_factory=dict)  # added id -> position
+    attributes: dict[int, dict[str, str]] = field(default_factory=dict)  # put items' words
+    updated_blobs: dict[int, FloatArray] = field(default_factory=dict)  # world items put
+    size: int = 0  # base + the rows up to the last added item
+    seq: int = 0  # the last batch applied
+    withdrawals: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.base + self.capacity
+
+    @property
+    def added(self) -> int:
+        return len(self.positions)
+
+    def id_at(self, position: int) -> str:
+        index = position - self.base
+        return self.ids[index] if 0 <= index < len(self.ids) else ""
+
+    def apply(self, batch: ChangeBatch) -> None:
+        """Write the batch's rows; the caller then takes the catalog at the new size."""
+        for change in batch.puts:
+            self._put(change)
+        for withdrawal in batch.withdrawals:
+            if 0 <= withdrawal.position < self.rows:
+                self.withdrawn[withdrawal.position] = True
+                self.withdrawals += 1
+        self.seq = max(self.seq, batch.seq)
+
+    def _put(self, change: ItemChange) -> None:
+        p = change.position
+        if not 0 <= p < self.rows:
+            raise ValueError(f"position {p} is past the room ({self.rows} rows)")
+        self.categories[p] = change.category
+        self.published_at[p] = change.published_at
+        self.vectors[p] = change.embedding
+        blob = np.asarray(change.embedding + change.dense, dtype=np.float32)
+        self.attributes[p] = {"title": change.title, "categories": "|".join(change.categories)}
+        if p < self.base:
+            self.updated_blobs[p] = blob
+        else:
+            self.blobs[p - self.base] = blob
+            while len(self.ids) <= p - self.base:
+                self.ids.append("")
+            self.ids[p - self.base] = change.item_id
+            self.positions[change.item_id] = p
+            self.size = max(self.size, p + 1)
+        self.present[p] = True
+        self.withdrawn[p] = False
+
+    def digest(self) -> str:
+        """What tells one process's catalog from another's: the added ids at their
+        positions, what was withdrawn, the rows put."""
+        hashed = hashlib.sha256("\n".join(self.ids).encode())
+        hashed.update(np.packbits(self.withdrawn).tobytes())
+        hashed.update(np.packbits(self.present).tobytes())
+        hashed.update(self.categories.tobytes())
+        hashed.update(self.vectors.tobytes())
+        return hashed.hexdigest()[:16]
+
+    def lookup(self, ids: Sequence[str], below: int) -> Positions:
+        """The added items' positions among `ids`, in order (-1 for others), below `below`."""
+        found = [self.positions.get(item_id, -1) for item_id in ids]
+        at = np.asarray(found, dtype=np.int64)
+        at[at >= below] = -1
+        return at
+
+    def live(self, start: int, stop: int) -> Positions:
+        """The positions in [start, stop) that hold an item not withdrawn."""
+        span = self.present[start:stop] & ~self.withdrawn[start:stop]
+        return np.flatnonzero(span).astype(np.int64) + start
+
+
+def make_room(
+    categories: npt.NDArray[np.int64],
+    published_at: npt.NDArray[np.int64],
+    vectors: FloatArray,
+    neighbours: tuple[npt.NDArray[np.int32], FloatArray] | None,
+    capacity: int,
+    blob_width: int,
+) -> CatalogRoom:
+    """Room for `capacity` items past the world's; one copy of its per-item arrays."""
+    base = len(categories)
+    rows = base + capacity
+    present = np.zeros(rows, dtype=bool)
+    present[:base] = True
+    return CatalogRoom(
+        base=base,
+        capacity=capacity,
+        categories=_grown(categories, rows, 0),
+        published_at=_grown(published_at, rows, 0),
+        vectors=_grown(vectors, rows, 0.0),
+        neighbour_positions=None if neighbours is None else _grown(neighbours[0], rows, -1),
+        neighbour_similarity=None if neighbours is None else _grown(neighbours[1], rows, 0.0),
+        blobs=np.zeros((capacity, blob_width), dtype=np.float32),
+        present=present,
+        withdrawn=np.zeros(rows, dtype=bool),
+        size=base,
+    )

@@ -1,0 +1,231 @@
+"""Items put into the catalog and withdrawn while serving, against a real Redis and Triton:
+an added item is answered at once, a withdrawn one never again from its acknowledgement, a
+process started later replays the log into the same catalog, and bad changes apply nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+
+from app.clients.feature_store import decode_seen
+from app.release.keyspace import KeySpace
+from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, load_redis, serving
+
+KEYS = KeySpace("recsys")
+USER = "u5"
+APPLIED_WITHIN_S = 20.0
+
+
+@pytest.fixture
+def fresh_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        yield url
+    finally:
+        process.stop()
+
+
+def _bytes(client: redis.Redis, key: str) -> bytes:
+    return cast(bytes | None, client.get(key)) or b""
+
+
+async def _answer(api: httpx.AsyncClient, user: str = USER, n: int = 20) -> list[str]:
+    body = {"user_id": user, "num_items": n, "context": CONTEXT}
+    answered = await api.post("/recommend", json=body)
+    assert answered.status_code == 200, answered.text
+    return [item["item_id"] for item in answered.json()["items"]]
+
+
+def _like_the_top(url: str, top: str, dim: int) -> dict[str, Any]:
+    """An item the user should like: the top answer's features, the user's own direction."""
+    client = redis.Redis.from_url(url)
+    try:
+        user = np.frombuffer(_bytes(client, KEYS.user(USER)), dtype="<f4")
+        item = np.frombuffer(_bytes(client, KEYS.item(top)), dtype="<f4")
+    finally:
+        client.close()
+    direction = user[:dim] / np.linalg.norm(user[:dim])
+    embedding = direction * float(np.linalg.norm(item[:dim])) * 1.5
+    return {
+        "embedding": [float(v) for v in embedding],
+        "dense": {
+            "log_popularity": float(item[dim]),
+            "freshness": 1.0,
+            "price": float(item[dim + 2]),
+            "quality": 1.0,
+        },
+    }
+
+
+async def _categories(api: httpx.AsyncClient, item: str) -> list[str]:
+    body = {"user_id": USER, "num_items": 20, "context": CONTEXT, "attributes": ["categories"]}
+    answer = (await api.post("/recommend", json=body)).json()
+    named = {i["item_id"]: i["attributes"]["categories"] for i in answer["items"]}
+    return str(named[item]).split("|")
+
+
+async def test_an_added_item_is_answered_at_once_and_a_withdrawn_one_never_again(
+    stack: Stack, fresh_redis: str
+) -> None:
+    async with serving(stack.settings(redis_url=fresh_redis)) as api:
+        first = await _answer(api)
+        top = first[0]
+        new = {
+            "item_id": "fresh-1",
+            "title": "Fresh Arrival",
+            "categories": await _categories(api, top),
+            **_like_the_top(fresh_redis, top, stack.schema.embedding_dim),
+        }
+        put = await api.post("/catalog/items", json={"items": [new]})
+        assert put.status_code == 200, put.text
+        assert put.json()["items"] == [
+            {"item_id": "fresh-1", "position": SMALL_WORLD.items, "guessed": False}
+        ]
+        # No wait: the answer after the acknowledgement holds it (the ranker places it).
+        assert "fresh-1" in await _answer(api, n=200)
+        # Its attributes are the ones put.
+        body = {"user_id": USER, "num_items": 200, "context": CONTEXT, "attributes": ["title"]}
+        items = (await api.post("/recommend", json=body)).json()["items"]
+        assert {i["item_id"]: i["attributes"]["title"] for i in items}["fresh-1"] == "Fresh Arrival"
+        gone = await api.post("/catalog/withdrawals", json={"item_ids": ["fresh-1", top]})
+        assert gone.status_code == 200, gone.text
+        for _ in range(5):
+            answer = await _answer(api, n=200)
+            assert "fresh-1" not in answer
+            assert top not in answer
+        state = (await api.get("/catalog")).json()
+        assert state["added"] == 1
+        assert state["withdrawn"] == 2
+        assert state["batch"] == 2
+
+
+async def test_an_item_without_an_embedding_gets_the_worlds_guess(
+    stack: Stack, fresh_redis: str
+) -> None:
+    async with serving(stack.settings(redis_url=fresh_redis)) as api:
+        top = (await _answer(api))[0]
+        categories = await _categories(api, top)
+        put = await api.post(
+            "/catalog/items",
+            json={
+                "items": [
+                    {"item_id": "guessed-1", "title": "A Quiet Island", "categories": categories}
+                ]
+            },
+        )
+        assert put.status_code == 200, put.text
+        assert put.json()["items"][0]["guessed"] is True
+    client = redis.Redis.from_url(fresh_redis)
+    try:
+        blob = np.frombuffer(_bytes(client, KEYS.item("guessed-1")), dtype="<f4")
+    finally:
+        client.close()
+    # The blob the processes that read Redis use: a finite vector, not zeros.
+    assert blob.shape == (stack.schema.item_blob_width,)
+    assert np.isfinite(blob).all()
+    assert np.linalg.norm(blob[: stack.schema.embedding_dim]) > 0
+
+
+async def test_a_process_started_later_replays_the_log_into_the_same_catalog(
+    stack: Stack, fresh_redis: str
+) -> None:
+    settings = stack.settings(redis_url=fresh_redis)
+    async with serving(settings) as first:
+        categories = await _categories(first, (await _answer(first))[0])
+        for n in range(100):
+            item = {"item_id": f"new-{n}", "title": f"Item {n}", "categories": categories}
+            answered = await first.post("/catalog/items", json={"items": [item]})
+            assert answered.status_code == 200, answered.text
+        withdrawn = await first.post("/catalog/withdrawals", json={"item_ids": ["new-7", "i3"]})
+        assert withdrawn.status_code == 200
+        # The later process reads the log in the background only once a minute: what it
+        # knows of later changes, it learns when a request finds the log ahead of it.
+        async with serving(settings.model_copy(update={"catalog_follow_ms": 60_000.0})) as later:
+            here, there = (await first.get("/catalog")).json(), (await later.get("/catalog")).json()
+            assert here == there
+            assert here["added"] == 100
+            assert await _answer(first, "u9", 50) == await _answer(later, "u9", 50)
+            shown = (await _answer(later, "u9"))[0]
+            gone = await first.post("/catalog/withdrawals", json={"item_ids": [shown]})
+            assert gone.status_code == 200
+            assert shown not in await _answer(later, "u9", 200)
+
+
+async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
+    stack: Stack, fresh_redis: str
+) -> None:
+    good = {"item_id": "ok-1", "title": "Fine", "categories": []}
+    async with serving(stack.settings(redis_url=fresh_redis, catalog_headroom=2)) as api:
+        good["categories"] = await _categories(api, (await _answer(api))[0])
+        dim = stack.schema.embedding_dim
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({**good, "embedding": [0.1] * (dim - 1)}, "items.0.embedding"),
+            ({**good, "embedding": [math.nan] * dim}, "items.0.embedding"),
+            ({**good, "dense": {"price": math.inf}}, "items.0.dense"),
+            ({**good, "dense": {"shoe_size": 1.0}}, "items.0.dense.shoe_size"),
+            ({**good, "categories": ["no such genre"]}, "items.0.categories.0"),
+        ]
+        for item, field in cases:
+            # NaN and Infinity as many JSON writers send them (not standard JSON).
+            raw = json.dumps({"items": [item]})
+            headers = {"content-type": "application/json"}
+            answered = await api.post("/catalog/items", content=raw, headers=headers)
+            assert answered.status_code == 422, (field, answered.text)
+            assert field in [f["field"] for f in answered.json()["fields"]], answered.text
+        twice = [good, {**good, "title": "Other"}]
+        answered = await api.post("/catalog/items", json={"items": twice})
+        assert answered.status_code == 422
+        assert answered.json()["fields"][0]["field"] == "items.1.item_id"
+        unknown = await api.post("/catalog/withdrawals", json={"item_ids": ["nobody"]})
+        assert unknown.status_code == 404
+        assert (await api.get("/catalog")).json()["batch"] == 0
+        three = [{**good, "item_id": f"room-{n}"} for n in range(3)]
+        full = await api.post("/catalog/items", json={"items": three})
+        assert full.status_code == 409, full.text
+        assert (await api.get("/catalog")).json()["added"] == 0
+        assert (await api.post("/catalog/items", json={"items": three[:2]})).status_code == 200
+    async with serving(
+        stack.settings(redis_url=fresh_redis, admin_token="a-catalog-token-of-some-length")
+    ) as api:
+        assert (await api.post("/catalog/items", json={"items": [good]})).status_code == 401
+
+
+async def test_a_click_on_an_added_item_is_applied_by_the_consumer(
+    stack: Stack, fresh_redis: str, tmp_path: Path
+) -> None:
+    settings = {"RECSYS_REDIS_URL": fresh_redis, "RECSYS_ARTIFACTS_DIR": str(stack.world)}
+    consumer: ManagedProcess = start_ingest(settings, tmp_path / "ingest")
+    try:
+        async with serving(stack.settings(redis_url=fresh_redis)) as api:
+            categories = await _categories(api, (await _answer(api))[0])
+            item = {"item_id": "clicked-1", "title": "Clicked", "categories": categories}
+            assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
+            event = {"event_id": "c1", "user_id": USER, "item_id": "clicked-1", "type": "click"}
+            posted = await api.post("/events", json={"events": [event]})
+            assert posted.status_code == 202, posted.text
+            assert posted.json()["accepted"] == 1
+        client = redis.Redis.from_url(fresh_redis)
+        try:
+            give_up = time.monotonic() + APPLIED_WITHIN_S
+            while True:
+                seen, _ = decode_seen(_bytes(client, KEYS.seen(USER)))
+                if SMALL_WORLD.items in seen.tolist():
+                    break
+                assert time.monotonic() < give_up, consumer.log_tail()
+                await asyncio.sleep(0.05)
+        finally:
+            client.close()
+    finally:
+        consumer.stop()

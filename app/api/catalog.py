@@ -52,6 +52,7 @@ async def allowed(request: Request, services: ServicesDep) -> Services:
 
 CatalogDep = Annotated[Services, Depends(allowed)]
 CATALOG_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: documented("The body is not valid JSON."),
     401: documented("No bearer token, or not RECSYS_ADMIN_TOKEN."),
     404: documented("An item to withdraw is not in the catalog, or changes are off."),
     409: documented("No room for more added items until the next world takes them in."),

@@ -90,7 +90,7 @@ async def test_a_traced_request_shows_each_stage_and_what_it_did(debug: Any) -> 
     sources = records["recall"]["tables"]["sources"]["rows"]
     assert [s["source"] for s in sources] == ["ann", "arrivals", "similar", "trending", "popular"]
     removed = {r["reason"]: r for r in records["filter"]["removed"]}
-    assert set(removed) == {"blocked", "seen", "excluded"}
+    assert set(removed) == {"blocked", "withdrawn", "seen", "excluded"}
     assert removed["blocked"]["first"] == [blocked]
     assert records["prerank"]["facts"]["keep"] == 40
     assert records["prerank"]["went_out"] == 40

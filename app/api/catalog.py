@@ -169,14 +169,9 @@ async def _accepted(
     catalog = services.artifacts.current.catalog
     room = catalog.room
     assert room is not None
-    keys = services.store.keys
-    blobs = [
-        (keys.item(change.item_id), np.asarray(change.embedding + change.dense, "<f4").tobytes())
-        for change in puts
-    ]
     try:
         accepted = await changes.append(
-            puts, withdrawals, room.base, room.capacity, CHANGE_TIMEOUT_S, blobs
+            puts, withdrawals, room.base, room.capacity, CHANGE_TIMEOUT_S
         )
         await follower.at_least(accepted.seq, CHANGE_TIMEOUT_S)
     except CatalogChangeRefusedError as exc:

@@ -11,16 +11,20 @@ acknowledged before it began.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis import exceptions as redis_errors
-
-from app.clients.feature_store import RedisClient, failure_kind
-from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
-from app.release.arrivals import ChangeBatch, ItemChange, Withdrawal, decode_changes, encode_changes
+from app.clients.feature_store import RedisClient, as_text, redis_call
+from app.core.errors import CatalogChangeRefusedError
+from app.release.arrivals import (
+    CatalogRoom,
+    ChangeBatch,
+    ItemChange,
+    Withdrawal,
+    decode_changes,
+    encode_changes,
+)
 from app.release.keyspace import KeySpace
 
 READ_BATCHES = 500
@@ -76,10 +80,6 @@ class Accepted:
     positions: tuple[int, ...]  # the puts', then the withdrawals'
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _positions(joined: str) -> list[int]:
     return [int(p) for p in joined.split(",")] if joined else []
 
@@ -92,16 +92,12 @@ class CatalogLog:
         self._positions = keys.catalog(world_id, "positions")
         self._seq = keys.catalog(world_id, "seq")
         self._log = keys.catalog(world_id, "log")
+        self._item = keys.item
         self._accept = client.register_script(_ACCEPT)
 
     @property
     def seq_key(self) -> str:
         return self._seq
-
-    @property
-    def page(self) -> int:
-        """Batches read at most at once: a shorter page is the log's end."""
-        return READ_BATCHES
 
     async def append(
         self,
@@ -110,25 +106,25 @@ class CatalogLog:
         base: int,
         capacity: int,
         timeout_s: float,
-        blobs: Sequence[tuple[str, bytes]] = (),
     ) -> Accepted:
         """Accept the batch; each change's `position` is used where >= 0 (a world item).
 
-        The items' feature blobs (`blobs`, key and value) are written first, for processes
-        that read item features from Redis: a blob of a batch then refused names an item no
-        catalog holds, and is never read."""
-        if blobs:
-            pipe = self._client.pipeline(transaction=False)
-            for key, value in blobs:
-                pipe.set(key, value)
-            await self._call("write item features", pipe.execute(), timeout_s)
-        args: list[Any] = [base, capacity, encode_changes(puts, withdrawals), len(puts)]
-        changed: list[ItemChange | Withdrawal] = [*puts, *withdrawals]
-        for change in changed:
-            args += [change.item_id, change.position]
-        keys = [self._positions, self._seq, self._log]
-        answer = await self._call("append", self._accept(keys=keys, args=args), timeout_s)
-        outcome, *rest = [_text(part) for part in cast(list[Any], answer)]
+        The items' feature blobs are written first, for processes that read item features
+        from Redis: a blob of a batch then refused names an item no catalog holds, and is
+        never read."""
+        async with redis_call("catalog append", timeout_s):
+            if puts:
+                pipe = self._client.pipeline(transaction=False)
+                for put in puts:
+                    pipe.set(self._item(put.item_id), put.blob().tobytes())
+                await pipe.execute()
+            args: list[Any] = [base, capacity, encode_changes(puts, withdrawals), len(puts)]
+            changed: list[ItemChange | Withdrawal] = [*puts, *withdrawals]
+            for change in changed:
+                args += [change.item_id, change.position]
+            keys = [self._positions, self._seq, self._log]
+            answer = await self._accept(keys=keys, args=args)
+        outcome, *rest = [as_text(part) for part in cast(list[Any], answer)]
         if outcome == "full":
             raise CatalogChangeRefusedError(
                 "items", f"the catalog has no room past {rest[0]} added items"
@@ -137,29 +133,38 @@ class CatalogLog:
             raise CatalogChangeRefusedError("item_ids", f"no item {rest[0]!r} in the catalog")
         return Accepted(int(rest[0]), tuple(_positions(rest[1])))
 
-    async def head(self, timeout_s: float) -> int:
-        """The number of the last batch accepted (0: none)."""
-        value = await self._call("read head", self._client.get(self._seq), timeout_s)
-        return int(value) if value else 0
-
     async def read(self, after: str, timeout_s: float) -> list[tuple[str, ChangeBatch]]:
-        """Batches after stream id `after` ("-" for all), oldest first, a page at a time."""
+        """Batches after stream id `after` ("-" for all), oldest first, READ_BATCHES at most."""
         start = "-" if after == "-" else f"({after}"
-        page = self._client.xrange(self._log, start, "+", count=READ_BATCHES)
-        entries = await self._call("read changes", page, timeout_s)
+        async with redis_call("catalog read", timeout_s):
+            entries = await self._client.xrange(self._log, start, "+", count=READ_BATCHES)
         batches: list[tuple[str, ChangeBatch]] = []
         for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries):
             seq = int(fields[b"seq"])
-            body = _text(fields[b"body"])
-            positions = _positions(_text(fields[b"positions"]))
-            batches.append((_text(entry_id), decode_changes(seq, body, positions)))
+            positions = _positions(as_text(fields[b"positions"]))
+            batches.append(
+                (as_text(entry_id), decode_changes(seq, as_text(fields[b"body"]), positions))
+            )
         return batches
 
-    async def _call(self, operation: str, call: Any, timeout_s: float) -> Any:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await call
-        except (redis_errors.RedisError, OSError, TimeoutError) as exc:
-            raise FeatureStoreError(
-                failure_kind(exc), f"catalog {operation}: {type(exc).__name__} {exc}"
-            ) from exc
+
+class LogReader:
+    """Where one process stands in the log, and what brings its room to the log's end."""
+
+    def __init__(self, changes: CatalogLog, room: CatalogRoom) -> None:
+        self._changes = changes
+        self.room = room
+        self._after = "-"
+
+    async def catch_up(self, timeout_s: float) -> list[ChangeBatch]:
+        """Apply every batch past the last one applied; returns those applied."""
+        applied: list[ChangeBatch] = []
+        while True:
+            page = await self._changes.read(self._after, timeout_s)
+            for entry_id, batch in page:
+                if batch.seq > self.room.seq:
+                    self.room.apply(batch)
+                    applied.append(batch)
+                self._after = entry_id
+            if len(page) < READ_BATCHES:
+                return applied

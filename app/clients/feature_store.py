@@ -13,7 +13,6 @@ names; within a world, reloads keep the items and their order.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -118,7 +117,11 @@ def decode_item_blobs(values: Sequence[bytes | None], width: int) -> ItemBlobs:
 
 
 def decode_user(
-    blob: bytes | None, seen: bytes | None, width: int, recent: bytes | None = None
+    blob: bytes | None,
+    seen: bytes | None,
+    width: int,
+    recent: bytes | None = None,
+    catalog_seq: int = 0,
 ) -> UserRecord:
     """The user's record; a blob of the wrong size is MALFORMED, not a missing user.
 
@@ -127,14 +130,14 @@ def decode_user(
     positions, whole = decode_seen(seen)
     latest, _ = decode_seen(recent)
     if blob is None:
-        return UserRecord(None, BlobState.ABSENT, positions, whole, latest)
+        return UserRecord(None, BlobState.ABSENT, positions, whole, latest, catalog_seq)
     if len(blob) != width * FLOAT32.itemsize:
-        return UserRecord(None, BlobState.MALFORMED, positions, whole, latest)
+        return UserRecord(None, BlobState.MALFORMED, positions, whole, latest, catalog_seq)
     vector = np.frombuffer(blob, dtype=FLOAT32)
-    return UserRecord(vector, BlobState.PRESENT, positions, whole, latest)
+    return UserRecord(vector, BlobState.PRESENT, positions, whole, latest, catalog_seq)
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     # The layout record is written by our loader, but Redis holds whatever was put there:
     # bytes that are not UTF-8 must read as a mismatch, never as a crash.
     return value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -150,7 +153,7 @@ def failure_kind(exc: BaseException) -> FailureKind:
 
 
 @asynccontextmanager
-async def _call(operation: str, timeout_s: float) -> AsyncIterator[None]:
+async def redis_call(operation: str, timeout_s: float) -> AsyncIterator[None]:
     """Bound one call, the wait for a pooled connection included, and map its errors."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -204,7 +207,7 @@ class FeatureStore:
         round trip."""
         _require_time(timeout_s)
         with self._breaker.guard(FeatureStoreError):
-            async with _call("read user", timeout_s):
+            async with redis_call("read user", timeout_s):
                 # One pipeline: one round trip, to a single Redis or a Cluster alike.
                 pipe = self._client.pipeline(transaction=False)
                 pipe.get(self._keys.user(user_id))
@@ -215,10 +218,8 @@ class FeatureStore:
                     pipe.get(self.catalog_seq_key)
                 answers = await pipe.execute()
         recent = answers[2] if self._recent_bytes else None
-        record = decode_user(answers[0], answers[1], self._schema.user_blob_width, recent)
-        if self.catalog_seq_key is None or not answers[-1]:
-            return record
-        return dataclasses.replace(record, catalog_seq=int(answers[-1]))
+        seq = int(answers[-1] or 0) if self.catalog_seq_key is not None else 0
+        return decode_user(answers[0], answers[1], self._schema.user_blob_width, recent, seq)
 
     async def items(self, keys: Sequence[bytes], timeout_s: float) -> ItemBlobs:
         """Blobs for the given item keys: MGETs in chunks, sent as one pipeline.
@@ -228,7 +229,7 @@ class FeatureStore:
         """
         _require_time(timeout_s)
         with self._breaker.guard(FeatureStoreError):
-            async with _call("read items", timeout_s):
+            async with redis_call("read items", timeout_s):
                 values = await self._mget(keys)
         return decode_item_blobs(values, self._schema.item_blob_width)
 
@@ -244,9 +245,9 @@ class FeatureStore:
 
     async def check_layout(self, timeout_s: float) -> str:
         """Refuse data written with another layout than the schema's; return its world id."""
-        async with _call("read layout", timeout_s):
+        async with redis_call("read layout", timeout_s):
             stored = await self._client.hgetall(self._keys.meta)
-        stored_text = {_text(key): _text(value) for key, value in stored.items()}
+        stored_text = {as_text(key): as_text(value) for key, value in stored.items()}
         if not stored_text:
             raise SchemaError(
                 f"Redis has no {self._keys.meta}: load the features first (recsys load-redis)"
@@ -264,9 +265,9 @@ class FeatureStore:
 
     async def items_version(self, timeout_s: float) -> str | None:
         """The version of the last complete load of the item blobs; None during a load."""
-        async with _call("read items version", timeout_s):
+        async with redis_call("read items version", timeout_s):
             value = await self._client.hget(self._keys.meta, ITEMS_VERSION_FIELD)
-        return None if value is None else _text(value)
+        return None if value is None else as_text(value)
 
     async def world_id(self, timeout_s: float) -> str | None:
         """The id of the world Redis holds ("" for an unstamped load); None when unreadable."""
@@ -275,7 +276,7 @@ class FeatureStore:
                 value = await self._client.hget(self._keys.meta, WORLD_ID_FIELD)
         except (redis_errors.RedisError, OSError, TimeoutError):
             return None
-        return "" if value is None else _text(value)
+        return "" if value is None else as_text(value)
 
     async def world_state(self, timeout_s: float) -> tuple[bool, str | None]:
         """Whether Redis answered, and the layout record's world id ("" for an unstamped
@@ -288,9 +289,9 @@ class FeatureStore:
             return False, None
         if not stored:
             return True, None
-        fields = {_text(key): value for key, value in stored.items()}
+        fields = {as_text(key): value for key, value in stored.items()}
         world = fields.get(WORLD_ID_FIELD)
-        return True, "" if world is None else _text(world)
+        return True, "" if world is None else as_text(world)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -91,6 +91,12 @@ class ItemMemory:
     def current(self) -> ItemMatrix:
         return self._current
 
+    def put(self, position: int, blob: npt.NDArray[np.float32]) -> None:
+        """A world item's blob as the catalog's change log put it (Redis has it too, so a
+        later full read agrees). Written in place: requests gather on this thread."""
+        self._current.blobs[position] = blob
+        self._current.usable[position] = bool(np.isfinite(blob).all())
+
     async def refresh(self) -> bool:
         """Read the matrix again if Redis holds a newer load; True when it was swapped.
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from app.clients.catalog_log import CatalogLog
+from app.clients.catalog_log import CatalogLog, LogReader
 from app.core.membership import lookup
 from app.core.vocabulary import Positions
 from app.ingest.foldin import FoldIn
-from app.release.arrivals import CatalogRoom, make_room
+from app.release.arrivals import make_room
 from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE
 from app.release.foldin import PLAIN, FoldInParams, Weighting, load_foldin
 from app.release.schema import FeatureSchema
@@ -39,7 +39,7 @@ class IngestWorld:
     params: FoldInParams
     default_blob: FloatArray
     # The items put while serving, and the log they come from (app.clients.catalog_log).
-    arrivals: CatalogTail | None = None
+    arrivals: LogReader | None = None
 
     @property
     def size(self) -> int:
@@ -51,11 +51,9 @@ class IngestWorld:
 
     def lookup(self, ids: list[str]) -> Positions:
         found = lookup(self.item_ids, self.id_order, ids)
-        if self.arrivals is not None and (found < 0).any():
-            room = self.arrivals.room
-            missing = np.flatnonzero(found < 0)
-            found[missing] = room.lookup([ids[i] for i in missing], room.rows)
-        return found
+        if self.arrivals is None:
+            return found
+        return self.arrivals.room.known(found, ids, self.arrivals.room.rows)
 
     async def follow_catalog(self, timeout_s: float = CATALOG_READ_S) -> None:
         """Know the items put up to now: events may name them."""
@@ -77,25 +75,6 @@ class IngestWorld:
             else:
                 new[offset] = 1.0
         return new
-
-
-class CatalogTail:
-    """The consumer's copy of the catalog's change log: ids and vectors of added items."""
-
-    def __init__(self, changes: CatalogLog, room: CatalogRoom) -> None:
-        self._changes = changes
-        self.room = room
-        self._after = "-"
-
-    async def catch_up(self, timeout_s: float) -> None:
-        while True:
-            page = await self._changes.read(self._after, timeout_s)
-            for entry_id, batch in page:
-                if batch.seq > self.room.seq:
-                    self.room.apply(batch)
-                self._after = entry_id
-            if len(page) < self._changes.page:
-                return
 
 
 def load_ingest_world(
@@ -120,7 +99,7 @@ def load_ingest_world(
     arrivals = None
     if changes is not None and headroom > 0:
         room = make_room(categories, published, vectors, None, headroom, schema.item_blob_width)
-        arrivals = CatalogTail(changes(world_id), room)
+        arrivals = LogReader(changes(world_id), room)
         vectors = room.vectors
         if params.weighting is Weighting.BM25 and len(params.idf):
             # An added item is as rare as the rarest: nobody chose it at the build.

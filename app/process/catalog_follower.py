@@ -13,12 +13,13 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from app.clients.catalog_log import CatalogLog
+from app.clients.catalog_log import CatalogLog, LogReader
 from app.clients.feature_store import RedisClient
+from app.clients.item_memory import ItemMemory
 from app.core.cancelling import cancel_requested
 from app.core.errors import FeatureStoreError
 from app.core.metrics import ServiceMetrics
-from app.release.arrivals import CatalogRoom
+from app.release.arrivals import ChangeBatch
 from app.release.artifacts import ArtifactsRef, ServingArtifacts
 from app.release.catalog import in_room
 from app.release.keyspace import KeySpace
@@ -29,24 +30,18 @@ log = logging.getLogger(__name__)
 class CatalogFollower:
     def __init__(
         self,
-        changes: CatalogLog,
+        reader: LogReader,
         artifacts: ArtifactsRef,
-        counted: Callable[[int, int], None] = lambda puts, withdrawals: None,
+        applied: Callable[[ChangeBatch], None] = lambda batch: None,
     ) -> None:
-        self._changes = changes
+        self._reader = reader
         self._artifacts = artifacts
-        self._counted = counted
-        self._after = "-"
+        self._applied = applied
         self._lock = asyncio.Lock()
 
     @property
-    def room(self) -> CatalogRoom | None:
-        return self._artifacts.current.catalog.room
-
-    @property
     def applied(self) -> int:
-        room = self.room
-        return 0 if room is None else room.seq
+        return self._reader.room.seq
 
     async def at_least(self, seq: int, timeout_s: float) -> ServingArtifacts:
         """The artifacts once every batch up to `seq` is applied."""
@@ -58,26 +53,15 @@ class CatalogFollower:
         """Apply every batch the log holds past the last one applied (requests waiting for
         batch `until` stop waiting once another has applied it)."""
         async with self._lock:
-            room = self.room
-            if room is None or (until and room.seq >= until):
+            if until and self.applied >= until:
                 return
-            while True:
-                page = await self._changes.read(self._after, timeout_s)
-                for entry_id, batch in page:
-                    if batch.seq > room.seq:
-                        room.apply(batch)
-                        self._counted(len(batch.puts), len(batch.withdrawals))
-                    self._after = entry_id
-                if page:
-                    self._show(room)
-                if len(page) < self._changes.page:
-                    return
-
-    def _show(self, room: CatalogRoom) -> None:
-        current = self._artifacts.current
-        if current.catalog.room is room:
-            grown = in_room(current.catalog, room)
-            self._artifacts.grow(dataclasses.replace(current, catalog=grown))
+            applied = await self._reader.catch_up(timeout_s)
+            for batch in applied:
+                self._applied(batch)
+            current = self._artifacts.current
+            if applied and current.catalog.room is self._reader.room:
+                grown = in_room(current.catalog, self._reader.room)
+                self._artifacts.grow(dataclasses.replace(current, catalog=grown))
 
     async def keep_current(self, every_s: float, timeout_s: float) -> None:
         while not cancel_requested():
@@ -86,7 +70,7 @@ class CatalogFollower:
                 await self.catch_up(timeout_s)
             except FeatureStoreError as exc:
                 log.warning("catalog changes not read (%s); serving the catalog held", exc)
-            except ValueError as exc:  # a position past this process's room
+            except ValueError as exc:  # a batch past this process's room
                 log.error("a catalog change cannot be applied here: %s", exc)
         raise asyncio.CancelledError
 
@@ -96,6 +80,7 @@ async def replayed(
     keys: KeySpace,
     world_id: str,
     artifacts: ArtifactsRef,
+    item_memory: ItemMemory | None,
     metrics: ServiceMetrics,
     timeout_s: float,
 ) -> tuple[CatalogLog, CatalogFollower] | None:
@@ -104,15 +89,17 @@ async def replayed(
     if room is None:
         return None
     changes = CatalogLog(client, keys, world_id)
-
     metrics.catalog_added.labels("room").set(room.capacity)
 
-    def counted(puts: int, withdrawals: int) -> None:
-        metrics.catalog_change_count["put"].inc(puts)
-        metrics.catalog_change_count["withdraw"].inc(withdrawals)
+    def applied(batch: ChangeBatch) -> None:
+        for change in batch.puts:
+            if item_memory is not None and change.position < room.base:
+                item_memory.put(change.position, change.blob())
+        metrics.catalog_change_count["put"].inc(len(batch.puts))
+        metrics.catalog_change_count["withdraw"].inc(len(batch.withdrawals))
         metrics.catalog_added.labels("held").set(room.added)
 
-    follower = CatalogFollower(changes, artifacts, counted)
+    follower = CatalogFollower(LogReader(changes, room), artifacts, applied)
     await follower.catch_up(timeout_s)
     if room.seq:
         log.info(

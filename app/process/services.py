@@ -388,6 +388,7 @@ async def start_services(
             store.keys,
             stamp.world_id if stamp else "",
             artifacts,
+            item_memory,
             metrics,
             settings.startup_timeout_s,
         )

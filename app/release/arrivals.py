@@ -43,6 +43,11 @@ class ItemChange:
     embedding: tuple[float, ...]
     guessed: bool = False  # the embedding is the world's guess, not the caller's
 
+    def blob(self) -> FloatArray:
+        """The item's feature blob, in the schema's item layout: its vector, then its dense
+        features (as the world's loader writes it)."""
+        return np.asarray(self.embedding + self.dense, dtype="<f4")
+
 
 @dataclass(frozen=True, slots=True)
 class Withdrawal:
@@ -129,7 +134,6 @@ class CatalogRoom:
     ids: list[str] = field(default_factory=list)  # the added items', by position - base
     positions: dict[str, int] = field(default_factory=dict)  # added id -> position
     attributes: dict[int, dict[str, str]] = field(default_factory=dict)  # put items' words
-    updated_blobs: dict[int, FloatArray] = field(default_factory=dict)  # world items put
     size: int = 0  # base + the rows up to the last added item
     seq: int = 0  # the last batch applied
     withdrawals: int = 0
@@ -147,28 +151,33 @@ class CatalogRoom:
         return self.ids[index] if 0 <= index < len(self.ids) else ""
 
     def apply(self, batch: ChangeBatch) -> None:
-        """Write the batch's rows; the caller then takes the catalog at the new size."""
+        """Write the batch's rows; the caller then takes the catalog at the new size.
+        A batch naming a position past the room is refused whole (ValueError)."""
+        named: list[ItemChange | Withdrawal] = [*batch.puts, *batch.withdrawals]
+        for change in named:
+            if not 0 <= change.position < self.rows:
+                raise ValueError(
+                    f"batch {batch.seq} puts {change.item_id!r} at {change.position}, past this "
+                    f"process's room ({self.rows} rows): set the same RECSYS_CATALOG_HEADROOM "
+                    "everywhere"
+                )
         for change in batch.puts:
             self._put(change)
         for withdrawal in batch.withdrawals:
-            if 0 <= withdrawal.position < self.rows:
-                self.withdrawn[withdrawal.position] = True
-                self.withdrawals += 1
+            self.withdrawn[withdrawal.position] = True
+            self.withdrawals += 1
         self.seq = max(self.seq, batch.seq)
 
     def _put(self, change: ItemChange) -> None:
         p = change.position
-        if not 0 <= p < self.rows:
-            raise ValueError(f"position {p} is past the room ({self.rows} rows)")
         self.categories[p] = change.category
         self.published_at[p] = change.published_at
         self.vectors[p] = change.embedding
-        blob = np.asarray(change.embedding + change.dense, dtype=np.float32)
         self.attributes[p] = {"title": change.title, "categories": "|".join(change.categories)}
-        if p < self.base:
-            self.updated_blobs[p] = blob
-        else:
-            self.blobs[p - self.base] = blob
+        # A world item's blob lives with the world's (the held item features, and Redis,
+        # where the API wrote it): the process applying the log writes it there.
+        if p >= self.base:
+            self.blobs[p - self.base] = change.blob()
             while len(self.ids) <= p - self.base:
                 self.ids.append("")
             self.ids[p - self.base] = change.item_id
@@ -187,12 +196,17 @@ class CatalogRoom:
         hashed.update(self.vectors.tobytes())
         return hashed.hexdigest()[:16]
 
-    def lookup(self, ids: Sequence[str], below: int) -> Positions:
-        """The added items' positions among `ids`, in order (-1 for others), below `below`."""
-        found = [self.positions.get(item_id, -1) for item_id in ids]
-        at = np.asarray(found, dtype=np.int64)
-        at[at >= below] = -1
-        return at
+    def known(self, found: Positions, ids: Sequence[str], below: int) -> Positions:
+        """`found` (the world's positions of `ids`, -1 where it lacks one) with the added
+        items' positions below `below` filled in."""
+        missing = np.flatnonzero(found < 0)
+        if len(missing) == 0 or not self.positions:
+            return found
+        added = np.asarray(
+            [self.positions.get(ids[i], -1) for i in missing.tolist()], dtype=np.int64
+        )
+        found[missing] = np.where(added < below, added, -1)
+        return found
 
     def live(self, start: int, stop: int) -> Positions:
         """The positions in [start, stop) that hold an item not withdrawn."""

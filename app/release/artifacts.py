@@ -55,10 +55,7 @@ class ServingArtifacts:
         """The position of each of `ids`, in order; -1 where the catalog lacks it."""
         found = lookup(self.catalog.item_ids, self.id_order, ids)
         room = self.catalog.room
-        if room is not None and room.positions and (found < 0).any():
-            missing = np.flatnonzero(found < 0)
-            found[missing] = room.lookup([ids[i] for i in missing], self.catalog.size)
-        return found
+        return found if room is None else room.known(found, ids, self.catalog.size)
 
     def keys_at(self, positions: Positions) -> list[bytes]:
         """The Redis keys of the items at `positions`."""
@@ -67,10 +64,8 @@ class ServingArtifacts:
         if room is None or len(positions) == 0 or int(positions.max()) < base:
             keys: list[bytes] = self.item_keys[positions].tolist()
             return keys
-        return [
-            bytes(self.item_keys[p]) if p < base else self.item_key_prefix + room.id_at(p).encode()
-            for p in positions.tolist()
-        ]
+        ids: list[str] = self.catalog.ids_at(positions).tolist()
+        return [self.item_key_prefix + item_id.encode() for item_id in ids]
 
     @property
     def withdrawn(self) -> npt.NDArray[np.bool_] | None:

@@ -98,10 +98,10 @@ class Catalog:
         if self.room is None or len(positions) == 0 or int(positions.max()) < base:
             ids: npt.NDArray[np.str_] = self.item_ids[positions]
             return ids
-        return np.asarray(
-            [self.item_ids[p] if p < base else self.room.id_at(p) for p in positions.tolist()],
-            dtype=np.str_,
-        )
+        added = positions >= base
+        found = self.item_ids[np.where(added, 0, positions)].astype(object)
+        found[added] = [self.room.id_at(p) for p in positions[added].tolist()]
+        return found.astype(np.str_)
 
 
 def in_room(catalog: Catalog, room: CatalogRoom) -> Catalog:

@@ -132,6 +132,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert not leftovers, f"still running after stop: {leftovers}"
 
 
+@pytest.fixture
+def loaded_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    """A Redis of the test's own, loaded with the stack's world: its URL."""
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        load_redis(url, stack.world, stack.schema)
+        yield url
+    finally:
+        process.stop()
+
+
 def metric_samples(text: str) -> dict[str, float]:
     """The exposition's samples by `name{label=value,...}`, labels sorted."""
     samples = {}

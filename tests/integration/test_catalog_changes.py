@@ -8,33 +8,22 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
 import numpy as np
-import pytest
 import redis
-from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+from recsys_tools.localstack import ManagedProcess, start_ingest
 
 from app.clients.feature_store import decode_seen
+from app.release.item_prior import load_item_prior
 from app.release.keyspace import KeySpace
-from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, load_redis, serving
+from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, serving
 
 KEYS = KeySpace("recsys")
 USER = "u5"
 APPLIED_WITHIN_S = 20.0
-
-
-@pytest.fixture
-def fresh_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        yield url
-    finally:
-        process.stop()
 
 
 def _bytes(client: redis.Redis, key: str) -> bytes:
@@ -77,16 +66,16 @@ async def _categories(api: httpx.AsyncClient, item: str) -> list[str]:
 
 
 async def test_an_added_item_is_answered_at_once_and_a_withdrawn_one_never_again(
-    stack: Stack, fresh_redis: str
+    stack: Stack, loaded_redis: str
 ) -> None:
-    async with serving(stack.settings(redis_url=fresh_redis)) as api:
+    async with serving(stack.settings(redis_url=loaded_redis)) as api:
         first = await _answer(api)
         top = first[0]
         new = {
             "item_id": "fresh-1",
             "title": "Fresh Arrival",
             "categories": await _categories(api, top),
-            **_like_the_top(fresh_redis, top, stack.schema.embedding_dim),
+            **_like_the_top(loaded_redis, top, stack.schema.embedding_dim),
         }
         put = await api.post("/catalog/items", json={"items": [new]})
         assert put.status_code == 200, put.text
@@ -112,9 +101,9 @@ async def test_an_added_item_is_answered_at_once_and_a_withdrawn_one_never_again
 
 
 async def test_an_item_without_an_embedding_gets_the_worlds_guess(
-    stack: Stack, fresh_redis: str
+    stack: Stack, loaded_redis: str
 ) -> None:
-    async with serving(stack.settings(redis_url=fresh_redis)) as api:
+    async with serving(stack.settings(redis_url=loaded_redis)) as api:
         top = (await _answer(api))[0]
         categories = await _categories(api, top)
         put = await api.post(
@@ -127,21 +116,30 @@ async def test_an_item_without_an_embedding_gets_the_worlds_guess(
         )
         assert put.status_code == 200, put.text
         assert put.json()["items"][0]["guessed"] is True
-    client = redis.Redis.from_url(fresh_redis)
+    client = redis.Redis.from_url(loaded_redis)
     try:
         blob = np.frombuffer(_bytes(client, KEYS.item("guessed-1")), dtype="<f4")
     finally:
         client.close()
-    # The blob the processes that read Redis use: a finite vector, not zeros.
+    # The blob the processes that read Redis use: the world's guess from those attributes
+    # (the dense features left out are 0), not zeros.
+    dim = stack.schema.embedding_dim
+    prior = load_item_prior(stack.world, dim, len(stack.schema.item_dense))
+    assert prior is not None
+    codes = [prior.code(name) for name in categories]
+    expected = prior.vector(
+        [c for c in codes if c is not None], "A Quiet Island", np.zeros(4, np.float32)
+    )
     assert blob.shape == (stack.schema.item_blob_width,)
-    assert np.isfinite(blob).all()
-    assert np.linalg.norm(blob[: stack.schema.embedding_dim]) > 0
+    np.testing.assert_allclose(blob[:dim], expected, rtol=1e-5, atol=1e-6)
+    assert np.linalg.norm(expected) > 0
+    assert not blob[dim:].any()
 
 
 async def test_a_process_started_later_replays_the_log_into_the_same_catalog(
-    stack: Stack, fresh_redis: str
+    stack: Stack, loaded_redis: str
 ) -> None:
-    settings = stack.settings(redis_url=fresh_redis)
+    settings = stack.settings(redis_url=loaded_redis)
     async with serving(settings) as first:
         categories = await _categories(first, (await _answer(first))[0])
         for n in range(100):
@@ -164,10 +162,10 @@ async def test_a_process_started_later_replays_the_log_into_the_same_catalog(
 
 
 async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
-    stack: Stack, fresh_redis: str
+    stack: Stack, loaded_redis: str
 ) -> None:
     good = {"item_id": "ok-1", "title": "Fine", "categories": []}
-    async with serving(stack.settings(redis_url=fresh_redis, catalog_headroom=2)) as api:
+    async with serving(stack.settings(redis_url=loaded_redis, catalog_headroom=2)) as api:
         good["categories"] = await _categories(api, (await _answer(api))[0])
         dim = stack.schema.embedding_dim
         cases: list[tuple[dict[str, Any], str]] = [
@@ -197,18 +195,18 @@ async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
         assert (await api.get("/catalog")).json()["added"] == 0
         assert (await api.post("/catalog/items", json={"items": three[:2]})).status_code == 200
     async with serving(
-        stack.settings(redis_url=fresh_redis, admin_token="a-catalog-token-of-some-length")
+        stack.settings(redis_url=loaded_redis, admin_token="a-catalog-token-of-some-length")
     ) as api:
         assert (await api.post("/catalog/items", json={"items": [good]})).status_code == 401
 
 
 async def test_a_click_on_an_added_item_is_applied_by_the_consumer(
-    stack: Stack, fresh_redis: str, tmp_path: Path
+    stack: Stack, loaded_redis: str, tmp_path: Path
 ) -> None:
-    settings = {"RECSYS_REDIS_URL": fresh_redis, "RECSYS_ARTIFACTS_DIR": str(stack.world)}
+    settings = {"RECSYS_REDIS_URL": loaded_redis, "RECSYS_ARTIFACTS_DIR": str(stack.world)}
     consumer: ManagedProcess = start_ingest(settings, tmp_path / "ingest")
     try:
-        async with serving(stack.settings(redis_url=fresh_redis)) as api:
+        async with serving(stack.settings(redis_url=loaded_redis)) as api:
             categories = await _categories(api, (await _answer(api))[0])
             item = {"item_id": "clicked-1", "title": "Clicked", "categories": categories}
             assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
@@ -216,7 +214,7 @@ async def test_a_click_on_an_added_item_is_applied_by_the_consumer(
             posted = await api.post("/events", json={"events": [event]})
             assert posted.status_code == 202, posted.text
             assert posted.json()["accepted"] == 1
-        client = redis.Redis.from_url(fresh_redis)
+        client = redis.Redis.from_url(loaded_redis)
         try:
             give_up = time.monotonic() + APPLIED_WITHIN_S
             while True:

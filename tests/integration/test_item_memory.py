@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from recsys_tools.localstack import start_redis
 
 from app.clients.feature_store import ITEMS_VERSION_FIELD
 from app.core.metrics import ServiceMetrics
 from app.process.services import start_services
-from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = pytest.mark.integration
 USERS = ("u1", "u7", "u42", "u123", "nobody")
-
-
-@pytest.fixture
-def own_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        yield url
-    finally:
-        process.stop()
 
 
 async def _answers(stack: Stack, item_features: str) -> list[Any]:
@@ -52,9 +39,9 @@ def _text(value: object) -> str:
     return value.decode()
 
 
-async def test_a_new_load_is_read_beside_and_swapped_whole(stack: Stack, own_redis: str) -> None:
-    services = await start_services(stack.settings(redis_url=own_redis), ServiceMetrics())
-    client = redis.Redis.from_url(own_redis)
+async def test_a_new_load_is_read_beside_and_swapped_whole(stack: Stack, loaded_redis: str) -> None:
+    services = await start_services(stack.settings(redis_url=loaded_redis), ServiceMetrics())
+    client = redis.Redis.from_url(loaded_redis)
     try:
         memory = services.item_memory
         assert memory is not None

@@ -51,7 +51,7 @@ class HeldItemHydrator:
         positions = pool.positions
         matrix = self._held.current  # one snapshot: never half old, half new
         room = ctx.artifacts.catalog.room
-        if room is not None and (room.updated_blobs or room.size > room.base):
+        if room is not None and len(positions) and int(positions.max()) >= room.base:
             hydrated = _held_rows(positions, matrix, room)
         else:
             found = np.flatnonzero(matrix.usable[positions])
@@ -63,7 +63,7 @@ class HeldItemHydrator:
 
 
 def _held_rows(positions: Positions, matrix: ItemMatrix, room: CatalogRoom) -> HydratedCandidates:
-    """The world items' rows from the matrix (or as last put), the added ones' from the room."""
+    """The world items' rows from the matrix, the added ones' from the room."""
     added = positions >= room.base
     usable = np.zeros(len(positions), dtype=bool)
     usable[~added] = matrix.usable[positions[~added]]
@@ -74,10 +74,6 @@ def _held_rows(positions: Positions, matrix: ItemMatrix, room: CatalogRoom) -> H
     mine = chosen >= room.base
     rows[~mine] = matrix.blobs[chosen[~mine]]
     rows[mine] = room.blobs[chosen[mine] - room.base]
-    for k in np.flatnonzero(~mine).tolist() if room.updated_blobs else ():
-        put = room.updated_blobs.get(int(chosen[k]))
-        if put is not None:
-            rows[k] = put
     return HydratedCandidates(positions, found, rows)
 
 

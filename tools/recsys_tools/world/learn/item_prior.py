@@ -74,11 +74,21 @@ def _design(
     return scipy.sparse.hstack([sparse, scipy.sparse.csr_matrix(dense)], format="csr")
 
 
-def _solve(x: scipy.sparse.csr_matrix, y: npt.NDArray[np.float64], penalty: float) -> FloatArray:
-    gram = (x.T @ x).toarray()
-    gram[np.diag_indices_from(gram)] += penalty
-    weights = scipy.linalg.cho_solve(scipy.linalg.cho_factor(gram), np.asarray(x.T @ y))
-    return np.asarray(weights, dtype=np.float32)
+@dataclass(frozen=True, slots=True)
+class _Normal:
+    """The normal equations' two products, made once for every penalty tried."""
+
+    gram: npt.NDArray[np.float64]
+    xty: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, x: scipy.sparse.csr_matrix, y: npt.NDArray[np.float64]) -> _Normal:
+        return cls((x.T @ x).toarray(), np.asarray(x.T @ y))
+
+    def solve(self, penalty: float) -> FloatArray:
+        gram = self.gram + penalty * np.eye(len(self.gram))
+        weights = scipy.linalg.cho_solve(scipy.linalg.cho_factor(gram), self.xty)
+        return np.asarray(weights, dtype=np.float32)
 
 
 def _cosine(guess: npt.NDArray[np.floating], truth: npt.NDArray[np.floating]) -> float:
@@ -126,10 +136,8 @@ def fit_item_prior(
     cut = max(1, int(len(order) * HELD_OUT_SHARE))
     test, train = order[:cut], order[cut:]
     mean = y[train].mean(axis=0)
-    scores = {
-        p: _cosine(x[test] @ _solve(x[train], y[train] - mean, p) + mean, y[test])
-        for p in PENALTIES
-    }
+    normal = _Normal.of(x[train], y[train] - mean)
+    scores = {p: _cosine(x[test] @ normal.solve(p) + mean, y[test]) for p in PENALTIES}
     penalty = max(scores, key=lambda p: scores[p])
     n_categories = len(attributes.category_names)
     report = PriorReport(
@@ -142,7 +150,7 @@ def fit_item_prior(
         _cosine(np.broadcast_to(mean, y[test].shape), y[test]),
     )
     whole_mean = y[taught].mean(axis=0)
-    weights = _solve(x[taught], y[taught] - whole_mean, penalty)
+    weights = _Normal.of(x[taught], y[taught] - whole_mean).solve(penalty)
     prior = ItemPrior(
         attributes.category_names,
         TITLE_BUCKETS,

@@ -1,0 +1,57 @@
+"""The catalog's room: changes written in place, refused whole, read back by position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.release.arrivals import (
+    CatalogRoom,
+    ChangeBatch,
+    ItemChange,
+    Withdrawal,
+    decode_changes,
+    encode_changes,
+    make_room,
+)
+
+DIM = 2
+
+
+def _room(capacity: int = 3) -> CatalogRoom:
+    vectors = np.eye(4, DIM, dtype=np.float32)
+    return make_room(
+        np.arange(4, dtype=np.int64), np.zeros(4, np.int64), vectors, None, capacity, DIM + 1
+    )
+
+
+def _put(item_id: str, position: int) -> ItemChange:
+    return ItemChange(item_id, position, "t", ("a",), 1, 9, (0.5,), (1.0, 2.0))
+
+
+def test_a_batch_survives_the_log_and_lands_at_its_positions() -> None:
+    puts, gone = [_put("n1", 4), _put("i2", 2)], [Withdrawal("i0", 0)]
+    batch = decode_changes(7, encode_changes(puts, gone), [4, 2, 0])
+    assert batch == ChangeBatch(7, tuple(puts), tuple(gone))
+    room = _room()
+    room.apply(batch)
+    assert room.size == 5
+    assert room.seq == 7
+    assert room.ids == ["n1"]
+    np.testing.assert_array_equal(room.blobs[0], [1.0, 2.0, 0.5])
+    np.testing.assert_array_equal(room.vectors[2], [1.0, 2.0])  # a world item put again
+    assert room.withdrawn[0]
+    np.testing.assert_array_equal(room.live(4, 5), [4])
+    found = room.known(np.array([-1, 3, -1]), ["n1", "i3", "nobody"], below=5)
+    np.testing.assert_array_equal(found, [4, 3, -1])
+    # A catalog taken before the item was applied does not know it.
+    np.testing.assert_array_equal(room.known(np.array([-1]), ["n1"], below=4), [-1])
+
+
+def test_a_batch_past_the_room_changes_nothing() -> None:
+    room = _room(capacity=1)
+    with pytest.raises(ValueError, match="past this process's room"):
+        room.apply(ChangeBatch(1, (_put("n1", 4), _put("n2", 5))))
+    assert room.size == 4
+    assert room.seq == 0
+    assert not room.present[4]

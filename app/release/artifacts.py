@@ -69,9 +69,9 @@ class ServingArtifacts:
 
     @property
     def withdrawn(self) -> npt.NDArray[np.bool_] | None:
-        """By position, the items withdrawn while serving; None without a room."""
+        """By position, the items withdrawn while serving; None while there are none."""
         room = self.catalog.room
-        return None if room is None else room.withdrawn
+        return None if room is None or not room.withdrawals else room.withdrawn
 
 
 def artifacts_label(world_files: str, rules: RerankRules) -> str:

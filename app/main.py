@@ -117,6 +117,11 @@ def _background(services: Services, lag: LoopLag) -> list[asyncio.Task[None]]:
             settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
         )
         tasks.append(asyncio.create_task(following, name="catalog-changes"))
+    if services.exposure is not None:
+        exposing = services.exposure.keep_current(
+            settings.exposure_refresh_s, max(settings.redis_timeout_s, 1.0)
+        )
+        tasks.append(asyncio.create_task(exposing, name="exposure"))
     if services.item_memory is not None:
         refreshing = services.item_memory.keep_current(settings.item_refresh_s)
         tasks.append(asyncio.create_task(refreshing, name="item-features"))

@@ -69,7 +69,15 @@ class ClientContext(BaseModel):
         default="other", description="mobile, desktop, tablet...; unknown values count as other"
     )
     page: ShortLabel = Field(
-        default="other", description="home, product, search, cart...; unknown: other"
+        default="other",
+        description="home, product, search, cart...: the schema's pages, each with its "
+        "section of the rules file; unknown: other",
+    )
+    item_id: Identifier | None = Field(
+        default=None,
+        description="the item the page shows (an item page): recall starts around it, the "
+        "ranking takes it as the latest signal, and it is never returned; an id the catalog "
+        "lacks is ignored (the feed is served)",
     )
     locale: ShortLabel = Field(default="other", description="BCP 47 tag such as en-US")
     hour: int | None = Field(
@@ -105,6 +113,7 @@ class RecommendRequest(BaseModel):
             moment=Moment(
                 context.device, context.page, context.locale, context.hour, context.weekday
             ),
+            viewed_item_id=context.item_id,
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
+from app.clients.exposure import exposure_keys
 from app.clients.feature_store import WORLD_ID_FIELD, RedisClient
 from app.core.ingest_metrics import DeadLetter
 from app.release.keyspace import KeySpace
@@ -154,6 +155,17 @@ class EventStream:
         if raised:
             args = [value for pair in raised for value in pair]
             await self._trending(keys=[self._keys.trending], args=args)
+
+    async def count_chosen(self, world_id: str, positions: Sequence[int]) -> None:
+        """One more positive for each of `positions`, items added while serving: what
+        exploration's bandit learns from (app.clients.exposure)."""
+        if not positions:
+            return
+        _, chosen = exposure_keys(self._keys, world_id)
+        pipe: Any = self._client.pipeline(transaction=False)
+        for position in positions:
+            pipe.hincrby(chosen, str(position), 1)
+        await pipe.execute()
 
     async def answers(self, answer_ids: Sequence[str]) -> list[bytes | None]:
         """The variant noted for each answer id (None: no such answer, or too old)."""

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app.core.callers import UNKNOWN
 from app.core.errors import FailureKind
 from app.core.events import EventOutcome
-from app.core.vocabulary import RedisWorld, Removal, Stage, Variant
+from app.core.vocabulary import RedisWorld, Removal, Stage, Variant, Viewed
 
 
 class Outcome(StrEnum):
@@ -282,6 +282,20 @@ DECLARED: dict[str, Declared] = {
         ("of",),
         mode="livemax",
     ),
+    "page_requests": Declared(
+        Counter,
+        "recsys_page_requests",
+        "Requests to /recommend by page (the schema's pages; others count as other) and the "
+        "item the page shows: none (a feed), known, unknown (the feed served instead).",
+        ("page", "viewed"),
+    ),
+    "slots": Declared(
+        Counter,
+        "recsys_answer_slots",
+        "Items in /recommend's answers by page and how each got its slot: ranked (the "
+        "ranking and the rules), explored (a newcomer a bandit gave one of the last slots).",
+        ("page", "slot"),
+    ),
     "redis_world": Declared(
         Gauge,
         "recsys_redis_world",
@@ -332,6 +346,8 @@ class ServiceMetrics:
     trending_refreshes: Counter
     catalog_changes: Counter
     catalog_added: Gauge
+    page_requests: Counter
+    slots: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -368,6 +384,8 @@ class ServiceMetrics:
         }
         self.redis_world_state = {state: self.redis_world.labels(state) for state in RedisWorld}
         self.event_post_count: dict[tuple[str, EventPost], Any] = {}
+        self._page_count: dict[tuple[str, Viewed], Any] = {}
+        self._slot_count: dict[str, tuple[Any, Any]] = {}
 
     def know_callers(self, names: list[str]) -> None:
         """The event callers' series, bound once for the configured names."""
@@ -379,6 +397,25 @@ class ServiceMetrics:
         """1 for what Redis holds now, 0 for every other state."""
         for state, gauge in self.redis_world_state.items():
             gauge.set(1 if state is held else 0)
+
+    def page_request(self, page: str, viewed: Viewed) -> None:
+        """Count a request on `page`: one of the schema's pages, a fixed set per world."""
+        child = self._page_count.get((page, viewed))
+        if child is None:
+            child = self._page_count[page, viewed] = self.page_requests.labels(page, viewed)
+        child.inc()
+
+    def answer_slots(self, page: str, served: int, explored: int) -> None:
+        """Count an answer's slots on `page` (one of the schema's pages): ranked, explored."""
+        children = self._slot_count.get(page)
+        if children is None:
+            children = self._slot_count[page] = (
+                self.slots.labels(page, "ranked"),
+                self.slots.labels(page, "explored"),
+            )
+        children[0].inc(served - explored)
+        if explored:
+            children[1].inc(explored)
 
     def observe_request(self, outcome: Outcome, seconds: float) -> None:
         self.request_count[outcome].inc()

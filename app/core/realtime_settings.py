@@ -126,6 +126,19 @@ class RealtimeSettings(BaseSettings):
         description="how often each process reads the catalog's change log (a request that "
         "finds it ahead reads the rest before answering)",
     )
+    prerank_newcomers: int = Field(
+        default=10,
+        ge=0,
+        le=500,
+        description="places among what pre-rank keeps given to items added while serving "
+        "(the best by its score), so the ranker and exploration see them; 0: none reserved",
+    )
+    exposure_refresh_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="how often each process writes the showings of items added while serving "
+        "and reads every process's back, with their positives: what exploration learns from",
+    )
     arrival_candidates: int = Field(
         default=50,
         ge=0,
@@ -178,6 +191,10 @@ class RealtimeSettings(BaseSettings):
     @property
     def catalog_follow_s(self) -> float:
         return seconds(self.catalog_follow_ms)
+
+    @property
+    def exposure_refresh_s(self) -> float:
+        return seconds(self.exposure_refresh_ms)
 
     @property
     def ingest_claim_idle_s(self) -> float:

@@ -198,6 +198,13 @@ class Settings(RealtimeSettings):
         description="the most items recall takes from the neighbours of the user's latest "
         "positives (a world built with neighbours); 0: none",
     )
+    viewed_candidates: int = Field(
+        default=300,
+        ge=0,
+        le=5000,
+        description="on an item page, the most items recall takes around the item shown: its "
+        "neighbours, then the items nearest its vector; 0: none",
+    )
     recent_items: int = Field(
         default=20,
         ge=0,

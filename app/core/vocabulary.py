@@ -39,6 +39,15 @@ class Removal(StrEnum):
     SEEN = "seen"
     EXCLUDED = "excluded"
     WITHDRAWN = "withdrawn"  # taken out of the catalog while serving
+    VIEWED = "viewed"  # the item the request's page shows
+
+
+class Viewed(StrEnum):
+    """What became of the item a request's page shows (a metric label: a fixed set)."""
+
+    NONE = "none"  # no item named: a feed, not an item page
+    KNOWN = "known"  # in the catalog: recalled around, ranked after, never returned
+    UNKNOWN = "unknown"  # not in the catalog: the user's feed is served instead
 
 
 class RedisWorld(StrEnum):

@@ -403,6 +403,8 @@ class Consumer:
         if skipped:
             self._metrics.trending_skipped.inc(skipped)
         await self._stream.raise_trending(raised)
+        world = self._world  # positives of items added while serving, for exploration
+        await self._stream.count_chosen(world.world_id, [p for p, _ in raised if p >= world.size])
         credits = [credit for change in changes.values() for credit in change.credits]
         variants = await self._stream.answers([answer_id for answer_id, _ in credits])
         for (_, kind), variant in zip(credits, variants, strict=True):

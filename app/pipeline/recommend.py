@@ -25,12 +25,14 @@ from app.pipeline.filters.backfill import PopularBackfill
 from app.pipeline.filters.blocked import BlockedFilter
 from app.pipeline.filters.excluded import ExcludedFilter
 from app.pipeline.filters.seen import SeenFilter
+from app.pipeline.filters.viewed import ViewedFilter
 from app.pipeline.filters.withdrawn import WithdrawnFilter
 from app.pipeline.sources.ann import AnnSource, VectorSearch
 from app.pipeline.sources.arrivals import ArrivalsSource
 from app.pipeline.sources.popular import PopularSource
 from app.pipeline.sources.similar import SimilarSource
 from app.pipeline.sources.trending import TrendingSource
+from app.pipeline.sources.viewed import ViewedSource
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.filter import CandidateFilter, Filter
 from app.pipeline.stages.pack import RowPacker
@@ -90,9 +92,12 @@ def candidate_stages(
     recent_decay: float = 0.9,
     prerank_keep: int = 5000,
     arrival_count: int = 0,
+    viewed_count: int = 0,
+    prerank_newcomers: int = 0,
 ) -> CandidateStages:
     """Recall's sources and the filters, in the order they run, and pre-rank."""
     sources: list[CandidateSource] = [
+        ViewedSource(search, viewed_count),
         AnnSource(search),
         ArrivalsSource(arrival_count),
         SimilarSource(similar_count),
@@ -104,11 +109,12 @@ def candidate_stages(
         WithdrawnFilter(),
         SeenFilter(),
         ExcludedFilter(),
+        ViewedFilter(),
     ]
     return CandidateStages(
         recall=CandidateRecall(sources, candidate_count),
         filter=CandidateFilter(filters, PopularBackfill()),
-        prerank=PreRanker(prerank_keep, recent_decay),
+        prerank=PreRanker(prerank_keep, recent_decay, prerank_newcomers),
     )
 
 

@@ -14,8 +14,10 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Heads, Indices, Positions, Removal, Scores, Variant
 from app.release.neighbours import NOWHERE, Nearby
+from app.release.rules import PageSources
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
+EVERY_SETTING = PageSources()  # a page section that sizes no source: the settings' sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class Query:
     num_items: int
     exclude_item_ids: frozenset[str] = frozenset()
     moment: Moment = Moment()
+    viewed_item_id: str | None = None  # the item an item page shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class UserFeatures:
     cold_start: bool
     recent: Positions = field(default_factory=lambda: NOTHING)  # latest positives, oldest first
     nearby: Nearby = NOWHERE  # the items near those, from the world's neighbours
+    # The catalog position of the item the page shows, also the last of `recent`; -1: none.
+    viewed: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +69,18 @@ class Asked:
     def at_least(self) -> int:
         """Candidates recall must find for the answer to be full after the filters."""
         query = self.query
-        return query.num_items + len(self.user.seen) + len(query.exclude_item_ids)
+        viewed = 1 if self.user.viewed >= 0 else 0
+        return query.num_items + len(self.user.seen) + len(query.exclude_item_ids) + viewed
 
 
 @dataclass(frozen=True, slots=True)
 class Recalling:
-    """What the candidate sources are asked for: `wanted` candidates for this request."""
+    """What the candidate sources are asked for: `wanted` candidates for this request, each
+    source as many as its page's `sources` say (or its own setting)."""
 
     asked: Asked
     wanted: int
+    sources: PageSources = EVERY_SETTING
 
 
 @dataclass(frozen=True, slots=True)

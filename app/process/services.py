@@ -16,6 +16,7 @@ import faiss
 from app.clients.breaker import BreakerState, CircuitBreaker
 from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
+from app.clients.exposure import Exposure
 from app.clients.feature_store import FeatureStore, connect_redis
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.clients.local_ranker import LocalRanker, load_local_ranker
@@ -81,6 +82,8 @@ class Services:
     # Items put and withdrawn while serving (app.process.catalog_follower); None without room.
     catalog_log: CatalogLog | None = None
     catalog_follower: CatalogFollower | None = None
+    # The showings and positives of items added while serving, for exploration.
+    exposure: Exposure | None = None
     # The recent requests' traces, with the debug pages on (app/pipeline/trace.py).
     traces: TraceRing | None = None
     draining: bool = field(default=False)
@@ -325,6 +328,7 @@ def _pipeline(
     scorer: Scorer,
     trending: TrendingItems,
     follower: CatalogFollower | None,
+    exposure: Exposure | None = None,
 ) -> RecommendPipeline:
     """The stages, each with the clients it calls, in the order recommend.py writes."""
     fetch: Step[Pool, Hydrated] = (
@@ -342,6 +346,8 @@ def _pipeline(
         recent_decay=settings.recent_decay,
         prerank_keep=settings.prerank_keep,
         arrival_count=settings.arrival_candidates,
+        viewed_count=settings.viewed_candidates,
+        prerank_newcomers=settings.prerank_newcomers,
     )
     return build_pipeline(
         features=UserFeatureHydrator(
@@ -350,7 +356,7 @@ def _pipeline(
         candidates=candidates,
         fetch=fetch,
         rank=scorer,
-        rerank=Reranker(),
+        rerank=Reranker(exposure=exposure),
         recent_decay=settings.recent_decay,
     )
 
@@ -405,8 +411,21 @@ async def start_services(
         stack.push_async_callback(events.aclose)
         scorer = Scorer(model, local_ranker, settings.triton_timeout_s, shadow)
         follower = None if following is None else following[1]
+        exposure = None
+        if following is not None:
+            world_id = stamp.world_id if stamp else ""
+            exposure = Exposure(
+                store.client, store.keys, world_id, lambda: artifacts.current.catalog.rows
+            )
         pipeline = _pipeline(
-            settings, store, _search(settings, stack), item_memory, scorer, trending, follower
+            settings,
+            store,
+            _search(settings, stack),
+            item_memory,
+            scorer,
+            trending,
+            follower,
+            exposure,
         )
         reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
         log.info(
@@ -431,6 +450,7 @@ async def start_services(
             item_memory=item_memory,
             catalog_log=None if following is None else following[0],
             catalog_follower=follower,
+            exposure=exposure,
             traces=_trace_ring(settings),
             explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )

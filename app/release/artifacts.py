@@ -14,6 +14,7 @@ from app.core.membership import lookup, positions_of
 from app.core.vocabulary import Positions
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
+from app.release.pages import Page, page_named, resolve_pages
 from app.release.plan import ModelRouting
 from app.release.rules import RerankRules
 from app.release.schema import FeatureSchema, ModelSignature
@@ -21,7 +22,7 @@ from app.release.schema import FeatureSchema, ModelSignature
 
 @dataclass(frozen=True, slots=True)
 class ServingArtifacts:
-    """What a request reads. Build with `serving_artifacts`, which derives the last four.
+    """What a request reads. Build with `serving_artifacts`, which derives the rest.
 
     `label` names the world's files and the rules together: two answers with one label were
     made from the same index, catalog and rules, in any worker.
@@ -36,7 +37,12 @@ class ServingArtifacts:
     blocked: npt.NDArray[np.bool_]  # by position: the rules' block list
     popular: npt.NDArray[np.int64]  # unblocked positions, most popular first
     id_order: npt.NDArray[np.intp]  # sorts catalog.item_ids: ids to positions by binary search
-    item_key_prefix: bytes = b""  # an item's key is this and its id
+    item_key_prefix: bytes  # an item's key is this and its id
+    pages: dict[str, Page]  # every schema page, its rules resolved
+
+    def page(self, name: str) -> Page:
+        """The page a request names (`other` where the schema lacks it), resolved."""
+        return page_named(self.pages, name)
 
     @property
     def model(self) -> ModelSignature:
@@ -108,6 +114,7 @@ def serving_artifacts(
         popular,
         id_order,
         keys.item("").encode(),
+        resolve_pages(schema, rules),
     )
 
 

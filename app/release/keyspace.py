@@ -62,7 +62,8 @@ class KeySpace:
     def catalog(self, world_id: str, part: str) -> str:
         """The world's catalog change log (`log`, a stream), its number of the last batch
         (`seq`) and the added items' positions (`positions`, a hash): one hash tag, so one
-        script changes all three on a Redis Cluster too. A new world starts a new log."""
+        script changes all three on a Redis Cluster too. A new world starts a new log. Beside
+        them, the added items' showings and positives (`shown`, `chosen`: app.clients.exposure)."""
         return f"{self.prefix}:catalog:{{catalog-{world_id}}}:{part}"
 
     @property

@@ -35,6 +35,15 @@ class ObjectivesRule(BaseModel):
         "are multiplied by (1 - like) + like * P(like | interaction), the model's like head; 0 "
         "ranks by the model's score alone (which already values likes as it was trained to)",
     )
+    viewed: float = Field(
+        default=10.0,
+        ge=0,
+        le=50,
+        description="on an item page, how much more an item chosen with the viewed one counts: "
+        "each score's odds are multiplied by exp(viewed * similarity), the similarity (0 to "
+        "1) being how often users chose the two together (the world's neighbours); 0: the "
+        "model's score alone. A feed has no viewed item: it is never changed by this",
+    )
 
 
 class BoostRule(BaseModel):
@@ -48,9 +57,81 @@ class BoostRule(BaseModel):
     )
 
 
+class ExploreRule(BaseModel):
+    """A share of the answer for items added while serving that few users have been shown:
+    which, a bandit chooses (Thompson sampling on their rate of positives per showing)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    slots: int = Field(
+        default=1,
+        ge=0,
+        le=20,
+        description="answer slots, at its end, that may go to a newcomer the ranking left out; "
+        "0 turns exploration off. Only candidates the ranker scored are explored",
+    )
+    max_shown: int = Field(
+        default=500,
+        ge=1,
+        description="a newcomer shown this many times has had its chance: the ranking alone "
+        "decides from then on",
+    )
+    prior_rate: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="the rate of positives per showing a newcomer is believed to have before "
+        "it is shown",
+    )
+    prior_weight: float = Field(
+        default=20.0,
+        gt=0,
+        description="how many showings that belief is worth: more, and a newcomer's own "
+        "events move it more slowly",
+    )
+
+
 class BlockRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     item_ids: frozenset[str] = frozenset()
+
+
+# The candidate sources a page section may size (app/pipeline/recommend.py's order).
+SOURCE_NAMES = ("ann", "viewed", "arrivals", "similar", "trending", "popular")
+
+
+class PageSources(BaseModel):
+    """How many candidates each source brings on one page; unset: the service's setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ann: int | None = Field(
+        default=None, ge=1, le=5000, description="nearest items to the user's vector"
+    )
+    viewed: int | None = Field(
+        default=None,
+        ge=0,
+        le=5000,
+        description="items around the item being viewed: its neighbours, then the items "
+        "nearest its vector",
+    )
+    arrivals: int | None = Field(default=None, ge=0, le=5000)
+    similar: int | None = Field(default=None, ge=0, le=5000)
+    trending: int | None = Field(default=None, ge=0, le=5000)
+    popular: int | None = Field(default=None, ge=0, le=5000)
+
+    def count(self, source: str, default: int) -> int:
+        value: int | None = getattr(self, source, None)
+        return default if value is None else value
+
+
+class PageRule(BaseModel):
+    """One page's section: what it sets replaces the file's own for that page only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sources: PageSources = PageSources()
+    objectives: ObjectivesRule | None = None
+    diversity: DiversityRule | None = None
+    boost: tuple[BoostRule, ...] | None = None
+    explore: ExploreRule | None = None
 
 
 class RerankRules(BaseModel):
@@ -58,7 +139,28 @@ class RerankRules(BaseModel):
     objectives: ObjectivesRule = ObjectivesRule()
     diversity: DiversityRule = DiversityRule()
     boost: tuple[BoostRule, ...] = ()
+    explore: ExploreRule = ExploreRule()
     block: BlockRule = BlockRule()
+    # By the schema's page names (checked when the artifacts are made): [pages.product]...
+    pages: dict[str, PageRule] = Field(default_factory=dict)
+
+    def on_page(self, page: str) -> RerankRules:
+        """The rules a request on `page` is reranked by: its section over the file's own.
+        The block list is the file's, on every page."""
+        section = self.pages.get(page)
+        if section is None:
+            return self
+        return RerankRules(
+            objectives=section.objectives or self.objectives,
+            diversity=section.diversity or self.diversity,
+            boost=self.boost if section.boost is None else section.boost,
+            explore=section.explore or self.explore,
+            block=self.block,
+        )
+
+    def sources_on(self, page: str) -> PageSources:
+        section = self.pages.get(page)
+        return PageSources() if section is None else section.sources
 
 
 def load_rules(path: Path | None = None) -> RerankRules:

@@ -137,9 +137,12 @@ async def test_an_item_without_an_embedding_gets_the_worlds_guess(
 
 
 async def test_a_process_started_later_replays_the_log_into_the_same_catalog(
-    stack: Stack, loaded_redis: str
+    stack: Stack, loaded_redis: str, tmp_path: Path
 ) -> None:
-    settings = stack.settings(redis_url=loaded_redis)
+    # Exploration draws at random: off, so two processes' answers can be compared whole.
+    rules = tmp_path / "rules.toml"
+    rules.write_text(stack.plain_rules.read_text() + "[explore]\nslots = 0\n")
+    settings = stack.settings(redis_url=loaded_redis, rules_file=rules)
     async with serving(settings) as first:
         categories = await _categories(first, (await _answer(first))[0])
         for n in range(100):

@@ -35,6 +35,7 @@ async def test_removes_blocked_seen_and_excluded_and_says_how_many_of_each() -> 
         Removal.SEEN: 1,
         Removal.EXCLUDED: 1,
         Removal.WITHDRAWN: 0,
+        Removal.VIEWED: 0,
     }
 
 

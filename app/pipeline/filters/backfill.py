@@ -2,7 +2,8 @@
 
 A filter never makes the answer short while the catalog has items to give: when fewer than
 the answer needs are kept, the most popular items that were neither recalled nor unwanted
-(seen, excluded) follow the kept ones. The popular list holds no blocked item.
+(seen, excluded, the item the page shows) follow the kept ones. The popular list holds no
+blocked item.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class PopularBackfill:
             return kept
         artifacts = ctx.artifacts
         excluded_at = artifacts.positions_of(asked.query.exclude_item_ids)
-        absent = np.concatenate([recalled.positions, asked.user.seen, excluded_at])
+        viewed = np.array([asked.user.viewed], dtype=np.int64)
+        absent = np.concatenate([recalled.positions, asked.user.seen, excluded_at, viewed])
         reserve = artifacts.popular[~member_mask(artifacts.popular, absent)]
         if artifacts.withdrawn is not None:
             reserve = reserve[~artifacts.withdrawn[reserve]]

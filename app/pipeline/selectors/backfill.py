@@ -3,6 +3,8 @@ was set aside, so an answer short of items is filled from it rather than left sh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from app.pipeline.selectors.selecting import NONE, Candidates, Selecting
@@ -15,4 +17,4 @@ class SetAsideBackfill:
         if not len(selecting.aside):
             return selecting
         order = np.concatenate([selecting.order, selecting.aside])
-        return Selecting(order, selecting.final, NONE)
+        return replace(selecting, order=order, aside=NONE)

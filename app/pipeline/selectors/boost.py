@@ -16,12 +16,18 @@ from app.release.schema import ScoreScale
 
 
 def log_factors(
-    likes: npt.NDArray[np.float32] | None, age_days: npt.NDArray[np.float32], rules: RerankRules
+    likes: npt.NDArray[np.float32] | None,
+    age_days: npt.NDArray[np.float32],
+    rules: RerankRules,
+    with_viewed: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.float32]:
     """The log of what the rules multiply each candidate by: the like head's value where the
-    rules weigh it and the model gave it (a candidate without one, NaN, keeps 1), times
-    every boost whose age window the item falls in."""
+    rules weigh it and the model gave it (a candidate without one, NaN, keeps 1), on an item
+    page exp(viewed * its similarity to the item shown), times every boost whose age window
+    the item falls in."""
     factors = np.zeros(len(age_days), dtype=np.float64)
+    if rules.objectives.viewed > 0 and with_viewed is not None:
+        factors += rules.objectives.viewed * with_viewed
     weight = rules.objectives.like
     if weight > 0 and likes is not None:
         value = np.where(np.isnan(likes), 1.0, (1 - weight) + weight * likes)
@@ -46,13 +52,20 @@ def adjusted_scores(
 
 
 class Boost:
-    reason = "valued below others by the rules ([boost], [objectives] like)"
+    reason = "valued below others by the rules ([boost], [objectives] like and viewed)"
 
     def select(self, selecting: Selecting, candidates: Candidates) -> Selecting:
         rules = candidates.rules
         final: Scores = selecting.final
-        if rules.boost or (rules.objectives.like > 0 and candidates.likes is not None):
-            factors = log_factors(candidates.likes, candidates.age_days, rules)
+        objectives = rules.objectives
+        if (
+            rules.boost
+            or (objectives.like > 0 and candidates.likes is not None)
+            or (objectives.viewed > 0 and candidates.with_viewed is not None)
+        ):
+            factors = log_factors(
+                candidates.likes, candidates.age_days, rules, candidates.with_viewed
+            )
             final = adjusted_scores(selecting.final, factors, candidates.scale)
         order = best_first(selecting.order, final, candidates.tie_keys)
         return Selecting(order, final, selecting.aside)

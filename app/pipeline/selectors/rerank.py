@@ -1,5 +1,6 @@
 """Rerank's selectors in the order they run, written once: the rules' values, the category
-cap, diversity among what the cap kept, the backfill from what it set aside. Adding a rule is
+cap, diversity among what the cap kept, exploration's slots, the backfill from what the cap
+set aside. Adding a rule is
 a file beside this one and a line in SELECTORS."""
 
 from __future__ import annotations
@@ -11,11 +12,24 @@ from app.pipeline.selectors.backfill import SetAsideBackfill
 from app.pipeline.selectors.boost import Boost
 from app.pipeline.selectors.category_cap import CategoryCap
 from app.pipeline.selectors.diversity import Diversity
-from app.pipeline.selectors.selecting import Candidates, Selection, Selector, run_selectors
+from app.pipeline.selectors.explore import Explore
+from app.pipeline.selectors.selecting import (
+    Candidates,
+    Exploring,
+    Selection,
+    Selector,
+    run_selectors,
+)
 from app.release.rules import RerankRules
 from app.release.schema import ScoreScale
 
-SELECTORS: tuple[Selector, ...] = (Boost(), CategoryCap(), Diversity(), SetAsideBackfill())
+SELECTORS: tuple[Selector, ...] = (
+    Boost(),
+    CategoryCap(),
+    Diversity(),
+    Explore(),
+    SetAsideBackfill(),
+)
 
 
 def rerank(
@@ -29,19 +43,32 @@ def rerank(
     likes: npt.NDArray[np.float32] | None = None,
     scale: ScoreScale = "log_odds",
     explain: bool = False,
+    with_viewed: npt.NDArray[np.float32] | None = None,
+    exploring: Exploring | None = None,
 ) -> Selection:
     """Choose the top n_items candidates.
 
     Orders by score with ties broken by `tie_keys` ascending, so equal scores always come
     out in the same order; unscored candidates (NaN) come after every scored one, in input
-    order. Then each selector in turn: the rules' boosts and like objective value each score
+    order. Then each selector in turn: the rules' boosts and like and viewed objectives
+    (`with_viewed`: each candidate's similarity to the item an item page shows) value each score
     (`scale` says what the scores are: a multiplier multiplies a probability, and a log-odds
     score's odds), at most `max_per_category` of a category stay in the running, with
     `vectors` and a diversity relevance under 1 the answer is chosen again among those by
-    maximal marginal relevance, and what the cap set aside fills the answer where the others
-    cannot.
+    maximal marginal relevance, `exploring` gives the answer's last slots to newcomers a
+    bandit draws, and what the cap set aside fills the answer where the others cannot.
     """
     candidates = Candidates(
-        tie_keys, scores, categories, age_days, rules, n_items, vectors, likes, scale
+        tie_keys,
+        scores,
+        categories,
+        age_days,
+        rules,
+        n_items,
+        vectors,
+        likes,
+        scale,
+        with_viewed,
+        exploring,
     )
     return run_selectors(SELECTORS, candidates, explain)

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Scores
-from app.release.rules import RerankRules
+from app.release.rules import ExploreRule, RerankRules
 from app.release.schema import ScoreScale
 
 NONE: Indices = np.empty(0, dtype=np.intp)
@@ -38,6 +38,21 @@ class Candidates:
     vectors: npt.NDArray[np.float32] | None = None  # for diversity
     likes: npt.NDArray[np.float32] | None = None  # the model's like head
     scale: ScoreScale = "log_odds"
+    # On an item page: how often each was chosen with the item shown (0 to 1); None: a feed.
+    with_viewed: npt.NDArray[np.float32] | None = None
+    exploring: Exploring | None = None  # None: nothing to explore
+
+
+@dataclass(frozen=True, slots=True)
+class Exploring:
+    """What exploration reads, one entry a candidate: whether it is a newcomer still to be
+    explored, its showings and positives so far; the page's rule and this request's draw."""
+
+    newcomer: npt.NDArray[np.bool_]
+    shown: npt.NDArray[np.float64]
+    chosen: npt.NDArray[np.float64]
+    rule: ExploreRule
+    draw: np.random.Generator
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +63,7 @@ class Selecting:
     order: Indices
     final: Scores
     aside: Indices = field(default_factory=lambda: NONE)
+    explored: Indices = field(default_factory=lambda: NONE)  # put in the answer to explore
 
 
 class Selector(Protocol):
@@ -67,6 +83,7 @@ class Selection:
     positions: Indices
     scores: Scores
     left_out: dict[int, str] = field(default_factory=dict)
+    explored: Indices = field(default_factory=lambda: NONE)
 
 
 def best_first(candidates: Indices, final: Scores, tie_keys: npt.NDArray[np.int64]) -> Indices:
@@ -103,7 +120,7 @@ def run_selectors(
             _note(out_by, before, after, selector.reason)
             before = after
     chosen = selecting.order[:n]
-    return Selection(chosen, selecting.final[chosen], out_by)
+    return Selection(chosen, selecting.final[chosen], out_by, selecting.explored)
 
 
 def _note(out_by: dict[int, str], before: Indices, after: Indices, reason: str) -> None:

@@ -38,5 +38,6 @@ class PopularSource:
         self, recalling: Recalling, so_far: Positions, ctx: RequestContext
     ) -> Positions:
         popular = ctx.artifacts.popular
-        extra = min(self._count + max(0, recalling.wanted - len(so_far)), len(popular))
+        count = recalling.sources.count(self.name, self._count)
+        extra = min(count + max(0, recalling.wanted - len(so_far)), len(popular))
         return fresh_popular(so_far, popular, extra)

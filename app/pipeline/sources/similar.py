@@ -22,5 +22,6 @@ class SimilarSource:
         self, recalling: Recalling, so_far: Positions, ctx: RequestContext
     ) -> Positions:
         near = recalling.asked.user.nearby.items
-        fresh: Positions = near[~member_mask(near, so_far)][: self._count]
+        count = recalling.sources.count(self.name, self._count)
+        fresh: Positions = near[~member_mask(near, so_far)][:count]
         return fresh

@@ -11,7 +11,9 @@ from app.pipeline.types import Recalling
 
 
 class TrendingSource:
-    """Up to `count` of the trending items the sources before did not find, hottest first."""
+    """Up to `count` of the trending items the sources before did not find, hottest first.
+    A page may set its own count, but the items come only where the service reads them
+    (RECSYS_TRENDING_CANDIDATES above 0)."""
 
     name = "trending"
 
@@ -22,6 +24,6 @@ class TrendingSource:
     async def candidates(
         self, recalling: Recalling, so_far: Positions, ctx: RequestContext
     ) -> Positions:
-        hot = self._trending()[: self._count]
+        hot = self._trending()[: recalling.sources.count(self.name, self._count)]
         fresh: Positions = hot[~member_mask(hot, so_far)]
         return fresh

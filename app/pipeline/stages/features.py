@@ -11,12 +11,13 @@ import numpy.typing as npt
 
 from app.clients.feature_store import BlobState, UserRecord
 from app.core.errors import FailureKind, FeatureStoreError
-from app.core.vocabulary import Positions, Stage
+from app.core.vocabulary import Positions, Stage, Viewed
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import encode_context
 from app.pipeline.types import Asked, Moment, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts
-from app.release.neighbours import NOWHERE
+from app.release.catalog import Catalog
+from app.release.neighbours import NOWHERE, Nearby
 from app.release.schema import FeatureSchema
 
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
@@ -86,17 +87,15 @@ class UserFeatureHydrator:
             record = await self._store.user(query.user_id, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
-            return UserFeatures(default_blob, encoded, NOTHING_SEEN, cold_start=False)
+            viewed = _viewed_at(query, ctx)
+            recent, nearby = self._latest(NOTHING_SEEN, viewed, ctx.artifacts.catalog)
+            return UserFeatures(default_blob, encoded, NOTHING_SEEN, False, recent, nearby, viewed)
         if self._catalog is not None and record.catalog_seq:
             await self._follow_catalog(self._catalog, record.catalog_seq, ctx)
         seen = record.seen
         catalog = ctx.artifacts.catalog
-        recent = record.recent[record.recent < catalog.size]
-        nearby = (
-            catalog.neighbours.around(recent, self._decay)
-            if catalog.neighbours is not None
-            else NOWHERE
-        )
+        viewed = _viewed_at(query, ctx)
+        recent, nearby = self._latest(record.recent[record.recent < catalog.size], viewed, catalog)
         known = seen < catalog.size
         if not record.seen_whole or not known.all():
             seen = seen[known]
@@ -107,8 +106,33 @@ class UserFeatureHydrator:
             )
         if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()
-            return UserFeatures(default_blob, encoded, seen, True, recent, nearby)
+            return UserFeatures(default_blob, encoded, seen, True, recent, nearby, viewed)
         if record.blob is None or not np.isfinite(record.blob).all():
             ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
-            return UserFeatures(default_blob, encoded, seen, False, recent, nearby)
-        return UserFeatures(record.blob, encoded, seen, False, recent, nearby)
+            return UserFeatures(default_blob, encoded, seen, False, recent, nearby, viewed)
+        return UserFeatures(record.blob, encoded, seen, False, recent, nearby, viewed)
+
+    def _latest(self, recent: Positions, viewed: int, catalog: Catalog) -> tuple[Positions, Nearby]:
+        """The latest positives, the viewed item last (the latest signal of all), and the
+        items near them."""
+        if viewed >= 0:
+            recent = np.append(recent[recent != viewed], np.int64(viewed))
+        if catalog.neighbours is None:
+            return recent, NOWHERE
+        return recent, catalog.neighbours.around(recent, self._decay)
+
+
+def _viewed_at(query: Query, ctx: RequestContext) -> int:
+    """The position of the item the request's page shows (-1: none, or one the catalog
+    lacks), counted by page. A withdrawn item keeps its position: the page of an item out
+    of stock still asks for what is like it, and the filters keep the item out."""
+    artifacts = ctx.artifacts
+    page = artifacts.page(query.moment.page).name
+    if query.viewed_item_id is None:
+        ctx.metrics.page_request(page, Viewed.NONE)
+        return -1
+    position = int(artifacts.lookup([query.viewed_item_id])[0])
+    ctx.metrics.page_request(page, Viewed.KNOWN if position >= 0 else Viewed.UNKNOWN)
+    if ctx.trace is not None:
+        ctx.trace.record(Stage.FEATURES).facts["viewed_position"] = position
+    return position

@@ -18,6 +18,10 @@ from app.pipeline.types import Pool
 class PreRanker:
     """The `keep` best candidates by the world's pre-rank weights, best first.
 
+    At least `newcomers` of the kept (as many as the pool holds) are items added while
+    serving, in place of the last of the others: a new item reaches the ranker (and
+    exploration) before its own score could earn it a place.
+
     A pool no larger than `keep` passes as it came (recall order, backfill last). A catalog
     without item vectors, or a request without time left, keeps the first `keep` in recall
     order; only the latter flags the answer.
@@ -25,9 +29,10 @@ class PreRanker:
 
     stage = Stage.PRERANK
 
-    def __init__(self, keep: int, decay: float) -> None:
+    def __init__(self, keep: int, decay: float, newcomers: int = 0) -> None:
         self._keep = keep
         self._decay = decay
+        self._newcomers = newcomers
 
     async def run(self, pool: Pool, ctx: RequestContext) -> Pool:
         if pool.candidates <= self._keep:
@@ -52,7 +57,37 @@ class PreRanker:
         if ctx.trace is not None:
             _preranked(ctx.trace, pool.positions, scores, self._keep)
         kept = best(scores, self._keep)
+        if self._newcomers and catalog.size > catalog.world_size:
+            kept = keep_newcomers(
+                kept, pool.positions, scores, catalog.world_size, self._newcomers
+            )
         return Pool(pool.asked, pool.positions[kept])
+
+
+def keep_newcomers(
+    kept: npt.NDArray[np.intp],
+    positions: Positions,
+    scores: npt.NDArray[np.float32],
+    world_size: int,
+    reserved: int,
+) -> npt.NDArray[np.intp]:
+    """`kept`, its last places given to the best-scored items added while serving that it
+    lacks, so at least `reserved` of them (as many as the pool has) reach the ranker and
+    exploration: the model's cost stays `keep` rows."""
+    newcomer = positions >= world_size
+    missing = reserved - int(np.count_nonzero(newcomer[kept]))
+    if missing <= 0:
+        return kept
+    outside = np.ones(len(positions), dtype=bool)
+    outside[kept] = False
+    waiting = np.flatnonzero(newcomer & outside)
+    if not len(waiting):
+        return kept
+    settled = kept[~newcomer[kept]]
+    brought = waiting[np.argsort(-scores[waiting], kind="stable")[: min(missing, len(settled))]]
+    dropped = settled[len(settled) - len(brought) :]
+    stay = kept[~np.isin(kept, dropped)]
+    return np.concatenate([stay, brought])
 
 
 def _preranked(

@@ -18,7 +18,7 @@ from app.release.catalog import Catalog
 class CandidateSource(Protocol):
     @property
     def name(self) -> str:
-        """The source's name in a trace: ann, similar, trending, popular."""
+        """The source's name in a trace and in a page's `sources` (app.release.rules)."""
         ...
 
     async def candidates(
@@ -39,7 +39,9 @@ class CandidateRecall:
 
     async def run(self, asked: Asked, ctx: RequestContext) -> Pool:
         catalog_size = len(ctx.artifacts.popular)
-        recalling = Recalling(asked, min(max(self._candidate_count, asked.at_least), catalog_size))
+        sources = ctx.artifacts.page(asked.query.moment.page).sources
+        wanted = max(sources.count("ann", self._candidate_count), asked.at_least)
+        recalling = Recalling(asked, min(wanted, catalog_size), sources)
         so_far: Positions = np.empty(0, dtype=np.int64)
         trace, ids = ctx.trace, ctx.artifacts.catalog
         for source in self._sources:

@@ -6,35 +6,58 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from app.core.vocabulary import Stage
+from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.selectors.rerank import rerank
-from app.pipeline.selectors.selecting import Selection
+from app.pipeline.selectors.selecting import Exploring, Selection
 from app.pipeline.trace import Trace, model_order
 from app.pipeline.types import Ranked, RankedItem, Recommendation, Scored
 from app.release.catalog import Catalog
+from app.release.rules import ExploreRule
 from app.release.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
+Counts = npt.NDArray[np.float64]
+
+
+class Exposures(Protocol):
+    def counts(self, positions: Positions) -> tuple[Counts, Counts]:
+        """Each position's showings and positives so far."""
+        ...
+
+    def showed(self, positions: Positions) -> None: ...
 
 
 class Reranker:
-    """The top N after boosting and capping: the answer."""
+    """The top N after boosting, capping and exploring: the answer. Without `exposure`,
+    nothing is explored."""
 
     stage = Stage.RERANK
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        exposure: Exposures | None = None,
+        draw: np.random.Generator | None = None,
+    ) -> None:
         self._clock = clock
+        self._exposure = exposure
+        self._draw = draw or np.random.default_rng()
 
     async def run(self, ranked: Ranked, ctx: RequestContext) -> Recommendation:
         items = self._select(ranked, ctx)
         return Recommendation(items, ranked.asked.user.cold_start, ranked.model)
 
     def _select(self, ranked: Ranked, ctx: RequestContext) -> list[RankedItem]:
-        catalog, rules = ctx.artifacts.catalog, ctx.artifacts.rules
+        catalog = ctx.artifacts.catalog
+        # The page's section over the file's own rules (app.release.pages).
+        page = ctx.artifacts.page(ranked.asked.query.moment.page)
+        rules = page.rules
         scored, n_items = ranked.scored, ranked.asked.query.num_items
         positions = scored.positions
         age_days = (self._clock() - catalog.published_at[positions]) / SECONDS_PER_DAY
@@ -51,15 +74,57 @@ class Reranker:
             likes=None if scored.heads is None else scored.heads[:, HEAD_NAMES.index("like")],
             scale=ctx.artifacts.schema.score_scale,
             explain=ctx.trace is not None,
+            with_viewed=_with_viewed(catalog, ranked.asked.user.viewed, positions)
+            if rules.objectives.viewed > 0
+            else None,
+            exploring=self._exploring(catalog, positions, rules.explore),
         )
+        served = positions[selection.positions]
+        if self._exposure is not None and catalog.size > catalog.world_size:
+            self._exposure.showed(served[served >= catalog.world_size])
+        ctx.metrics.answer_slots(page.name, len(served), len(selection.explored))
         if ctx.trace is not None:
             _reranked(ctx.trace, ranked, selection, catalog)
         # Only the chosen few become Python strings.
-        chosen_ids: list[str] = catalog.ids_at(positions[selection.positions]).tolist()
+        chosen_ids: list[str] = catalog.ids_at(served).tolist()
         return [
             RankedItem(item_id, None if math.isnan(score) else score)
             for item_id, score in zip(chosen_ids, selection.scores.tolist(), strict=True)
         ]
+
+    def _exploring(
+        self, catalog: Catalog, positions: Positions, rule: ExploreRule
+    ) -> Exploring | None:
+        """The candidates' newcomers and their counts; None where nothing can be explored
+        (no exposure counts, exploration off, or no item added while serving)."""
+        if self._exposure is None or rule.slots == 0 or catalog.size == catalog.world_size:
+            return None
+        shown, chosen = self._exposure.counts(positions)
+        newcomer = (positions >= catalog.world_size) & (shown < rule.max_shown)
+        if catalog.room is not None and catalog.room.withdrawals:
+            newcomer &= ~catalog.room.withdrawn[positions]
+        return Exploring(newcomer, shown, chosen, rule, self._draw)
+
+
+def _with_viewed(
+    catalog: Catalog, viewed: int, positions: Positions
+) -> npt.NDArray[np.float32] | None:
+    """How often each candidate was chosen with the item the page shows (its neighbours'
+    similarity, 0 elsewhere); None on a feed, or in a world without neighbours."""
+    neighbours = catalog.neighbours
+    if viewed < 0 or neighbours is None:
+        return None
+    near, similarity = neighbours.positions[viewed], neighbours.similarity[viewed]
+    valid = near >= 0
+    near, similarity = near[valid], similarity[valid]
+    found = np.zeros(len(positions), dtype=np.float32)
+    if not len(near) or not len(positions):
+        return found
+    order = np.argsort(near)
+    at = np.minimum(np.searchsorted(near, positions, sorter=order), len(near) - 1)
+    hit = near[order[at]] == positions
+    found[hit] = similarity[order[at[hit]]]
+    return found
 
 
 def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catalog) -> None:

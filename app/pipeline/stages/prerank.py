@@ -58,9 +58,7 @@ class PreRanker:
             _preranked(ctx.trace, pool.positions, scores, self._keep)
         kept = best(scores, self._keep)
         if self._newcomers and catalog.size > catalog.world_size:
-            kept = keep_newcomers(
-                kept, pool.positions, scores, catalog.world_size, self._newcomers
-            )
+            kept = keep_newcomers(kept, pool.positions, scores, catalog.world_size, self._newcomers)
         return Pool(pool.asked, pool.positions[kept])
 
 

@@ -106,14 +106,16 @@ class CatalogLog:
         base: int,
         capacity: int,
         timeout_s: float,
+        blobs: bool = True,
     ) -> Accepted:
         """Accept the batch; each change's `position` is used where >= 0 (a world item).
 
         The items' feature blobs are written first, for processes that read item features
         from Redis: a blob of a batch then refused names an item no catalog holds, and is
-        never read."""
+        never read. `blobs=False` leaves them (the consumer's refits: it may not write item
+        keys, which the world's items share)."""
         async with redis_call("catalog append", timeout_s):
-            if puts:
+            if puts and blobs:
                 pipe = self._client.pipeline(transaction=False)
                 for put in puts:
                     pipe.set(self._item(put.item_id), put.blob().tobytes())
@@ -155,6 +157,10 @@ class LogReader:
         self._changes = changes
         self.room = room
         self._after = "-"
+
+    @property
+    def changes(self) -> CatalogLog:
+        return self._changes
 
     async def catch_up(self, timeout_s: float) -> list[ChangeBatch]:
         """Apply every batch past the last one applied; returns those applied."""

@@ -22,6 +22,7 @@ from app.core.ingest_metrics import IngestMetrics
 from app.core.log_setup import configure_logging
 from app.core.settings import Settings, load_settings
 from app.ingest.consumer import Consumer, Limits
+from app.ingest.refit import ItemRefits
 from app.ingest.user_store import Bounds, UserStore
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
@@ -120,6 +121,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
             metrics,
             partitions=partitions,
             limits=_limits(settings),
+            refits=ItemRefits(client, keys),
         )
         log.info(
             "ingesting partitions %s of %d as %s (%d items, fold-in %s)",

@@ -49,6 +49,7 @@ from app.core.events import (
 from app.core.ingest_metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
+from app.ingest.refit import ItemRefits
 from app.ingest.user_store import UserStore
 from app.ingest.world import IngestWorld
 
@@ -118,8 +119,10 @@ class Consumer:
         *,
         partitions: list[int],
         limits: Limits,
+        refits: ItemRefits | None = None,
     ) -> None:
         self._stream = stream
+        self._refits = refits
         self._world = world
         self._load_world = load_world
         self._store = store
@@ -405,6 +408,8 @@ class Consumer:
         await self._stream.raise_trending(raised)
         world = self._world  # positives of items added while serving, for exploration
         await self._stream.count_chosen(world.world_id, [p for p, _ in raised if p >= world.size])
+        if self._refits is not None:  # and their vectors follow who chose them
+            await self._refits.chosen(world, changes)
         credits = [credit for change in changes.values() for credit in change.credits]
         variants = await self._stream.answers([answer_id for answer_id, _ in credits])
         for (_, kind), variant in zip(credits, variants, strict=True):

@@ -16,8 +16,9 @@ from app.clients.catalog_log import CatalogLog, LogReader
 from app.core.membership import lookup
 from app.core.vocabulary import Positions
 from app.ingest.foldin import FoldIn
+from app.ingest.item_step import ItemStep, item_step
 from app.release.arrivals import make_room
-from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE
+from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE, SEEN_FILE, USERS_FILE
 from app.release.foldin import PLAIN, FoldInParams, Weighting, load_foldin
 from app.release.schema import FeatureSchema
 
@@ -40,6 +41,8 @@ class IngestWorld:
     default_blob: FloatArray
     # The items put while serving, and the log they come from (app.clients.catalog_log).
     arrivals: LogReader | None = None
+    # How an added item's vector follows the users who choose it; None without arrivals.
+    step: ItemStep | None = None
 
     @property
     def size(self) -> int:
@@ -96,8 +99,9 @@ def load_ingest_world(
     if params is None:
         log.warning("%s has no fold-in parameters: vectors are folded in with plain counts", world)
         params = PLAIN
-    arrivals = None
+    arrivals, step = None, None
     if changes is not None and headroom > 0:
+        step = item_step_of(world, item_ids, vectors)
         room = make_room(categories, published, vectors, None, headroom, schema.item_blob_width)
         arrivals = LogReader(changes(world_id), room)
         vectors = room.vectors
@@ -115,4 +119,24 @@ def load_ingest_world(
         params=params,
         default_blob=default_blob,
         arrivals=arrivals,
+        step=step,
     )
+
+
+def item_step_of(world: Path, item_ids: npt.NDArray[np.str_], vectors: FloatArray) -> ItemStep:
+    """The item step's constants, from the world's users and what they had seen."""
+    with np.load(world / USERS_FILE) as users:
+        user_ids = users["ids"].astype(np.str_)
+        user_vectors = users["embeddings"].astype(np.float32)
+    with np.load(world / SEEN_FILE) as seen:
+        seen_users = seen["user_ids"].astype(np.str_)
+        offsets = seen["offsets"].astype(np.int64)
+        seen_items = seen["item_ids"].astype(np.str_)
+    owners = lookup(user_ids, np.argsort(user_ids, kind="stable"), seen_users.tolist())
+    positions = lookup(item_ids, np.argsort(item_ids, kind="stable"), seen_items.tolist())
+    rows = np.repeat(owners, np.diff(offsets))
+    kept = (rows >= 0) & (positions >= 0)
+    per_user = np.bincount(rows[kept], minlength=len(user_ids))
+    starts = np.concatenate([[0], np.cumsum(per_user)]).astype(np.int64)
+    order = np.argsort(rows[kept], kind="stable")
+    return item_step(user_vectors, vectors, starts, positions[kept][order])

@@ -17,8 +17,11 @@ import redis
 from recsys_tools.localstack import ManagedProcess, start_ingest
 
 from app.clients.feature_store import decode_seen
+from app.ingest.world import item_step_of
+from app.release.catalog import ITEMS_FILE
 from app.release.item_prior import load_item_prior
 from app.release.keyspace import KeySpace
+from app.release.world import read_stamp
 from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, serving
 
 KEYS = KeySpace("recsys")
@@ -230,3 +233,72 @@ async def test_a_click_on_an_added_item_is_applied_by_the_consumer(
             client.close()
     finally:
         consumer.stop()
+
+
+async def test_an_added_items_vector_follows_the_users_who_choose_it(
+    stack: Stack, loaded_redis: str, tmp_path: Path
+) -> None:
+    settings = {"RECSYS_REDIS_URL": loaded_redis, "RECSYS_ARTIFACTS_DIR": str(stack.world)}
+    consumer: ManagedProcess = start_ingest(settings, tmp_path / "ingest")
+    users = [f"u{n}" for n in range(20, 28)]
+    dim = stack.schema.embedding_dim
+    try:
+        async with serving(stack.settings(redis_url=loaded_redis)) as api:
+            categories = await _categories(api, (await _answer(api))[0])
+            item = {"item_id": "liked-1", "title": "Liked", "categories": categories}
+            assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
+            batch = (await api.get("/catalog")).json()["batch"]
+            client = redis.Redis.from_url(loaded_redis)
+            try:
+                guess = np.frombuffer(_bytes(client, KEYS.item("liked-1")), dtype="<f4")[:dim]
+                events = [
+                    {"event_id": f"l{n}", "user_id": user, "item_id": "liked-1", "type": "like"}
+                    for n, user in enumerate(users)
+                ]
+                posted = await api.post("/events", json={"events": events})
+                assert posted.status_code == 202, posted.text
+                # Refits at 1, 2, 4 and 8 choosers (one a batch of events at most): the last
+                # comes once the eighth is noted, and the log holds it when it stops growing.
+                by = KEYS.catalog(_world_id(stack), f"by:{SMALL_WORLD.items}")
+                give_up = time.monotonic() + APPLIED_WITHIN_S
+                while client.llen(by) < len(users):
+                    assert time.monotonic() < give_up, consumer.log_tail()
+                    await asyncio.sleep(0.05)
+                last, still = -1, 0
+                while still < 10:
+                    now = (await api.get("/catalog")).json()["batch"]
+                    last, still = now, still + 1 if now == last else 0
+                    assert time.monotonic() < give_up, consumer.log_tail()
+                    await asyncio.sleep(0.1)
+                assert last > batch
+                choosers = np.stack(
+                    [np.frombuffer(_bytes(client, KEYS.user(u)), dtype="<f4")[:dim] for u in users]
+                )
+                moved = _last_embedding(client, KEYS.catalog(_world_id(stack), "log"))
+            finally:
+                client.close()
+            state = (await api.get("/catalog")).json()
+        assert state["added"] == 1  # the same item, put again: its position kept
+        assert state["batch"] == last
+        # The users who chose it (their directions, at the world's user norm: what the step
+        # reads of them) now score it nearer what the world's users give what they chose.
+        with np.load(stack.world / ITEMS_FILE) as stored:
+            step = item_step_of(stack.world, stored["ids"], stored["embeddings"])
+        readers = choosers / np.linalg.norm(choosers, axis=1, keepdims=True) * step.user_norm
+        before, after = float(np.mean(readers @ guess)), float(np.mean(readers @ moved))
+        assert abs(after - step.target) < 0.75 * abs(before - step.target), (before, after)
+    finally:
+        consumer.stop()
+
+
+def _world_id(stack: Stack) -> str:
+    stamp = read_stamp(stack.world)
+    assert stamp is not None
+    return stamp.world_id
+
+
+def _last_embedding(client: redis.Redis, log: str) -> np.ndarray:
+    """The embedding the change log's last batch puts: what every process applies."""
+    [(_, fields)] = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrevrange(log, count=1))
+    body = json.loads(fields[b"body"])
+    return np.asarray(body["puts"][0][6], dtype=np.float32)

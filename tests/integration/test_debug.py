@@ -88,9 +88,10 @@ async def test_a_traced_request_shows_each_stage_and_what_it_did(debug: Any) -> 
     # Each stage that changes the candidates wrote its own record, in the order they ran.
     assert list(records) == ["recall", "filter", "prerank", "rank", "rerank"]
     sources = records["recall"]["tables"]["sources"]["rows"]
-    assert [s["source"] for s in sources] == ["ann", "arrivals", "similar", "trending", "popular"]
+    sourced = [s["source"] for s in sources]
+    assert sourced == ["viewed", "ann", "arrivals", "similar", "trending", "popular"]
     removed = {r["reason"]: r for r in records["filter"]["removed"]}
-    assert set(removed) == {"blocked", "withdrawn", "seen", "excluded"}
+    assert set(removed) == {"blocked", "withdrawn", "seen", "excluded", "viewed"}
     assert removed["blocked"]["first"] == [blocked]
     assert records["prerank"]["facts"]["keep"] == 40
     assert records["prerank"]["went_out"] == 40

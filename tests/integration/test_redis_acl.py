@@ -12,6 +12,7 @@ import hashlib
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
@@ -150,6 +151,17 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
             ]:
                 assert time.monotonic() < give_up, consumer.log_tail()
                 await asyncio.sleep(0.05)
+            # An item added while serving, then liked: the consumer, as its own user, counts
+            # the like for exploration and refits the item's vector through the change log.
+            new = {"item_id": "acl-new", "categories": await _categories_of(api, first)}
+            added = await api.post("/catalog/items", json={"items": [new]})
+            assert added.status_code == 200, added.text
+            like = {"event_id": "e2", "user_id": "u3", "item_id": "acl-new", "type": "like"}
+            assert (await api.post("/events", json={"events": [like]})).status_code == 202
+            while (await api.get("/catalog")).json()["batch"] < 2:
+                assert time.monotonic() < give_up, consumer.log_tail()
+                await asyncio.sleep(0.05)
+        assert "not refitted" not in consumer.log_tail()
         ingest = redis.Redis.from_url(url, username="recsys-ingest", password=PASSWORDS["INGEST"])
         for command in FORBIDDEN:  # EVAL too: its own script runs by digest (EVALSHA)
             assert _refused(ingest, command), command
@@ -167,3 +179,10 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
         if consumer is not None:
             consumer.stop()
         process.stop()
+
+
+async def _categories_of(api: httpx.AsyncClient, item: str) -> list[str]:
+    body = {"user_id": "u3", "num_items": 50, "context": CONTEXT, "attributes": ["categories"]}
+    items = (await api.post("/recommend", json=body)).json()["items"]
+    named = {i["item_id"]: i["attributes"]["categories"] for i in items}
+    return str(named.get(item) or items[0]["attributes"]["categories"]).split("|")

@@ -1,4 +1,4 @@
-"""The replay's walk and scores, and the drifting log it is measured on."""
+"""The replay's walk and scores, its arrivals, and the logs it is measured on."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 from recsys_tools.replay import Score, rows_in_time_order
+from recsys_tools.replay_arrivals import WorldItems, arrivals
+from recsys_tools.world.generate.arrivals import ArrivalShape, write_arrival_log
 from recsys_tools.world.generate.drift import DriftShape, write_drift_log
+from recsys_tools.world.read.items import ItemColumns, ItemInfo, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
@@ -58,3 +61,46 @@ def test_a_score_counts_hits_and_their_rank() -> None:
     report = score.report(10, events=True)
     assert report["hit@10"] == 0.5
     assert report["ndcg@10"] == pytest.approx((1.0 + 0.5) / 4, abs=1e-4)
+
+
+def _table(tmp_path: Path) -> ItemInfo:
+    path = tmp_path / "items.csv"
+    path.write_text(
+        "item_id,genre,title\na,drama,Old One\nn1,drama|western,New One\nn2,opera,Unheard Of\n"
+    )
+    return read_items(path, ItemColumns(category="genre", title="title"))
+
+
+def test_an_item_the_world_lacks_is_put_once_just_before_its_first_row(tmp_path: Path) -> None:
+    world = WorldItems(frozenset({"a"}), ("drama", "comedy"))
+    items = ["a", "n1", "a", "n1", "n2", "n3"]
+    found = arrivals(items, [10, 20, 30, 40, 50, 60], world, _table(tmp_path))
+    assert found.before == {
+        1: [{"item_id": "n1", "published_at": 20, "categories": ["drama"], "title": "New One"}]
+    }
+    # n2's only category is one the world lacks, n3 is not in the table: neither can be put.
+    assert found.unplaced == ("n2", "n3")
+    assert found.new == {"n1", "n2", "n3"}
+
+
+def test_a_score_tells_the_hits_on_new_items_apart() -> None:
+    score = Score()
+    for rank, new in ((1, True), (None, True), (2, False), (None, False)):
+        score.add(rank, new)
+    report = score.report(10, events=True)
+    assert report["new_item_positives"] == 2
+    assert report["new_item_hits"] == 1
+    assert report["hits_on_new_items_share"] == 0.5
+
+
+def test_the_arrival_log_brings_items_the_world_before_the_cut_lacks(tmp_path: Path) -> None:
+    shape = ArrivalShape(genres=3, days=20, users=60, cut_day=15)
+    made = write_arrival_log(tmp_path, seed=2, shape=shape)
+    rows = _rows(made.log)
+    before = {r["item_id"] for r in _rows(made.items_before)}
+    later = [r for r in rows if int(r["timestamp"]) >= made.since]
+    assert later
+    assert all(r["item_id"] in before for r in rows if int(r["timestamp"]) < made.since)
+    new = [r for r in later if r["item_id"] not in before]
+    assert len(new) > len(later) / 2  # most of what users choose later came out later
+    assert len(_rows(made.items)) == shape.items

@@ -5,6 +5,13 @@ positive it first asks /recommend for that user and records whether the item is 
 answer (hit@K, NDCG@K); then, unless --no-events, it posts the row to /events, so the
 service knows it before the user's next request. Run with --no-events for the static
 figure (first, on a freshly loaded Redis: events change what the second run starts from).
+
+With --world (the served world's folder), items the log names that the world was built
+without are put into the catalog, with their title and categories from the item table
+(--items and its column flags, as build-world reads it), just before their first row: what
+items arriving while serving buy on your data. --static-catalog puts none (the figure of a
+catalog frozen at the build, on a fresh Redis too: added items stay in the change log).
+Either way positives on those items are reported apart.
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from typing import Any
 import httpx
 
 from recsys_tools.commands import Commands
-from recsys_tools.world.commands import add_log_flags, log_columns
+from recsys_tools.replay_arrivals import Arrivals, arrivals, world_items
+from recsys_tools.world.commands import (
+    add_item_table_flags,
+    add_log_flags,
+    item_columns,
+    log_columns,
+)
+from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 
 log = logging.getLogger("recsys.replay")
@@ -44,11 +58,16 @@ class Score:
     hits: int = 0
     ndcg: float = 0.0
     posted: int = 0
+    new_asked: int = 0  # positives on items the world was built without
+    new_hits: int = 0
+    added: int = 0  # items put into the catalog before their first row
 
-    def add(self, rank: int | None) -> None:
+    def add(self, rank: int | None, new: bool = False) -> None:
         self.asked += 1
+        self.new_asked += new
         if rank is not None:
             self.hits += 1
+            self.new_hits += new
             self.ndcg += 1.0 / math.log2(rank + 1)
 
     def report(self, k: int, events: bool) -> dict[str, Any]:
@@ -59,6 +78,10 @@ class Score:
             f"hit@{k}": round(self.hits / asked, 4),
             f"ndcg@{k}": round(self.ndcg / asked, 4),
             "events_posted": self.posted,
+            "new_item_positives": self.new_asked,
+            "new_item_hits": self.new_hits,
+            "hits_on_new_items_share": round(self.new_hits / max(self.hits, 1), 4),
+            "items_added": self.added,
         }
 
 
@@ -99,15 +122,25 @@ async def replay(
     events: bool,
     settle_s: float = 0.05,
     token: str | None = None,
+    arriving: Arrivals | None = None,
+    admin_token: str | None = None,
 ) -> dict[str, Any]:
     """Ask, then post, row by row. A user whose last event went out less than `settle_s`
     ago waits for the rest of it first: the service applies events within tens of ms, and
-    a frontend's next page comes later than that."""
+    a frontend's next page comes later than that. With `arriving`, its items are put into
+    the catalog before their first row (its `new` ids are scored apart either way)."""
     score = Score()
     posted_at: dict[str, float] = {}
     caller = {"Authorization": f"Bearer {token}"} if token else {}
+    admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    new = arriving.new if arriving is not None else frozenset()
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
         for n, row in enumerate(rows):
+            puts = [] if arriving is None else arriving.before.get(n, [])
+            if puts:
+                added = await client.post("/catalog/items", json={"items": puts}, headers=admin)
+                added.raise_for_status()
+                score.added += len(puts)
             if row.positive:
                 wait = posted_at.get(row.user, 0.0) + settle_s - time.monotonic()
                 if wait > 0:
@@ -116,7 +149,7 @@ async def replay(
                 answer = await client.post("/recommend", json=body)
                 answer.raise_for_status()
                 items = [item["item_id"] for item in answer.json()["items"]]
-                score.add(items.index(row.item) + 1 if row.item in items else None)
+                score.add(items.index(row.item) + 1 if row.item in items else None, row.item in new)
             if events:
                 batch = {"events": [_event(row, n)]}
                 posted = await client.post("/events", json=batch, headers=caller)
@@ -126,16 +159,44 @@ async def replay(
     return score.report(k, events)
 
 
-# The event caller's token, from the environment (never a flag: it would show in `ps`).
+# The event caller's and the catalog's tokens, from the environment (never flags: they
+# would show in `ps`).
 TOKEN_VARIABLE = "RECSYS_EVENT_TOKEN"
+ADMIN_TOKEN_VARIABLE = "RECSYS_ADMIN_TOKEN"
+
+
+def arrivals_for(
+    rows: list[Row], world: Path, table: ItemInfo | None, static_catalog: bool
+) -> Arrivals:
+    """The items the world lacks: put before their first row, or (static) only told apart."""
+    found = arrivals(
+        [row.item for row in rows], [row.ts_s for row in rows], world_items(world), table
+    )
+    return Arrivals(new=found.new, unplaced=found.unplaced) if static_catalog else found
 
 
 def _run(args: argparse.Namespace) -> None:
     rows = rows_in_time_order(read_log(args.interactions, log_columns(args)), args.since)
     if args.limit:
         rows = rows[: args.limit]
-    token = os.environ.get(TOKEN_VARIABLE)
-    report = asyncio.run(replay(args.url, rows, args.k, not args.no_events, token=token))
+    arriving = None
+    if args.world is not None:
+        table = read_items(args.items, item_columns(args)) if args.items is not None else None
+        arriving = arrivals_for(rows, args.world, table, args.static_catalog)
+    report = asyncio.run(
+        replay(
+            args.url,
+            rows,
+            args.k,
+            not args.no_events,
+            token=os.environ.get(TOKEN_VARIABLE),
+            arriving=arriving,
+            admin_token=os.environ.get(ADMIN_TOKEN_VARIABLE),
+        )
+    )
+    if arriving is not None:
+        report |= {"static_catalog": args.static_catalog, "new_items": len(arriving.new)}
+        report["new_items_without_a_known_category"] = len(arriving.unplaced)
     print(json.dumps(report, indent=2))
 
 
@@ -158,4 +219,18 @@ def register(commands: Commands) -> None:
     replayed.add_argument(
         "--no-events", action="store_true", help="the static figure: post nothing"
     )
+    replayed.add_argument(
+        "--world",
+        type=Path,
+        default=None,
+        help="the served world's folder: items the log names that it lacks are put into the "
+        "catalog (POST /catalog/items, with RECSYS_ADMIN_TOKEN from the environment if set) "
+        "just before their first row, and their hits reported apart",
+    )
+    replayed.add_argument(
+        "--static-catalog",
+        action="store_true",
+        help="with --world: put no item; the figure of a catalog frozen at the build",
+    )
+    add_item_table_flags(replayed)
     replayed.set_defaults(run=_run)

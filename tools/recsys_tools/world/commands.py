@@ -50,15 +50,7 @@ def _build_world(args: argparse.Namespace) -> None:
         interactions=args.interactions,
         columns=log_columns(args),
         items=args.items,
-        item_columns=ItemColumns(
-            item_id=args.item_id_col,
-            category=args.category_col,
-            category_cols=_names(args.category_cols),
-            published=args.published_col,
-            published_format=args.published_format,
-            title=args.title_col,
-            layout=layout_from(args, "items", "--items"),
-        ),
+        item_columns=item_columns(args),
         item_features=args.item_features,
         compare_inputs=args.compare_inputs,
         keep_holdout=args.keep_holdout,
@@ -71,6 +63,19 @@ def _build_world(args: argparse.Namespace) -> None:
     print(_evaluation_table(report))
     print(_inputs_table(report["inputs"]))
     print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+
+
+def item_columns(args: argparse.Namespace) -> ItemColumns:
+    """The item table's columns, as add_item_table_flags' flags say."""
+    return ItemColumns(
+        item_id=args.item_id_col,
+        category=args.category_col,
+        category_cols=_names(args.category_cols),
+        published=args.published_col,
+        published_format=args.published_format,
+        title=args.title_col,
+        layout=layout_from(args, "items", "--items"),
+    )
 
 
 def log_columns(args: argparse.Namespace) -> LogColumns:
@@ -283,7 +288,7 @@ def _add_build_world(
         help="the log: CSV, TSV or Parquet, gzipped or not (any name with --interactions-format)",
     )
     add_log_flags(built)
-    _add_item_table_flags(built)
+    add_item_table_flags(built)
     built.add_argument(
         "--item-features",
         choices=ITEM_FEATURES,
@@ -322,7 +327,7 @@ def _add_build_world(
     built.set_defaults(run=_build_world)
 
 
-def _add_item_table_flags(built: argparse.ArgumentParser) -> None:
+def add_item_table_flags(built: argparse.ArgumentParser) -> None:
     """The item table build-world may read beside the log, and its columns."""
     built.add_argument(
         "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"

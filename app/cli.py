@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -133,7 +134,19 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Requests run concurrently in a worker; a BLAS thread pool inside one request's products
+# only contends with them (measured: 8-12% more API CPU a request with a tenth of the
+# catalog added online, none on a world without). Set before numpy first loads OpenBLAS,
+# which reads it once; an operator's own value wins.
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
+
+
+def limit_blas_threads(environ: MutableMapping[str, str]) -> None:
+    environ.setdefault(BLAS_THREADS, "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    limit_blas_threads(os.environ)
     configure_logging()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="recsys-serve", description=__doc__)

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from recsys_tools.demo import local_stack, stack_options
+from recsys_tools.demo import StackOptions, local_stack, stack_options
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.release.catalog import ITEMS_FILE
@@ -110,7 +110,9 @@ def measure(
     with ExitStack() as stack:
         apis: dict[str, ApiProcess] = {}
         for name, world in (("offline", whole), ("added_online", part)):
-            options = stack_options(world)
+            # Two stacks at once: each its own model repository and servers' files.
+            template = stack_options(world).model_template
+            options = StackOptions(world, template, folder.resolve() / f"run-{name}")
             running = stack.enter_context(local_stack(options))
             log_path = options.run_dir / f"api-{name}.log"
             apis[name] = stack.enter_context(

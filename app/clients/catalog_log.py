@@ -29,9 +29,10 @@ from app.release.keyspace import KeySpace
 
 READ_BATCHES = 500
 
-# KEYS: positions hash, seq, log. ARGV: base, capacity, body, then (id, known position)
-# for each put and each withdrawal in order; a known position is -1 where the caller does
-# not know the item (not a world item). The number of puts is ARGV[4].
+# KEYS: positions hash, seq, log, the seq of the last batch that withdrew. ARGV: base,
+# capacity, body, the number of puts, then (id, known position) for each put and each
+# withdrawal in order; a known position is -1 where the caller does not know the item (not
+# a world item).
 _ACCEPT = """
 local base = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
@@ -68,6 +69,9 @@ for id, position in pairs(fresh) do
   redis.call('HSET', KEYS[1], id, position)
 end
 local seq = redis.call('INCR', KEYS[2])
+if n > puts then
+  redis.call('SET', KEYS[4], seq)
+end
 local joined = table.concat(positions, ',')
 redis.call('XADD', KEYS[3], '*', 'seq', seq, 'body', ARGV[3], 'positions', joined)
 return {'ok', tostring(seq), joined}
@@ -91,6 +95,7 @@ class CatalogLog:
         self._client = client
         self._positions = keys.catalog(world_id, "positions")
         self._seq = keys.catalog(world_id, "seq")
+        self._withdrawn_seq = keys.catalog(world_id, "withdrawn_seq")
         self._log = keys.catalog(world_id, "log")
         self._item = keys.item
         self._accept = client.register_script(_ACCEPT)
@@ -98,6 +103,12 @@ class CatalogLog:
     @property
     def seq_key(self) -> str:
         return self._seq
+
+    @property
+    def withdrawn_seq_key(self) -> str:
+        """The number of the last batch that withdrew an item: what a request must have
+        applied before it answers (an addition may reach it a moment later)."""
+        return self._withdrawn_seq
 
     async def append(
         self,
@@ -124,7 +135,7 @@ class CatalogLog:
             changed: list[ItemChange | Withdrawal] = [*puts, *withdrawals]
             for change in changed:
                 args += [change.item_id, change.position]
-            keys = [self._positions, self._seq, self._log]
+            keys = [self._positions, self._seq, self._log, self._withdrawn_seq]
             answer = await self._accept(keys=keys, args=args)
         outcome, *rest = [as_text(part) for part in cast(list[Any], answer)]
         if outcome == "full":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -38,13 +37,31 @@ def exposure_keys(keys: KeySpace, world_id: str) -> tuple[str, str]:
     return keys.catalog(world_id, "shown"), keys.catalog(world_id, "chosen")
 
 
+def _grown(counts: Counts, rows: int) -> Counts:
+    grown = np.zeros(rows, dtype=np.float64)
+    grown[: len(counts)] = counts
+    return grown
+
+
 def _by_position(raw: dict[bytes, bytes], rows: int) -> Counts:
     counts = np.zeros(rows, dtype=np.float64)
-    for field, value in raw.items():
-        position = int(field)
-        if 0 <= position < rows:
-            counts[position] = float(value)
+    if not raw:
+        return counts
+    positions = np.fromiter(map(int, raw.keys()), dtype=np.int64, count=len(raw))
+    values = np.fromiter(map(float, raw.values()), dtype=np.float64, count=len(raw))
+    inside = (positions >= 0) & (positions < rows)
+    counts[positions[inside]] = values[inside]
     return counts
+
+
+# Every (position, showings) pair of a flush raised in one call: a pipeline of thousands of
+# HINCRBYs costs the event loop far more than the script's loop costs Redis.
+_RAISE = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+return 0
+"""
 
 
 class Exposure:
@@ -56,7 +73,8 @@ class Exposure:
         self._client = client
         self._shown_key, self._chosen_key = exposure_keys(keys, world_id)
         self._rows = rows
-        self._unwritten: Counter[int] = Counter()
+        self._raise = client.register_script(_RAISE)
+        self._unwritten: Counts = _NONE  # showings by position, not yet written
         self.shown: Counts = _NONE
         self.chosen: Counts = _NONE
 
@@ -68,24 +86,28 @@ class Exposure:
         return np.where(inside, shown[at], 0.0), np.where(inside, chosen[at], 0.0)
 
     def showed(self, positions: Positions) -> None:
-        """Count one showing of each of `positions`, to be written with the next flush, and
-        seen by this process's next answers already (the next read holds it, flushed)."""
-        self._unwritten.update(positions.tolist())
-        np.add.at(self.shown, positions[positions < len(self.shown)], 1.0)
+        """Count one showing of each of `positions` (distinct: one answer's), to be written
+        with the next flush, and seen by this process's next answers already (the next
+        read holds it, flushed)."""
+        if len(self._unwritten) < self._rows():
+            self._unwritten = _grown(self._unwritten, self._rows())
+        self._unwritten[positions] += 1.0
+        known = positions[positions < len(self.shown)]
+        self.shown[known] += 1.0
 
     async def flush(self, timeout_s: float) -> None:
-        if not self._unwritten:
+        written = np.flatnonzero(self._unwritten)
+        if not len(written):
             return
-        pending, self._unwritten = self._unwritten, Counter()
-        pipe: Any = self._client.pipeline(transaction=False)
-        for position, times in pending.items():
-            pipe.hincrby(self._shown_key, str(position), times)
+        times = self._unwritten[written]
+        self._unwritten[written] = 0.0
+        pairs = np.column_stack([written, times.astype(np.int64)]).ravel().tolist()
         try:
             async with asyncio.timeout(timeout_s):
-                await pipe.execute()
+                await self._raise(keys=[self._shown_key], args=pairs)
         except (redis_errors.RedisError, OSError, TimeoutError) as exc:
             failures.warning("write", "showings not written, kept for the next try: %s", exc)
-            self._unwritten.update(pending)
+            self._unwritten[written] += times
 
     async def refresh(self, timeout_s: float) -> None:
         pipe: Any = self._client.pipeline(transaction=False)

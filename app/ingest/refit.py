@@ -72,7 +72,14 @@ class ItemRefits:
                 pipe.rpush(key, vector)
                 pipe.ltrim(key, -KEPT_CHOOSERS, -1)
             lengths = cast(list[int], (await pipe.execute())[0::2])
-        due = sorted({p for (p, _), n in zip(noted, lengths, strict=True) if refit_due(n)})
+        room = arrivals.room
+        due = sorted(
+            {
+                p
+                for (p, _), n in zip(noted, lengths, strict=True)
+                if refit_due(n) and not room.withdrawn[p]
+            }
+        )
         refitted = 0
         for position in due:
             refitted += await self._refit(world, arrivals, step, position)
@@ -106,7 +113,8 @@ class ItemRefits:
 
 
 def _again(room: CatalogRoom, position: int, k: int, vector: FloatArray) -> ItemChange:
-    """The item as last put, with `vector` for its embedding."""
+    """The item as last put, with `vector` for its embedding: a vector-only change, which
+    never brings back an item withdrawn since."""
     words = room.attributes.get(position, {})
     blob = room.blobs[position - room.base]
     return ItemChange(
@@ -118,4 +126,5 @@ def _again(room: CatalogRoom, position: int, k: int, vector: FloatArray) -> Item
         published_at=int(room.published_at[position]),
         dense=tuple(float(v) for v in blob[k:]),
         embedding=tuple(float(v) for v in vector),
+        vector_only=True,
     )

@@ -1,8 +1,9 @@
 """This process's catalog kept at the change log's head (app.clients.catalog_log).
 
 At start-up the whole log is replayed; then a task reads what was appended every
-`every_s`, and a request that finds the log ahead of its catalog (the features stage reads
-the log's number with the user) waits for the rest first. Each read applies its batches to
+`every_s`, and a request that finds a withdrawal in the log past its catalog (the features
+stage reads the number of the last batch that withdrew with the user) waits for the rest
+first. Each read applies its batches to
 the catalog's room (app.release.arrivals) and swaps the artifacts for ones that see them.
 """
 

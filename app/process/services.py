@@ -399,7 +399,7 @@ async def start_services(
             settings.startup_timeout_s,
         )
         if following is not None:
-            store.catalog_seq_key = following[0].seq_key
+            store.catalog_seq_key = following[0].withdrawn_seq_key
         shadow = ShadowCalls(
             model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight
         )

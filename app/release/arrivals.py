@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Positions
+from app.release.added_cells import AddedCells
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -42,6 +43,9 @@ class ItemChange:
     dense: tuple[float, ...]
     embedding: tuple[float, ...]
     guessed: bool = False  # the embedding is the world's guess, not the caller's
+    # Only the vector changes (the consumer's refit): nothing else of the item, nor whether
+    # it is withdrawn, is touched.
+    vector_only: bool = False
 
     def blob(self) -> FloatArray:
         """The item's feature blob, in the schema's item layout: its vector, then its dense
@@ -78,6 +82,7 @@ def encode_changes(puts: Sequence[ItemChange], withdrawals: Sequence[Withdrawal]
                 list(c.dense),
                 list(c.embedding),
                 c.guessed,
+                c.vector_only,
             ]
             for c in puts
         ],
@@ -100,6 +105,7 @@ def decode_changes(seq: int, body: str, positions: Sequence[int]) -> ChangeBatch
             dense=tuple(float(v) for v in row[5]),
             embedding=tuple(float(v) for v in row[6]),
             guessed=bool(row[7]),
+            vector_only=len(row) > 8 and bool(row[8]),
         )
         for i, row in enumerate(raw["puts"])
     )
@@ -134,6 +140,9 @@ class CatalogRoom:
     ids: list[str] = field(default_factory=list)  # the added items', by position - base
     positions: dict[str, int] = field(default_factory=dict)  # added id -> position
     attributes: dict[int, dict[str, str]] = field(default_factory=dict)  # put items' words
+    # The added items filed under the world index's cells (app.release.added_cells); None:
+    # an index without cells, whose added items are scanned whole.
+    cells: AddedCells | None = None
     size: int = 0  # base + the rows up to the last added item
     seq: int = 0  # the last batch applied
     withdrawals: int = 0
@@ -145,6 +154,11 @@ class CatalogRoom:
     @property
     def added(self) -> int:
         return len(self.positions)
+
+    @property
+    def all_live(self) -> bool:
+        """Every row past the world's, up to `size`, holds an item not withdrawn."""
+        return self.withdrawals == 0 and self.added == self.size - self.base
 
     def id_at(self, position: int) -> str:
         index = position - self.base
@@ -163,6 +177,9 @@ class CatalogRoom:
                 )
         for change in batch.puts:
             self._put(change)
+        filed = np.array([c.position for c in batch.puts if c.position >= self.base], np.int64)
+        if self.cells is not None and len(filed):
+            self.cells.file(filed, self.vectors[filed])
         for withdrawal in batch.withdrawals:
             self.withdrawn[withdrawal.position] = True
             self.withdrawals += 1
@@ -170,6 +187,12 @@ class CatalogRoom:
 
     def _put(self, change: ItemChange) -> None:
         p = change.position
+        if change.vector_only:
+            if self.present[p]:
+                self.vectors[p] = change.embedding
+                if p >= self.base:
+                    self.blobs[p - self.base, : len(change.embedding)] = change.embedding
+            return
         self.categories[p] = change.category
         self.published_at[p] = change.published_at
         self.vectors[p] = change.embedding

@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
+from app.release.added_cells import added_cells
 from app.release.arrivals import CatalogRoom, make_room
 from app.release.attributes import ItemAttributes, load_attributes
 from app.release.item_prior import ItemPrior, load_item_prior
@@ -137,6 +138,7 @@ def with_room(catalog: Catalog, capacity: int, blob_width: int) -> Catalog:
         capacity,
         blob_width,
     )
+    room.cells = added_cells(catalog.index, room.rows)
     return in_room(catalog, room)
 
 

@@ -5,6 +5,7 @@ process started later replays the log into the same catalog, and bad changes app
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import math
 import time
@@ -14,7 +15,9 @@ from typing import Any, cast
 import httpx
 import numpy as np
 import redis
+from recsys_tools.cli import main as recsys_main
 from recsys_tools.localstack import ManagedProcess, start_ingest
+from recsys_tools.world.read.items import ItemColumns, read_items
 
 from app.clients.feature_store import decode_seen
 from app.ingest.world import item_step_of
@@ -302,3 +305,40 @@ def _last_embedding(client: redis.Redis, log: str) -> np.ndarray:
     [(_, fields)] = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrevrange(log, count=1))
     body = json.loads(fields[b"body"])
     return np.asarray(body["puts"][0][6], dtype=np.float32)
+
+
+async def test_the_catalog_as_served_is_exported_for_the_next_build(
+    stack: Stack, loaded_redis: str, tmp_path: Path
+) -> None:
+    async with serving(stack.settings(redis_url=loaded_redis)) as api:
+        categories = await _categories(api, (await _answer(api))[0])
+        item = {"item_id": "kept-1", "title": "Kept", "categories": categories}
+        assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
+        gone = await api.post("/catalog/withdrawals", json={"item_ids": ["i0"]})
+        assert gone.status_code == 200
+    out = tmp_path / "items-now.csv"
+    assert (
+        recsys_main(
+            [
+                "export-catalog",
+                "--world",
+                str(stack.world),
+                "--redis-url",
+                loaded_redis,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    with out.open() as handle:
+        rows = {row["item_id"]: row for row in csv.DictReader(handle)}
+    assert len(rows) == SMALL_WORLD.items  # the world's, one withdrawn, one added
+    assert "i0" not in rows
+    assert rows["kept-1"]["title"] == "Kept"
+    assert rows["kept-1"]["categories"] == "|".join(categories)
+    # The next build reads it as its item table.
+    read = read_items(
+        out, ItemColumns(category="categories", title="title", published="published_at")
+    )
+    assert "kept-1" in read.ids.tolist()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 
+from app.release.added_cells import added_cells
 from app.release.arrivals import (
     CatalogRoom,
     ChangeBatch,
@@ -55,3 +57,38 @@ def test_a_batch_past_the_room_changes_nothing() -> None:
     assert room.size == 4
     assert room.seq == 0
     assert not room.present[4]
+
+
+def test_a_refit_changes_the_vector_only_and_never_brings_back_a_withdrawn_item() -> None:
+    room = _room()
+    room.apply(ChangeBatch(1, (_put("n1", 4),), ()))
+    room.apply(ChangeBatch(2, (), (Withdrawal("n1", 4),)))
+    refit = ItemChange("n1", 4, "", (), 0, 0, (), (5.0, 6.0), vector_only=True)
+    batch = decode_changes(3, encode_changes([refit], []), [4])
+    assert batch.puts[0].vector_only
+    room.apply(batch)
+    assert room.withdrawn[4]
+    np.testing.assert_array_equal(room.vectors[4], [5.0, 6.0])
+    np.testing.assert_array_equal(room.blobs[0], [5.0, 6.0, 0.5])  # its dense kept
+    assert room.attributes[4]["title"] == "t"
+    assert not room.all_live
+
+
+def test_added_items_are_filed_under_the_world_index_cells_and_searched_there() -> None:
+    rng = np.random.default_rng(0)
+    world = np.concatenate(
+        [rng.normal(size=(50, 2)) + centre for centre in ((10, 0), (-10, 0), (0, 10), (0, -10))]
+    ).astype(np.float32)
+    quantizer = faiss.IndexFlatIP(2)
+    index = faiss.IndexIVFFlat(quantizer, 2, 4, faiss.METRIC_INNER_PRODUCT)
+    index.train(world)
+    index.add(world)
+    index.nprobe = 1
+    cells = added_cells(index, rows=210)
+    assert cells is not None
+    added = np.array([[9.0, 1.0], [-9.0, 1.0], [11.0, -1.0]], dtype=np.float32)
+    cells.file(np.array([200, 201, 202]), added)
+    assert cells.cell[200] == cells.cell[202] != cells.cell[201]
+    # A query towards +x probes the +x cell only: the two added items filed there.
+    assert sorted(cells.probed(np.array([1.0, 0.0], np.float32), 200, 203).tolist()) == [200, 202]
+    assert added_cells(faiss.IndexFlatIP(2), rows=10) is None  # no cells: scanned whole

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 import app.core.settings as settings_module
-from app.cli import serve
+from app.cli import limit_blas_threads, serve
 from app.core.errors import ConfigError
 from app.core.settings import Settings, load_settings
 
@@ -59,3 +59,12 @@ def test_secrets_come_from_files_and_never_into_an_error(
         load_settings()
     assert "RECSYS_ADMIN_TOKEN" in str(refused.value)
     assert "short-secret" not in str(refused.value)
+
+
+def test_the_server_keeps_blas_to_one_thread_unless_told_otherwise() -> None:
+    environ: dict[str, str] = {}
+    limit_blas_threads(environ)
+    assert environ == {"OPENBLAS_NUM_THREADS": "1"}
+    mine = {"OPENBLAS_NUM_THREADS": "4"}
+    limit_blas_threads(mine)
+    assert mine == {"OPENBLAS_NUM_THREADS": "4"}

@@ -10,7 +10,17 @@ import logging
 
 from app.core.errors import RecsysError
 from app.core.log_setup import configure_logging
-from recsys_tools import callers, doctor, outcomes, plan, replay, served, serving, tune
+from recsys_tools import (
+    callers,
+    catalog_export,
+    doctor,
+    outcomes,
+    plan,
+    replay,
+    served,
+    serving,
+    tune,
+)
 from recsys_tools.commands import Register
 from recsys_tools.model import command as model
 from recsys_tools.world import commands as world
@@ -29,6 +39,7 @@ GROUPS: tuple[Register, ...] = (
     outcomes.register,
     served.register,
     callers.register,
+    catalog_export.register,
 )
 
 

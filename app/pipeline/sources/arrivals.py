@@ -20,19 +20,36 @@ from app.release.catalog import Catalog
 def nearest_added(
     catalog: Catalog, vector: npt.NDArray[np.float32], count: int, so_far: Positions
 ) -> Positions:
-    """At most `count` added items that `so_far` lacks, nearest `vector` first."""
+    """At most `count` added items that `so_far` lacks, nearest `vector` first.
+
+    Where the world's index has cells, only the added items filed under the cells `vector`
+    probes are scored, as the index scans its own (app.release.added_cells); else every
+    added row, contiguous past the world's, in one product over a view of them."""
     room = catalog.room
-    if room is None or count <= 0 or catalog.vectors is None:
+    base, size = catalog.world_size, catalog.size
+    if room is None or count <= 0 or catalog.vectors is None or size <= base:
         return so_far[:0]
-    live = room.live(catalog.world_size, catalog.size)
-    if len(so_far):
-        live = live[~member_mask(live, so_far)]
-    if len(live) <= count:
-        return live
-    scores = catalog.vectors[live] @ vector
-    best = np.argpartition(-scores, count - 1)[:count]
-    chosen: Positions = live[best[np.argsort(-scores[best], kind="stable")]]
-    return chosen
+    if room.cells is not None:
+        positions = room.cells.probed(vector, base, size)
+    else:
+        positions = np.arange(base, size, dtype=np.int64)
+    if not room.all_live:
+        positions = positions[room.present[positions] & ~room.withdrawn[positions]]
+    taken = so_far[so_far >= base]
+    wanted = min(count + len(taken), len(positions))
+    if wanted <= 0:
+        return so_far[:0]
+    scores = (
+        catalog.vectors[positions] @ vector
+        if room.cells is not None
+        else (catalog.vectors[base:size] @ vector)[positions - base]
+    )
+    cut = len(scores) - wanted
+    best = np.argpartition(scores, cut)[cut:] if cut > 0 else np.arange(len(scores))
+    found: Positions = positions[best[np.argsort(-scores[best], kind="stable")]]
+    if len(taken):
+        found = found[~member_mask(found, taken)]
+    return found[:count]
 
 
 class ArrivalsSource:

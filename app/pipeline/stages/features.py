@@ -70,8 +70,9 @@ class UserFeatureHydrator:
         return encode_context(schema, moment.device, moment.page, moment.locale, hour, weekday)
 
     async def _follow_catalog(self, catalog: CatalogHead, seq: int, ctx: RequestContext) -> None:
-        """Answer from a catalog holding every change acknowledged before the request:
-        a withdrawn item is never served after its acknowledgement."""
+        """Answer from a catalog holding every withdrawal acknowledged before the request:
+        a withdrawn item is never served after its acknowledgement (`seq`: the last batch
+        that withdrew)."""
         try:
             ctx.artifacts = await catalog.at_least(seq, ctx.time_for(self._timeout_s))
         except FeatureStoreError as exc:

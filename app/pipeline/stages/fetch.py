@@ -63,17 +63,18 @@ class HeldItemHydrator:
 
 
 def _held_rows(positions: Positions, matrix: ItemMatrix, room: CatalogRoom) -> HydratedCandidates:
-    """The world items' rows from the matrix, the added ones' from the room."""
-    added = positions >= room.base
-    usable = np.zeros(len(positions), dtype=bool)
-    usable[~added] = matrix.usable[positions[~added]]
+    """The world items' rows from the matrix, the added ones' from the room: one take of
+    both (an added position takes a world row first, then its own over it)."""
+    base = room.base
+    added = np.flatnonzero(positions >= base)
+    world_rows = np.minimum(positions, base - 1)
+    usable = np.take(matrix.usable, world_rows)
     usable[added] = room.present[positions[added]]
     found = np.flatnonzero(usable)
     chosen = positions[found]
-    rows = np.empty((len(found), matrix.blobs.shape[1]), dtype=np.float32)
-    mine = chosen >= room.base
-    rows[~mine] = matrix.blobs[chosen[~mine]]
-    rows[mine] = room.blobs[chosen[mine] - room.base]
+    rows = np.take(matrix.blobs, np.minimum(chosen, base - 1), axis=0)
+    mine = np.flatnonzero(chosen >= base)
+    rows[mine] = room.blobs[chosen[mine] - base]
     return HydratedCandidates(positions, found, rows)
 
 

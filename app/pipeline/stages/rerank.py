@@ -99,8 +99,13 @@ class Reranker:
         (no exposure counts, exploration off, or no item added while serving)."""
         if self._exposure is None or rule.slots == 0 or catalog.size == catalog.world_size:
             return None
-        shown, chosen = self._exposure.counts(positions)
-        newcomer = (positions >= catalog.world_size) & (shown < rule.max_shown)
+        added = np.flatnonzero(positions >= catalog.world_size)
+        if not len(added):
+            return None
+        shown, chosen = np.zeros(len(positions)), np.zeros(len(positions))
+        shown[added], chosen[added] = self._exposure.counts(positions[added])
+        newcomer = np.zeros(len(positions), dtype=bool)
+        newcomer[added] = shown[added] < rule.max_shown
         if catalog.room is not None and catalog.room.withdrawals:
             newcomer &= ~catalog.room.withdrawn[positions]
         return Exploring(newcomer, shown, chosen, rule, self._draw)

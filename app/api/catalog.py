@@ -1,10 +1,11 @@
 """/catalog: items put into the catalog while serving, and withdrawn from it.
 
 Callers hold RECSYS_ADMIN_TOKEN (with none configured, loopback only). A change is
-acknowledged once the catalog's change log holds it: every process applies it within
-RECSYS_CATALOG_FOLLOW_MS, and any request that begins after the acknowledgement reads the
-log's number with the user's features and applies what it lacks first, so a withdrawn item
-is in no answer from then on (app.clients.catalog_log, app.process.catalog_follower).
+acknowledged once the catalog's change log holds it and this process applied it: every
+other process applies it within RECSYS_CATALOG_FOLLOW_MS, and any request that begins after
+a withdrawal's acknowledgement reads the number of the last batch that withdrew with the
+user's features and applies what it lacks first, so a withdrawn item is in no answer from
+then on (app.clients.catalog_log, app.process.catalog_follower).
 """
 
 from __future__ import annotations

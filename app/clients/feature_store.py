@@ -90,7 +90,8 @@ class UserRecord:
     seen: Positions
     seen_whole: bool = True
     recent: Positions = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    # The catalog change log's last batch number, read with the user (0: none, or not read).
+    # The number of the change log's last batch that withdrew, read with the user (0: none,
+    # or not read): a request applies the log up to it before it answers.
     catalog_seq: int = 0
 
 

@@ -30,8 +30,8 @@ from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from app.release.catalog import ITEMS_FILE
 from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.schema import load_schema
-from loadtest.cpu import tree_cpu_seconds
-from loadtest.openloop import Load, demo_bodies, run, summarize
+from loadtest.compare_checkouts import api_cpu_ms
+from loadtest.openloop import Load, demo_bodies, run
 from loadtest.record import record
 from loadtest.service import ApiProcess, api_on
 
@@ -80,13 +80,6 @@ def _add(api: ApiProcess, items: list[dict[str, Any]]) -> None:
             put.raise_for_status()
 
 
-async def _cpu_ms(api: ApiProcess, bodies: list[bytes], rate: float, duration_s: float) -> float:
-    before = tree_cpu_seconds(api.pid)
-    result = await run(Load(f"{api.url}/recommend", bodies), rate, duration_s)
-    used = tree_cpu_seconds(api.pid) - before
-    return used * 1000.0 / max(summarize(result).ok, 1)
-
-
 async def _rounds(
     apis: dict[str, ApiProcess], rate: float, duration_s: float, rounds: int
 ) -> dict[str, list[float]]:
@@ -97,7 +90,7 @@ async def _rounds(
     for number in range(rounds):
         turns = list(apis) if number % 2 == 0 else list(reversed(apis))
         for name in turns:
-            figures[name].append(round(await _cpu_ms(apis[name], bodies, rate, duration_s), 3))
+            figures[name].append(round(await api_cpu_ms(apis[name], bodies, rate, duration_s), 3))
     return figures
 
 

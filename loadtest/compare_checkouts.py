@@ -42,7 +42,8 @@ def _start(stack: LocalStack, checkout: Path, log_path: Path) -> ApiProcess:
     return api
 
 
-async def _cpu_ms(api: ApiProcess, bodies: list[bytes], rate: float, duration_s: float) -> float:
+async def api_cpu_ms(api: ApiProcess, bodies: list[bytes], rate: float, duration_s: float) -> float:
+    """The API process's CPU milliseconds per answered request over one open-loop turn."""
     before = tree_cpu_seconds(api.pid)
     result = await run(Load(f"{api.url}/recommend", bodies), rate, duration_s)
     used = tree_cpu_seconds(api.pid) - before
@@ -68,7 +69,9 @@ async def one_order(
         for round_number in range(rounds):
             turns = list(apis) if round_number % 2 == 0 else list(reversed(apis))
             for name in turns:
-                figures[name].append(round(await _cpu_ms(apis[name], bodies, rate, duration_s), 3))
+                figures[name].append(
+                    round(await api_cpu_ms(apis[name], bodies, rate, duration_s), 3)
+                )
     finally:
         for api in apis.values():
             api.stop()

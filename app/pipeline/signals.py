@@ -19,6 +19,20 @@ SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_cat
 WEIGHED = 3
 
 
+def scores_at(
+    positions: Positions, scored: Positions, scores: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """Each of `positions`' score among (`scored`, `scores`), 0 where it has none."""
+    found = np.zeros(len(positions), dtype=np.float32)
+    if not len(scored) or not len(positions):
+        return found
+    order = np.argsort(scored)
+    at = np.minimum(np.searchsorted(scored, positions, sorter=order), len(scored) - 1)
+    hit = scored[order[at]] == positions
+    found[hit] = scores[order[at[hit]]]
+    return found
+
+
 def prerank_signals(
     positions: Positions,
     user_vector: npt.NDArray[np.float32],
@@ -41,13 +55,7 @@ def prerank_signals(
     signals[:, 0] = candidate @ user_vector.astype(np.float32)
     if not len(recent):
         return signals
-    near, score = nearby.items, nearby.scores
-    if len(near):
-        order = np.argsort(near)
-        at = np.searchsorted(near, positions, sorter=order)
-        np.minimum(at, len(near) - 1, out=at)
-        hit = near[order[at]] == positions
-        signals[hit, 1] = score[order[at[hit]]]
+    signals[:, 1] = scores_at(positions, nearby.items, nearby.scores)
     latest = vectors[recent]
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
     taste = (weights @ latest) / weights.sum()

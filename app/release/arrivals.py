@@ -231,11 +231,6 @@ class CatalogRoom:
         found[missing] = np.where(added < below, added, -1)
         return found
 
-    def live(self, start: int, stop: int) -> Positions:
-        """The positions in [start, stop) that hold an item not withdrawn."""
-        span = self.present[start:stop] & ~self.withdrawn[start:stop]
-        return np.flatnonzero(span).astype(np.int64) + start
-
 
 def make_room(
     categories: npt.NDArray[np.int64],

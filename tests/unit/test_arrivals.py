@@ -43,7 +43,8 @@ def test_a_batch_survives_the_log_and_lands_at_its_positions() -> None:
     np.testing.assert_array_equal(room.blobs[0], [1.0, 2.0, 0.5])
     np.testing.assert_array_equal(room.vectors[2], [1.0, 2.0])  # a world item put again
     assert room.withdrawn[0]
-    np.testing.assert_array_equal(room.live(4, 5), [4])
+    assert room.present[4]
+    assert not room.withdrawn[4]
     found = room.known(np.array([-1, 3, -1]), ["n1", "i3", "nobody"], below=5)
     np.testing.assert_array_equal(found, [4, 3, -1])
     # A catalog taken before the item was applied does not know it.

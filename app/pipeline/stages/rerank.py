@@ -15,6 +15,7 @@ from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.selectors.rerank import rerank
 from app.pipeline.selectors.selecting import Exploring, Selection
+from app.pipeline.signals import scores_at
 from app.pipeline.trace import Trace, model_order
 from app.pipeline.types import Ranked, RankedItem, Recommendation, Scored
 from app.release.catalog import Catalog
@@ -121,15 +122,7 @@ def _with_viewed(
         return None
     near, similarity = neighbours.positions[viewed], neighbours.similarity[viewed]
     valid = near >= 0
-    near, similarity = near[valid], similarity[valid]
-    found = np.zeros(len(positions), dtype=np.float32)
-    if not len(near) or not len(positions):
-        return found
-    order = np.argsort(near)
-    at = np.minimum(np.searchsorted(near, positions, sorter=order), len(near) - 1)
-    hit = near[order[at]] == positions
-    found[hit] = similarity[order[at[hit]]]
-    return found
+    return scores_at(positions, near[valid].astype(np.int64), similarity[valid])
 
 
 def _reranked(trace: Trace, ranked: Ranked, selection: Selection, catalog: Catalog) -> None:

@@ -119,7 +119,8 @@ def _state(
     positives, positives_whole = decode_seen(positives_raw)
     if not (seen_whole and positives_whole):
         return "a seen list or positives list is torn (not whole uint32 positions)"
-    if (seen >= world.size).any() or (positives >= world.size).any():
+    bound = world.catalog_size
+    if (seen >= bound).any() or (positives >= bound).any():
         return "a stored list names positions past the catalog"
     blob = None
     if blob_raw is not None:

@@ -46,7 +46,14 @@ class IngestWorld:
 
     @property
     def size(self) -> int:
+        """The world's items: an added item's position is at least this."""
         return len(self.item_ids)
+
+    @property
+    def catalog_size(self) -> int:
+        """The world's items and those added up to the last change read: a stored list may
+        name any position below it."""
+        return self.size if self.arrivals is None else self.arrivals.room.size
 
     @property
     def blob_width(self) -> int:

@@ -209,33 +209,40 @@ async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
         assert (await api.post("/catalog/items", json={"items": [good]})).status_code == 401
 
 
-async def test_a_click_on_an_added_item_is_applied_by_the_consumer(
+async def _seen_holds(client: redis.Redis, position: int, consumer: ManagedProcess) -> None:
+    give_up = time.monotonic() + APPLIED_WITHIN_S
+    while position not in decode_seen(_bytes(client, KEYS.seen(USER)))[0].tolist():
+        assert time.monotonic() < give_up, consumer.log_tail()
+        await asyncio.sleep(0.05)
+
+
+async def test_a_click_on_an_added_item_is_applied_by_the_consumer_and_so_are_the_next(
     stack: Stack, loaded_redis: str, tmp_path: Path
 ) -> None:
+    # The user's stored lists then name a position past the world's: the consumer must still
+    # read them as whole, not set the user's later events aside.
     settings = {"RECSYS_REDIS_URL": loaded_redis, "RECSYS_ARTIFACTS_DIR": str(stack.world)}
     consumer: ManagedProcess = start_ingest(settings, tmp_path / "ingest")
+    client = redis.Redis.from_url(loaded_redis)
+    with np.load(stack.world / ITEMS_FILE) as stored:
+        ids = stored["ids"].astype(str).tolist()
     try:
         async with serving(stack.settings(redis_url=loaded_redis)) as api:
-            categories = await _categories(api, (await _answer(api))[0])
+            top = (await _answer(api))[0]
+            categories = await _categories(api, top)
             item = {"item_id": "clicked-1", "title": "Clicked", "categories": categories}
             assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
-            event = {"event_id": "c1", "user_id": USER, "item_id": "clicked-1", "type": "click"}
-            posted = await api.post("/events", json={"events": [event]})
-            assert posted.status_code == 202, posted.text
-            assert posted.json()["accepted"] == 1
-        client = redis.Redis.from_url(loaded_redis)
-        try:
-            give_up = time.monotonic() + APPLIED_WITHIN_S
-            while True:
-                seen, _ = decode_seen(_bytes(client, KEYS.seen(USER)))
-                if SMALL_WORLD.items in seen.tolist():
-                    break
-                assert time.monotonic() < give_up, consumer.log_tail()
-                await asyncio.sleep(0.05)
-        finally:
-            client.close()
+            for n, chosen in enumerate(("clicked-1", top)):
+                event = {"event_id": f"c{n}", "user_id": USER, "item_id": chosen, "type": "click"}
+                posted = await api.post("/events", json={"events": [event]})
+                assert posted.status_code == 202, posted.text
+                assert posted.json()["accepted"] == 1
+                position = SMALL_WORLD.items if chosen == "clicked-1" else ids.index(top)
+                await _seen_holds(client, position, consumer)
     finally:
+        client.close()
         consumer.stop()
+    assert "set aside" not in consumer.log_tail()
 
 
 async def test_an_added_items_vector_follows_the_users_who_choose_it(

@@ -10,8 +10,9 @@ catalog, on a generated log whose catalog grows and on a public ratings set.
    catalog frozen (`--static-catalog`), once with every item the world lacks put into the
    catalog, with its title and categories, just before its first row. Each run on a fresh
    stack: events and catalog changes stay in Redis;
-3. hit@10 of each, their ratio (the issue's target: 1.2x), and the share of hits on the
-   new items.
+3. hit@10 of each, their ratio (the issue's target: 1.2x), the share of hits on the
+   new items, and the share of positives on new items that no other user had touched
+   before (only the item's attributes can find those: a bound on what arrivals buy).
 
 Logs: generated (recsys_tools.world.generate.arrivals: items come out daily, users choose
 mostly among the new), and with --data, the public movie-ratings set latest-small
@@ -78,6 +79,19 @@ def _items_in(table: Path, id_column: str, ids: set[str], out: Path) -> Path:
     return out
 
 
+def untouched_share(rows: list[Row], new: frozenset[str]) -> float:
+    """Of the positives on new items, the share whose item no other user had a row on
+    before: only its attributes can recall it then, which bounds what arrivals can buy."""
+    users: dict[str, set[str]] = {}
+    on_new = untouched = 0
+    for row in rows:
+        if row.positive and row.item in new:
+            on_new += 1
+            untouched += not (users.get(row.item, set()) - {row.user})
+        users.setdefault(row.item, set()).add(row.user)
+    return round(untouched / on_new, 3) if on_new else 0.0
+
+
 def _replayed(
     world: Path, folder: Path, rows: list[Row], table: Path, item_columns: ItemColumns, static: bool
 ) -> dict[str, Any]:
@@ -118,9 +132,11 @@ def measure(
     static = _replayed(world, folder, rows, table, item_columns, static=True)
     arriving = _replayed(world, folder, rows, table, item_columns, static=False)
     hit = f"hit@{K}"
+    new = arrivals_for(rows, world, None, static_catalog=True).new
     return {
         "log": name,
         "rows_replayed": len(rows),
+        "new_item_positives_untouched": untouched_share(rows, new),
         "static_catalog": static,
         "with_arrivals": arriving,
         "hit_ratio": round(arriving[hit] / static[hit], 3) if static[hit] else None,

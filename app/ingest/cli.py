@@ -123,6 +123,7 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
             limits=_limits(settings),
             refits=ItemRefits(client, keys),
         )
+        await consumer.join()
         log.info(
             "ingesting partitions %s of %d as %s (%d items, fold-in %s)",
             partitions,

@@ -140,9 +140,14 @@ class Consumer:
     def world(self) -> IngestWorld:
         return self._world
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume every owned partition until `stop` is set (a batch in hand is finished)."""
+    async def join(self) -> None:
+        """Make the consumer group on every owned partition (from its first entry): events
+        appended from now on are this consumer's to apply, even before `run` reads them."""
         await self._stream.ensure_groups(self._partitions)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume every owned partition until `stop` is set (a batch in hand is finished);
+        `join` first."""
         tasks = [asyncio.create_task(self._partition(p, stop)) for p in self._partitions]
         try:
             await asyncio.gather(*tasks)

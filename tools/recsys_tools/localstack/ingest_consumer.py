@@ -40,13 +40,19 @@ def start_ingest(
 
 def unapplied(client: redis.Redis, keys: KeySpace, partitions: int) -> int:
     """Entries the consumer group has not acknowledged, over every partition, and one more
-    for each partition with entries still unread (Redis 6 tells no count of those)."""
+    for each partition with entries still unread (Redis 6 tells no count of those). A
+    partition holding entries before a consumer has made its group there is all unread."""
     left = 0
     for partition in range(partitions):
         stream = keys.events(partition)
         if not client.exists(stream):
             continue
-        newest = client.xinfo_stream(stream)["last-generated-id"]
-        for group in client.xinfo_groups(stream):
-            left += int(group["pending"]) + (group["last-delivered-id"] != newest)
+        info = client.xinfo_stream(stream)
+        groups = client.xinfo_groups(stream)
+        if not groups:
+            left += int(info["length"]) > 0
+        for group in groups:
+            left += int(group["pending"]) + (
+                group["last-delivered-id"] != info["last-generated-id"]
+            )
     return left

@@ -15,8 +15,9 @@ FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /var/lib/recsys recsys
 COPY --from=build /wheels /wheels
 # Exactly the wheels built above, nothing from an index. The fallback extra (onnxruntime)
-# ranks in process while Triton cannot answer.
-RUN pip install --no-cache-dir --no-index --find-links /wheels "recsys-serving[fallback]==0.1.0" \
+# ranks in process while Triton cannot answer; the archive extra (pyarrow) is what
+# recsys-archive, run from this image, writes Parquet with.
+RUN pip install --no-cache-dir --no-index --find-links /wheels "recsys-serving[fallback,archive]==0.1.0" \
     && rm -rf /wheels
 USER 10001
 ENV RECSYS_HOST=0.0.0.0 \

@@ -125,6 +125,9 @@ def _background(services: Services, lag: LoopLag) -> list[asyncio.Task[None]]:
     if services.item_memory is not None:
         refreshing = services.item_memory.keep_current(settings.item_refresh_s)
         tasks.append(asyncio.create_task(refreshing, name="item-features"))
+    if services.answers is not None:
+        flushing = services.answers.keep_flushing(settings.answer_log_flush_s)
+        tasks.append(asyncio.create_task(flushing, name="answer-log"))
     return tasks
 
 

@@ -25,6 +25,7 @@ from app.api.models import (
     RecommendRequest,
     RecommendResponse,
 )
+from app.clients.answer_log import Shown
 from app.core.events import new_answer_id
 from app.core.metrics import Outcome
 from app.pipeline.context import RequestContext, caller_shortened
@@ -183,6 +184,22 @@ async def recommend(
     services.events.remember_answer(
         answer_id, result.model.variant.value, services.settings.answer_ttl_s
     )
+    answers = services.answers
+    if answers is not None and answers.wanted():
+        world = services.world
+        answers.shown(
+            Shown(
+                answer_id,
+                int(time.time() * 1000),
+                body.user_id,
+                body.context.page,
+                result.model.variant.value,
+                result.model.version,
+                world.world_id if world is not None else "",
+                bool(ctx.degraded),
+                result.items,
+            )
+        )
     debug = {"timings_ms": ctx.timings_ms} if body.debug else {}
     items = _items(result, artifacts, body.attributes)
     return RecommendResponse(

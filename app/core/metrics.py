@@ -38,6 +38,14 @@ class EventPost(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # no caller's token, or off loopback with none set
 
 
+class AnswerLogged(StrEnum):
+    """What became of an answer offered to the answer log (a metric label: a fixed set)."""
+
+    WRITTEN = "written"
+    DROPPED = "dropped"  # the worker's buffer was full
+    FAILED = "failed"  # Redis did not take the flush that held it
+
+
 class ShadowOutcome(StrEnum):
     SCORED = "scored"
     SKIPPED = "skipped"  # too many shadow calls in flight already: the shadow never queues
@@ -305,6 +313,14 @@ DECLARED: dict[str, Declared] = {
         ("state",),
         mode="livemax",
     ),
+    "answer_log": Declared(
+        Counter,
+        "recsys_answer_log_answers",
+        "Answers offered to the answer log (RECSYS_ANSWER_LOG_SAMPLE of them): written to its "
+        "stream for the archive, dropped (the worker's buffer full), failed (Redis refused "
+        "the flush).",
+        ("result",),
+    ),
     "release_generation": Declared(
         Gauge,
         "recsys_release_generation",
@@ -348,6 +364,7 @@ class ServiceMetrics:
     catalog_added: Gauge
     page_requests: Counter
     slots: Counter
+    answer_log: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -367,6 +384,7 @@ class ServiceMetrics:
         }
         self.answer_count = {v: self.model_answers.labels(v) for v in Variant}
         self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
+        self.answer_log_count = {r: self.answer_log.labels(r) for r in AnswerLogged}
         self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
         self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
         self.event_count = {o: self.events.labels(o) for o in EventOutcome}

@@ -1,7 +1,7 @@
 """Service configuration, read once from RECSYS_* environment variables and validated.
 
-The real-time settings (events, the ingest consumer) are their own class, which this one
-extends: one list of variables, two modules."""
+The real-time settings (events, the ingest consumer) and the archive's are their own classes,
+which this one extends: one list of variables, three modules."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from app.core.archive_settings import ArchiveSettings
 from app.core.errors import ConfigError
-from app.core.realtime_settings import RealtimeSettings, seconds
+from app.core.realtime_settings import seconds
 
 MIN_TOKEN_CHARS = 16
 SECRET_SETTINGS = frozenset({"admin_token", "debug_token", "event_callers", "redis_password"})
@@ -22,7 +23,7 @@ SECRET_SETTINGS = frozenset({"admin_token", "debug_token", "event_callers", "red
 SECRETS_DIR = Path("/run/secrets")
 
 
-class Settings(RealtimeSettings):
+class Settings(ArchiveSettings):
     model_config = SettingsConfigDict(env_prefix="RECSYS_", extra="ignore", frozen=True)
 
     # HTTP

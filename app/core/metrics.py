@@ -321,6 +321,13 @@ DECLARED: dict[str, Declared] = {
         "the flush).",
         ("result",),
     ),
+    "world_age": Declared(
+        Gauge,
+        "recsys_world_age_seconds",
+        "How long ago the world being served was built (from its id), refreshed every "
+        "second; absent for a world built before stamping. What retraining keeps low.",
+        mode="livemax",
+    ),
     "release_generation": Declared(
         Gauge,
         "recsys_release_generation",
@@ -365,6 +372,7 @@ class ServiceMetrics:
     page_requests: Counter
     slots: Counter
     answer_log: Counter
+    world_age: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

@@ -18,12 +18,13 @@ world does not wait for a probe.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from app.core.errors import RankingModelError
 from app.core.vocabulary import RedisWorld
 from app.process.services import Services
 from app.release.schema import signature_mismatches
-from app.release.world import redis_world, same_world
+from app.release.world import built_at, redis_world, same_world
 
 CHECK_TIMEOUT_S = 0.5
 # How often the world Redis holds is read for the gauge: the alert fires minutes later, the
@@ -56,7 +57,14 @@ async def held_world(services: Services) -> RedisWorld:
     answered, found = await services.store.world_state(CHECK_TIMEOUT_S)
     held = redis_world(answered, found, services.world.world_id if services.world else "")
     services.metrics.note_redis_world(held)
+    _note_world_age(services)
     return held
+
+
+def _note_world_age(services: Services) -> None:
+    built = built_at(services.world.world_id) if services.world else None
+    if built is not None:
+        services.metrics.world_age.set(max(0.0, time.time() - built))
 
 
 async def watch_redis_world(services: Services, interval_s: float = WATCH_INTERVAL_S) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from app.core.errors import ConfigError
@@ -49,6 +50,17 @@ WORLD_ID_PARAMETER = "world_id"
 class WorldStamp:
     world_id: str
     digests: dict[str, str]
+
+
+def built_at(world_id: str) -> float | None:
+    """When a world was built, read from its id (the builder's "YYYYMMDD-HHMMSS-tail", UTC);
+    None for an id of another shape."""
+    stamp = world_id[:15]
+    try:
+        moment = datetime.strptime(stamp, "%Y%m%d-%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return moment.timestamp()
 
 
 def file_digest(path: Path) -> str:

@@ -29,7 +29,7 @@ from app.clients.archive_stream import ARCHIVE_GROUP
 from app.clients.event_log import EventLog
 from app.core.events import Event, EventType
 from app.release.keyspace import KeySpace
-from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+from tests.integration.conftest import CONTEXT, Stack, load_redis, metric_samples, serving
 
 KEYS = KeySpace("recsys")
 PARTITIONS = 2
@@ -178,6 +178,9 @@ async def test_answers_are_archived_as_shown_and_clicks_name_them(
                 "answer_id": first["answer_id"],
             }
             assert (await api.post("/events", json={"events": [click]})).status_code == 202
+            exposed = metric_samples((await api.get("/metrics")).text)
+        # The stack's world was built minutes ago: the age its id gives.
+        assert 0.0 <= exposed["recsys_world_age_seconds{}"] < 6 * 3600
         await asyncio.to_thread(_archived, url, archive)
     finally:
         for process in reversed(started):

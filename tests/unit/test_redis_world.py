@@ -13,7 +13,7 @@ from app.core.metrics import ServiceMetrics
 from app.core.vocabulary import RedisWorld
 from app.process.health import watch_redis_world
 from app.process.services import Services
-from app.release.world import redis_world
+from app.release.world import built_at, redis_world
 
 
 @pytest.mark.parametrize(
@@ -63,3 +63,9 @@ async def test_the_watch_stops_even_when_the_client_swallows_its_cancellation() 
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(watch, timeout=2)
     assert metrics.registry.get_sample_value("recsys_redis_world", {"state": "none"}) == 1
+
+
+def test_a_worlds_build_time_is_read_from_its_id() -> None:
+    assert built_at("20261203-193822-1f46a9") == 1_796_326_702.0
+    assert built_at("my-own-world") is None
+    assert built_at("") is None

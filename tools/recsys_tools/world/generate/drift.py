@@ -82,3 +82,69 @@ def write_drift_log(folder: Path, seed: int = 5, shape: DriftShape | None = None
     return DriftLog(
         _write(folder / "history.csv", history), _write(folder / "later.csv", later), since
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DailyShape:
+    """Tastes that drift day by day: each day a user may move to another group."""
+
+    groups: int = 20
+    items_per_group: int = 200
+    users: int = 1000
+    history_days: int = 30
+    later_days: int = 7
+    active_share: float = 0.5  # users who rate something on a given day
+    per_day: int = 2  # items an active user rates that day
+    daily_move: float = 0.12  # chance a user moves to another group, each day
+
+
+@dataclass(frozen=True, slots=True)
+class DailyDrift:
+    """Rows (user_id, item_id, rating, timestamp) by part: the history a world is built from,
+    the later days an archive keeps, and the day after them to judge on."""
+
+    history: list[tuple[str, str, float, int]]
+    later: list[tuple[str, str, float, int]]
+    next_day: list[tuple[str, str, float, int]]
+    next_day_start: int  # its first second
+
+    def write_history(self, path: Path) -> Path:
+        return _write(path, self.history)
+
+
+def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
+    shape = shape or DailyShape()
+    rng = np.random.default_rng(seed)
+    group = rng.integers(shape.groups, size=shape.users)
+    had: list[set[int]] = [set() for _ in range(shape.users)]
+    days: list[list[tuple[str, str, float, int]]] = []
+    total = shape.history_days + shape.later_days + 1
+    for day in range(total):
+        moving = rng.random(shape.users) < shape.daily_move
+        shift = 1 + rng.integers(shape.groups - 1, size=shape.users)
+        group = np.where(moving, (group + shift) % shape.groups, group)
+        rows = []
+        for user in np.flatnonzero(rng.random(shape.users) < shape.active_share).tolist():
+            fresh = [
+                item
+                for item in _pick(rng, int(group[user]), _as_drift(shape), shape.per_day + 2)
+                if item not in had[user]
+            ][: shape.per_day]
+            for item in fresh:
+                had[user].add(item)
+                ts = START + day * DAY + int(rng.integers(DAY))
+                rows.append((f"u{user}", f"i{item}", float(rng.choice([4.0, 5.0])), ts))
+        days.append(sorted(rows, key=lambda row: row[3]))
+    history = [row for day in days[: shape.history_days] for row in day]
+    # Every item rated once in the history, so the catalog holds all of them.
+    for item in range(shape.groups * shape.items_per_group):
+        ts = START + int(rng.integers(shape.history_days * DAY))
+        history.append((f"c{item % 50}", f"i{item}", 3.0, ts))
+    history.sort(key=lambda row: row[3])
+    later = [row for day in days[shape.history_days : -1] for row in day]
+    next_start = START + (total - 1) * DAY
+    return DailyDrift(history, later, days[-1], next_start)
+
+
+def _as_drift(shape: DailyShape) -> DriftShape:
+    return DriftShape(groups=shape.groups, items_per_group=shape.items_per_group)

@@ -1,0 +1,135 @@
+"""`recsys retrain` as the timer runs it: a real process building the next world from a base
+log and an archive, judged against the world serving; accepted, refused, and killed in the
+middle of its build, with the world serving untouched throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from recsys_tools.retrain import CANDIDATE_LINK, STATE_FILE
+from recsys_tools.world.generate.drift import DailyShape, daily_drift
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
+
+from app.release.schema import load_schema
+from app.release.world import read_stamp
+from loadtest.retrain_drift import write_archive
+
+SHAPE = DailyShape(groups=8, items_per_group=40, users=300, history_days=10, later_days=4)
+# Generous: a small build takes seconds here; a slow, busy machine may take far longer.
+STEP_WITHIN_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The base log, the world built from it (serving) and an archive of the days after."""
+    root = tmp_path_factory.mktemp("retrain")
+    drift = daily_drift(3, SHAPE)
+    base = drift.write_history(root / "history.csv")
+    world = root / "serving"
+    recipe = WorldRecipe(
+        interactions=base, columns=LogColumns(weight="rating", min_weight=4.0), network="mlp"
+    )
+    build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
+    write_archive(root / "archive", drift.later)
+    return base, world, root / "archive"
+
+
+def _argv(served: tuple[Path, Path, Path], worlds: Path, *more: str) -> list[str]:
+    base, world, archive = served
+    return [
+        str(Path(sys.executable).parent / "recsys"), "retrain",
+        "--interactions", str(base), "--weight-col", "rating", "--min-weight", "4",
+        "--archive", str(archive), "--serving", str(world), "--worlds", str(worlds),
+        "--network", "mlp", "--metrics-file", str(worlds.parent / "retrain.prom"), *more,
+    ]  # fmt: skip
+
+
+def _digests(world: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(world.iterdir()) if path.is_file()}
+
+
+def test_a_better_world_is_accepted_as_the_candidate(
+    served: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    before = _digests(served[1])
+    worlds = tmp_path / "worlds"
+    done = subprocess.run(_argv(served, worlds), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "accepted" in done.stdout
+    candidate = (worlds / CANDIDATE_LINK).resolve()
+    stamp = read_stamp(candidate)
+    assert stamp is not None
+    assert stamp.world_id == candidate.name
+    report = json.loads((candidate / "retrain.json").read_text())
+    assert report["outcome"] == "accepted"
+    assert report["rows"]["archive"] > 0
+    assert set(report["seconds"]) == {"gather", "split", "build", "evaluate", "decide"}
+    # On tastes that drift, the world that saw the archive's days answers the last one better.
+    assert report["evaluation"]["ratio"] > 1.0
+    assert (
+        'recsys_retrain_last_outcome{outcome="accepted"} 1'
+        in (tmp_path / "retrain.prom").read_text()
+    )
+    assert _digests(served[1]) == before
+    assert not (worlds / STATE_FILE).exists()
+
+
+def test_a_world_worse_than_the_serving_one_is_refused(
+    served: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    worlds = tmp_path / "worlds"
+    # A margin below zero asks for ten times the serving world's hits: refused.
+    argv = _argv(served, worlds, "--margin", "-9")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "refused" in done.stderr
+    assert not (worlds / CANDIDATE_LINK).exists()
+    metrics = (tmp_path / "retrain.prom").read_text()
+    assert 'recsys_retrain_last_outcome{outcome="refused"} 1' in metrics
+
+
+def test_a_retrain_killed_mid_build_leaves_the_serving_world_and_says_where_it_stopped(
+    served: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    before = _digests(served[1])
+    worlds = tmp_path / "worlds"
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log:
+        first = subprocess.Popen(_argv(served, worlds), stdout=log, stderr=log)
+    give_up = time.monotonic() + STEP_WITHIN_S
+    try:
+        while _step(worlds) != "build":
+            assert first.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < give_up, log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside the build
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert not (worlds / CANDIDATE_LINK).exists()
+    assert list(worlds.glob(".building-*"))
+    assert _digests(served[1]) == before
+    again = subprocess.run(_argv(served, worlds), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stopped during its build step" in again.stderr
+    assert not list(worlds.glob(".building-*"))
+    assert (worlds / CANDIDATE_LINK).resolve().is_dir()
+    assert _digests(served[1]) == before
+
+
+def _step(worlds: Path) -> str:
+    try:
+        return str(json.loads((worlds / STATE_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return ""

@@ -1,0 +1,396 @@
+"""`recsys retrain`: the next world, built from the base log and what the archive kept.
+
+One run, each step said as it starts and timed:
+1. gather: the base log, and the archive's events over the window (a rating keeps its value,
+   a click, like or purchase counts as a positive at the log's --min-weight, a dislike below
+   it; impressions are not interactions);
+2. split: the latest day of the two together is held out; the rest is what the world learns;
+3. build: `build-world` on the rest, into a hidden folder of --worlds, renamed to its world id
+   once whole;
+4. evaluate: the new world and the world serving (--serving), each from its own files, asked
+   for the held-out day's users: hit@k, the share of them with one of that day's new
+   positives in their k;
+5. decide: refused when the new world's hit@k is below the serving one's by more than
+   --margin (relative); otherwise accepted: --worlds/candidate points at it, for loading.
+
+Nothing here touches the world serving, its Redis or its model. A run stopped at any step
+(SIGTERM, a crash, a kill) leaves its hidden folder and retrain.state behind; the next run
+says where the last stopped, and clears them. --metrics-file writes the outcome for
+node_exporter's textfile collector (recsys_retrain_last_outcome...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from app.archive.rows import DAY_MS, Kind, day_of
+from app.archive.store import ArchiveStore
+from app.core.atomic_files import write_atomically
+from app.core.errors import ConfigError
+from app.core.events import POSITIVE_RATING
+from app.release.schema import load_schema
+from app.release.world import read_stamp
+from recsys_tools.commands import Commands
+from recsys_tools.world.commands import add_log_flags, log_columns
+from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.ranker.net import NETWORKS
+from recsys_tools.world.read.formats import FileLayout
+from recsys_tools.world.read.log import LogColumns, read_log
+from recsys_tools.world.recipes.from_log import build_world_from_log
+from recsys_tools.world.recipes.recipe import WorldRecipe
+
+log = logging.getLogger("recsys.retrain")
+STATE_FILE = "retrain.state"
+CANDIDATE_LINK = "candidate"
+STEPS = ("gather", "split", "build", "evaluate", "decide")
+DAY_S = 86_400
+# The training log's own columns, whatever the base log's were.
+TRAINING = "training.parquet"
+HELD_OUT = "held-out.parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainPlan:
+    interactions: Path
+    columns: LogColumns
+    archive: str
+    serving: Path
+    worlds: Path
+    window_days: int = 7
+    margin: float = 0.02
+    k: int = 10
+    seed: int = 7
+    network: str = "auto"
+    schema: Path | None = None
+    metrics_file: Path | None = None
+
+
+@dataclass(slots=True)
+class Progress:
+    """Where the run is, written to retrain.state at each step."""
+
+    worlds: Path
+    started: float = field(default_factory=time.time)
+    step: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def save(self, **more: Any) -> None:
+        body = {"step": self.step, "started": self.started, "pid": os.getpid(), **more}
+        write_atomically(self.worlds / STATE_FILE, json.dumps(body).encode())
+
+    @contextmanager
+    def step_in(self, name: str, said: str) -> Iterator[None]:
+        self.step = name
+        self.save()
+        log.info("%s", said)
+        began = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - began, 2)
+
+
+class RetrainRefusedError(ConfigError):
+    """The new world is worse than the one serving by more than the margin."""
+
+
+def archive_rows(store: ArchiveStore, first_day: str, columns: LogColumns) -> pa.Table:
+    """The archive's events from first_day on, as interaction rows (user_id, item_id,
+    timestamp in seconds, weight): what a world learns from."""
+    events = store.read(Kind.EVENTS, first_day)
+    positive = columns.min_weight if columns.min_weight is not None else POSITIVE_RATING
+    kind = events.column("type")
+    value = events.column("value")
+    is_positive = pc.is_in(kind, value_set=pa.array(["click", "like", "purchase"]))
+    weight = pc.if_else(
+        pc.equal(kind, "rating"),
+        value,
+        pc.if_else(is_positive, pa.scalar(positive), pa.scalar(positive - 1.0)),
+    )
+    kept = pc.invert(pc.equal(kind, "impression"))
+    if columns.weight is None:  # a log without weights holds positives only
+        kept = pc.and_(kept, pc.greater_equal(weight, positive))
+    rows = pa.table(
+        {
+            "user_id": events.column("user_id"),
+            "item_id": events.column("item_id"),
+            "timestamp": pc.divide(events.column("ts_ms"), 1000),
+            "weight": pc.cast(weight, pa.float64()),
+        }
+    )
+    return rows.filter(kept)
+
+
+def base_rows(plan: RetrainPlan) -> pa.Table:
+    base = read_log(plan.interactions, plan.columns)
+    weight = base.weight if base.weight is not None else np.ones(len(base.user))
+    return pa.table(
+        {
+            "user_id": pa.array(base.user_ids[base.user].astype(str)),
+            "item_id": pa.array(base.items.ids[base.item].astype(str)),
+            "timestamp": pa.array(base.time.astype(np.int64)),
+            "weight": pa.array(weight.astype(np.float64)),
+        }
+    )
+
+
+def split_latest_day(rows: pa.Table) -> tuple[pa.Table, pa.Table, str]:
+    """The rows before the latest day, that day's rows, and the day."""
+    times = rows.column("timestamp").to_numpy()
+    last = int(times.max()) // DAY_S
+    held = times // DAY_S == last
+    return rows.filter(pa.array(~held)), rows.filter(pa.array(held)), day_of(last * DAY_MS)
+
+
+def hit_at_k(
+    world: Path, history: pa.Table, held_out: pa.Table, k: int, positive: float
+) -> dict[str, Any]:
+    """The share of the held-out day's users with one of that day's new positives (not had
+    before) among the world's k for them, from the world's own files."""
+    had: dict[str, set[str]] = {}
+    for user, item in zip(
+        history.column("user_id").to_pylist(), history.column("item_id").to_pylist(), strict=True
+    ):
+        had.setdefault(user, set()).add(item)
+    wanted: dict[str, set[str]] = {}
+    day = held_out.filter(pc.greater_equal(held_out.column("weight"), positive))
+    for user, item in zip(
+        day.column("user_id").to_pylist(), day.column("item_id").to_pylist(), strict=True
+    ):
+        if item not in had.get(user, set()):
+            wanted.setdefault(user, set()).add(item)
+    users = sorted(wanted)
+    if not users:
+        raise ConfigError("the held-out day has no new positives to judge the worlds on")
+    answers = WorldAnswers(world)
+    hits = sum(
+        1 for user, items in answers.answers(users, Moment()) if set(items[:k]) & wanted[user]
+    )
+    return {"users": len(users), "hits": hits, f"hit@{k}": round(hits / len(users), 4)}
+
+
+def _said_stopped(worlds: Path) -> None:
+    state = worlds / STATE_FILE
+    if not state.is_file():
+        return
+    try:
+        last = json.loads(state.read_text())
+    except ValueError:
+        last = {}
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(last.get("started", 0))))
+    log.warning(
+        "the last retrain (started %s UTC, pid %s) stopped during its %s step; its "
+        "unfinished files are cleared, the world serving was never touched",
+        when,
+        last.get("pid", "?"),
+        last.get("step", "?"),
+    )
+    for leftover in worlds.glob(".building-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    state.unlink()
+
+
+def retrain(plan: RetrainPlan) -> dict[str, Any]:
+    """Build, judge and accept (or refuse) the next world; the report (also in the world's
+    retrain.json). RetrainRefusedError when refused."""
+    progress = Progress(plan.worlds)
+    try:
+        return _retrain(plan, progress)
+    except RetrainRefusedError:
+        raise
+    except BaseException:
+        log.error(
+            "the retrain stopped during its %s step; the world serving is untouched",
+            progress.step or "first",
+        )
+        raise
+
+
+def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
+    if read_stamp(plan.serving) is None:
+        raise ConfigError(f"{plan.serving} is not a stamped world: give --serving the world served")
+    plan.worlds.mkdir(parents=True, exist_ok=True)
+    _said_stopped(plan.worlds)
+    positive = plan.columns.min_weight if plan.columns.min_weight is not None else 1.0
+    building = plan.worlds / f".building-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    with progress.step_in("gather", "Gathering the base log and the archive's window."):
+        base = base_rows(plan)
+        latest = int(pc.max(base.column("timestamp")).as_py())
+        store = ArchiveStore(plan.archive)
+        days = store.days(Kind.EVENTS)
+        last_day = days[-1] if days else day_of(latest * 1000)
+        first = np.datetime64(last_day) - np.timedelta64(plan.window_days - 1, "D")
+        archived = archive_rows(store, str(first), plan.columns)
+        rows = pa.concat_tables([base, archived])
+    log.info(
+        "  %d rows from the base log, %d from the archive since %s",
+        base.num_rows,
+        archived.num_rows,
+        first,
+    )
+    with progress.step_in("split", "Holding out the latest day to judge on."):
+        history, held_out, day = split_latest_day(rows)
+        pq.write_table(history, building / TRAINING)
+        pq.write_table(held_out, building / HELD_OUT)
+    log.info(
+        "  %s held out: %d rows; %d rows to learn from", day, held_out.num_rows, history.num_rows
+    )
+    world = building / "world"
+    with progress.step_in("build", "Building the next world from the rest."):
+        recipe = WorldRecipe(
+            interactions=building / TRAINING,
+            columns=LogColumns(
+                weight="weight", min_weight=positive, layout=FileLayout(format="parquet")
+            ),
+            seed=plan.seed,
+            network=plan.network,
+        )
+        schema = load_schema(plan.schema or interactions_schema_path())
+        build_world_from_log(recipe, world, schema)
+    stamp = read_stamp(world)
+    assert stamp is not None  # build_world_from_log stamps what it writes
+    with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
+        new = hit_at_k(world, history, held_out, plan.k, positive)
+        serving = hit_at_k(plan.serving, history, held_out, plan.k, positive)
+    metric = f"hit@{plan.k}"
+    ratio = new[metric] / serving[metric] if serving[metric] else float("inf")
+    accepted = new[metric] >= serving[metric] * (1.0 - plan.margin)
+    with progress.step_in("decide", "Deciding."):
+        final = plan.worlds / stamp.world_id
+        os.replace(world, final)
+        report = {
+            "world_id": stamp.world_id,
+            "world": str(final),
+            "serving": str(plan.serving),
+            "serving_world_id": read_stamp(plan.serving).world_id,  # type: ignore[union-attr]
+            "held_out_day": day,
+            "window_days": plan.window_days,
+            "rows": {
+                "base": base.num_rows,
+                "archive": archived.num_rows,
+                "held_out": held_out.num_rows,
+            },
+            "evaluation": {"new": new, "serving": serving, "ratio": round(ratio, 3)},
+            "margin": plan.margin,
+            "outcome": "accepted" if accepted else "refused",
+            "seconds": progress.seconds,
+        }
+    report["seconds"] = progress.seconds
+    write_atomically(final / "retrain.json", json.dumps(report, indent=2).encode())
+    if accepted:  # last: what the link names is whole, report and all
+        link = plan.worlds / CANDIDATE_LINK
+        staged = plan.worlds / f".{CANDIDATE_LINK}-{os.getpid()}"
+        staged.unlink(missing_ok=True)
+        staged.symlink_to(stamp.world_id)
+        os.replace(staged, link)
+    shutil.rmtree(building, ignore_errors=True)
+    (plan.worlds / STATE_FILE).unlink(missing_ok=True)
+    if not accepted:
+        raise RetrainRefusedError(
+            f"world {stamp.world_id} refused: {metric} {new[metric]:.4f} against "
+            f"{serving[metric]:.4f} serving ({ratio:.3f}x, margin {plan.margin:.0%}); "
+            f"its files and report are in {final}"
+        )
+    return report
+
+
+def metrics_text(outcome: str, report: dict[str, Any] | None) -> str:
+    """The last run, as node_exporter's textfile collector reads it."""
+    lines = [
+        "# HELP recsys_retrain_last_run_timestamp_seconds When the last retrain ended.",
+        "# TYPE recsys_retrain_last_run_timestamp_seconds gauge",
+        f"recsys_retrain_last_run_timestamp_seconds {time.time():.0f}",
+        "# HELP recsys_retrain_last_outcome 1 for how the last retrain ended, 0 for the others.",
+        "# TYPE recsys_retrain_last_outcome gauge",
+    ]
+    for each in ("accepted", "refused", "failed"):
+        lines.append(f'recsys_retrain_last_outcome{{outcome="{each}"}} {int(each == outcome)}')
+    if report is not None:
+        lines += [
+            "# HELP recsys_retrain_step_seconds Seconds each step of the last retrain took.",
+            "# TYPE recsys_retrain_step_seconds gauge",
+        ]
+        for step, seconds in report["seconds"].items():
+            lines.append(f'recsys_retrain_step_seconds{{step="{step}"}} {seconds}')
+    return "\n".join(lines) + "\n"
+
+
+def _stop_on_sigterm() -> None:
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _run(args: argparse.Namespace) -> None:
+    plan = RetrainPlan(
+        interactions=args.interactions,
+        columns=log_columns(args),
+        archive=args.archive,
+        serving=args.serving,
+        worlds=args.worlds,
+        window_days=args.window_days,
+        margin=args.margin,
+        k=args.k,
+        seed=args.seed,
+        network=args.network,
+        schema=args.schema,
+        metrics_file=args.metrics_file,
+    )
+    _stop_on_sigterm()
+    outcome, report = "failed", None
+    try:
+        report = retrain(plan)
+        outcome = "accepted"
+    except RetrainRefusedError:
+        outcome = "refused"
+        raise
+    finally:
+        if plan.metrics_file is not None:
+            write_atomically(plan.metrics_file, metrics_text(outcome, report).encode())
+    evaluation, metric = report["evaluation"], f"hit@{plan.k}"
+    new, serving = evaluation["new"][metric], evaluation["serving"][metric]
+    print(
+        f"World {report['world_id']} accepted: {metric} {new:.4f} against {serving:.4f} "
+        f"serving ({evaluation['ratio']}x) on {report['held_out_day']}; "
+        f"{plan.worlds / CANDIDATE_LINK} points at it."
+    )
+
+
+def register(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "retrain",
+        help="the next world from the base log and the archive, judged against the serving one",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--interactions", type=Path, required=True, help="the base log")
+    add_log_flags(parser)
+    parser.add_argument("--archive", required=True, help="the archive's path or URI")
+    parser.add_argument("--serving", type=Path, required=True, help="the world serving now")
+    parser.add_argument("--worlds", type=Path, required=True, help="where new worlds go")
+    parser.add_argument("--window-days", type=int, default=7, help="archive days to learn from")
+    parser.add_argument("--margin", type=float, default=0.02, help="relative; 0.02: 2%%")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--network", choices=NETWORKS, default="auto", help="as build-world's")
+    parser.add_argument("--schema", type=Path, default=None)
+    parser.add_argument("--metrics-file", type=Path, default=None, help="for node_exporter")
+    parser.set_defaults(run=_run)

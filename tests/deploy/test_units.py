@@ -44,6 +44,8 @@ CONTAINERS = (
     "recsys-prometheus",
     "recsys-grafana",
 )
+# Containers a timer starts, that run to their end: not wanted at boot.
+JOBS = ("recsys-retrain",)
 HOST_ENV = ROOT / "deploy" / "host.env"
 # Registry images: named by tag, pinned by the digest host.env holds for each.
 PINNED = {
@@ -62,6 +64,7 @@ TARGETS = (
     "shutdown.target",
     "network-online.target",
     "multi-user.target",
+    "timers.target",
 )
 # podman run options that take no value; every other option takes one.
 RUN_FLAGS = {"--rm", "--replace", "-d", "--detach", "--read-only"}
@@ -293,7 +296,7 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 13  # seven containers, four volumes, two networks
+    assert len(expected) == 14  # seven containers, a job, four volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -324,7 +327,8 @@ def test_quadlet_passes_each_container_command_whole(generated: Path) -> None:
         service = parse_unit((generated / expected_service(source)).read_text())
         run = PodmanRun.parse(one(service, "Service", "ExecStart"))
         assert run.command == shlex.split(container.get("Exec", [""])[-1]), source.name
-        assert run.value("--health-cmd") == container["HealthCmd"][-1], source.name
+        if "HealthCmd" in container:  # a job (the retrain) has none: it ends by itself
+            assert run.value("--health-cmd") == container["HealthCmd"][-1], source.name
 
 
 # systemd-analyze verify --------------------------------------------------------------------
@@ -334,8 +338,10 @@ def test_generated_units_verify_without_a_word(
     generated: Path, podman_root: Path, tmp_path: Path
 ) -> None:
     services = sorted(generated.glob("*.service"))
-    root = scratch_root(tmp_path, podman_root / "usr" / "bin" / "podman", services)
-    assert_quiet(verify(root, [path.name for path in services]))
+    # Quadlets have no timers: the retrain's is installed beside the generated service.
+    units = [*services, *sorted(QUADLET_DIR.glob("*.timer"))]
+    root = scratch_root(tmp_path, podman_root / "usr" / "bin" / "podman", units)
+    assert_quiet(verify(root, [path.name for path in units]))
 
 
 def test_plain_units_verify_without_a_word(podman_root: Path, tmp_path: Path) -> None:
@@ -344,9 +350,11 @@ def test_plain_units_verify_without_a_word(podman_root: Path, tmp_path: Path) ->
         "recsys-network",
         "recsys-internal-network",
         *CONTAINERS,
+        *JOBS,
     }
-    root = scratch_root(tmp_path, podman_root / "usr" / "bin" / "podman", services)
-    assert_quiet(verify(root, [path.name for path in services]))
+    timers = sorted(PLAIN_DIR.glob("*.timer"))
+    root = scratch_root(tmp_path, podman_root / "usr" / "bin" / "podman", [*services, *timers])
+    assert_quiet(verify(root, [path.name for path in (*services, *timers)]))
 
 
 def test_verify_does_catch_a_bad_value(podman_root: Path, tmp_path: Path) -> None:
@@ -545,6 +553,31 @@ def test_the_archive_runs_the_image_as_recsys_archive_writing_its_own_folder(
     api = (QUADLET_DIR / "api.env.example").read_text()
     partitions = re.findall(r"^RECSYS_EVENT_PARTITIONS=(\d+)", example + api, re.M)
     assert len(set(partitions)) == 1  # it reads every partition the API writes
+
+
+def test_the_retrain_is_a_daily_job_its_timer_starts(units: dict[str, Unit]) -> None:
+    job = units["recsys-retrain"]
+    assert one(job, "Service", "Type") == "oneshot"
+    assert "Install" not in job  # started by its timer, never at boot
+    run = podman_run(units, "recsys-retrain")
+    assert not run.has("-d")  # in the foreground: the service ends when the build does
+    assert run.image == "localhost/recsys-tools:latest"
+    assert run.command[0] == "retrain"
+    assert run.values("--network") == ["none"]
+    assert volume(run, "/var/lib/recsys/archive") == ("/srv/recsys/archive", {"ro", "z"})
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"z"})
+    assert "--serving" in run.command
+    assert run.command[run.command.index("--serving") + 1] == "/var/lib/recsys/worlds/current"
+    timers = [
+        parse_unit(path.read_text())
+        for path in (QUADLET_DIR, PLAIN_DIR)
+        for path in [path / "recsys-retrain.timer"]
+    ]
+    for timer in timers:
+        assert one(timer, "Timer", "Unit") == "recsys-retrain.service"
+        assert one(timer, "Timer", "Persistent") == "true"
+        assert one(timer, "Install", "WantedBy") == "timers.target"
+    assert timers[0]["Timer"] == timers[1]["Timer"]
 
 
 def test_api_starts_after_triton_and_redis_without_depending_on_them(

@@ -8,13 +8,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "tools/Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
     beside_python = Path(sys.executable).parent / "hadolint"
     hadolint = str(beside_python) if beside_python.exists() else shutil.which("hadolint")
     if hadolint is None:
         pytest.fail("hadolint is not installed (it comes with the dev extra)")
     result = subprocess.run(
-        [hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, check=False
+        [hadolint, str(ROOT / dockerfile)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

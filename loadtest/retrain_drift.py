@@ -1,18 +1,21 @@
 """What retraining buys on a log whose tastes drift day by day: the world retrained on the
 archive against the world left frozen, judged on the next day's hit@10.
 
-`python -m loadtest.retrain_drift [--out docs/benchmarks.json]` generates the log
+`python -m loadtest.retrain_drift [--live] [--out docs/benchmarks.json]` generates the log
 (recsys_tools.world.generate.drift.daily_drift: each day a user may move to another interest
 group), builds the frozen world from its first 30 days as `recsys build-world` does, writes
 the next 7 days into an archive as recsys-archive writes them (ratings), runs `recsys retrain`
 (base log plus the archive's window, judged against the frozen world on its latest day), and
 asks both worlds, from their files, for the users of the day after: the share with one of that
-day's new positives in their ten.
+day's new positives in their ten. With --live, each world is also served on the local stack
+with a real recsys-ingest: the archive's days posted as events (a frozen world still folds
+its users in), then the next day replayed asking before each positive (hit@10 per positive).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import tempfile
@@ -21,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import redis
+from recsys_tools.localstack import start_ingest, unapplied
+from recsys_tools.replay import Row, replay
 from recsys_tools.retrain import RetrainPlan, base_rows, hit_at_k, retrain
-from recsys_tools.world.generate.drift import DailyDrift, daily_drift
+from recsys_tools.world.generate.drift import DailyDrift, DailyShape, daily_drift
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
@@ -30,8 +36,10 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.archive.rows import EVENTS_SCHEMA, Kind
 from app.archive.store import ArchiveStore
+from app.release.keyspace import KeySpace
 from app.release.schema import load_schema
 from loadtest.record import record
+from loadtest.service import local_service
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 K = 10
@@ -68,8 +76,35 @@ def _table(rows: list[tuple[str, str, float, int]]) -> pa.Table:
     )
 
 
-def measure(folder: Path, seed: int) -> dict[str, Any]:
-    drift: DailyDrift = daily_drift(seed)
+def _rows(rows: list[tuple[str, str, float, int]], ask: bool) -> list[Row]:
+    return [Row(user, item, ts, ask and rating >= 4.0, rating) for user, item, rating, ts in rows]
+
+
+def served_next_day(world: Path, drift: DailyDrift, folder: Path) -> dict[str, Any]:
+    """The world served with a real recsys-ingest: the archive's days posted as events (the
+    real-time path folds them in), then the next day replayed, asking before each positive."""
+    with local_service(world) as (api, stack):
+        settings = {
+            "RECSYS_REDIS_URL": stack.settings.redis_url,
+            "RECSYS_ARTIFACTS_DIR": str(world),
+        }
+        consumer = start_ingest(settings, folder / f"ingest-{world.name}")
+        try:
+            asyncio.run(replay(api.url, _rows(drift.later, ask=False), K, events=True))
+            client = redis.Redis.from_url(stack.settings.redis_url)
+            give_up = time.monotonic() + 120.0
+            while unapplied(client, KeySpace("recsys"), stack.settings.event_partitions) > 0:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(consumer.log_tail())
+                time.sleep(0.1)
+            client.close()
+            return asyncio.run(replay(api.url, _rows(drift.next_day, ask=True), K, events=True))
+        finally:
+            consumer.stop()
+
+
+def measure(folder: Path, seed: int, live: bool, item_move: float) -> dict[str, Any]:
+    drift: DailyDrift = daily_drift(seed, DailyShape(item_move=item_move))
     base = drift.write_history(folder / "history.csv")
     frozen = folder / "frozen"
     started = time.perf_counter()
@@ -94,9 +129,17 @@ def measure(folder: Path, seed: int) -> dict[str, Any]:
         "retrained": hit_at_k(Path(report["world"]), history, next_day, K, 4.0),
     }
     hit = f"hit@{K}"
+    served = {}
+    if live:
+        served = {
+            "frozen": served_next_day(frozen, drift, folder),
+            "retrained": served_next_day(Path(report["world"]), drift, folder),
+        }
+        served["retrained_over_frozen"] = round(served["retrained"][hit] / served["frozen"][hit], 3)
     return {
         "command": "python -m loadtest.retrain_drift",
         "seed": seed,
+        "item_move": item_move,
         "rows": {
             "history": len(drift.history),
             "archive": archived,
@@ -111,17 +154,29 @@ def measure(folder: Path, seed: int) -> dict[str, Any]:
             "seconds": report["seconds"],
         },
         "frozen_build_s": round(frozen_s, 1),
+        "served_with_real_time": served,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument(
+        "--item-move",
+        type=float,
+        default=0.0,
+        help="each later day, the chance an item leaves its interest group for another",
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="also serve each world on the local stack, the archive's days posted as events",
+    )
     parser.add_argument("--out", type=Path, default=None, help="merge the figures into this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with tempfile.TemporaryDirectory() as folder:
-        figures = measure(Path(folder), args.seed)
+        figures = measure(Path(folder), args.seed, args.live, args.item_move)
     print(json.dumps(figures, indent=2))
     if args.out is not None:
         record(args.out, "retrain_drift", figures)

@@ -205,3 +205,26 @@ def _ingest(stack: Stack, url: str) -> dict[str, str]:
         "RECSYS_ARTIFACTS_DIR": str(stack.world),
         "RECSYS_EVENT_PARTITIONS": str(PARTITIONS),
     }
+
+
+def test_the_archive_rejoins_a_restarted_redis_and_keeps_archiving(
+    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    redis_process, url = own_redis
+    root = tmp_path / "archive"
+    archive = start_archive(_settings(url, root), tmp_path / "archive")
+    store = ArchiveStore(str(root))
+    try:
+        asyncio.run(_append(url, [_batch(n * 100, 100) for n in range(10)]))
+        _archived(url, archive)
+        # Restarted empty (no persistence here): the streams and the archive's group are gone.
+        redis_process.restart()
+        asyncio.run(_append(url, [_batch(1000 + n * 100, 100) for n in range(10)]))
+        give_up = time.monotonic() + ARCHIVED_WITHIN_S
+        while store.read(Kind.EVENTS).num_rows < 2000:
+            assert time.monotonic() < give_up, archive.log_tail()
+            assert archive.running(), archive.log_tail()
+            time.sleep(0.2)
+    finally:
+        archive.stop()
+    assert store.read(Kind.EVENTS).num_rows == 2000

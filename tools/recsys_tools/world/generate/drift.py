@@ -96,6 +96,9 @@ class DailyShape:
     active_share: float = 0.5  # users who rate something on a given day
     per_day: int = 2  # items an active user rates that day
     daily_move: float = 0.12  # chance a user moves to another group, each day
+    # Chance an item leaves its group for another, each day: what users like together
+    # changes, which folding users in cannot follow (the items' vectors are the world's).
+    item_move: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +122,24 @@ def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
     had: list[set[int]] = [set() for _ in range(shape.users)]
     days: list[list[tuple[str, str, float, int]]] = []
     total = shape.history_days + shape.later_days + 1
+    n_items = shape.groups * shape.items_per_group
+    item_group = np.arange(n_items) // shape.items_per_group
+    appeal = 1.0 / (np.arange(n_items) % shape.items_per_group + 1) ** 0.8
     for day in range(total):
         moving = rng.random(shape.users) < shape.daily_move
         shift = 1 + rng.integers(shape.groups - 1, size=shape.users)
         group = np.where(moving, (group + shift) % shape.groups, group)
+        if day >= shape.history_days and shape.item_move > 0:
+            leaving = rng.random(n_items) < shape.item_move
+            item_group = np.where(leaving, rng.integers(shape.groups, size=n_items), item_group)
+        members = [np.flatnonzero(item_group == g) for g in range(shape.groups)]
         rows = []
         for user in np.flatnonzero(rng.random(shape.users) < shape.active_share).tolist():
-            fresh = [
-                item
-                for item in _pick(rng, int(group[user]), _as_drift(shape), shape.per_day + 2)
-                if item not in had[user]
-            ][: shape.per_day]
+            pool = members[int(group[user])]
+            weights = appeal[pool] / appeal[pool].sum()
+            size = min(len(pool), shape.per_day + 2)
+            picked = rng.choice(pool, size=size, replace=False, p=weights).tolist()
+            fresh = [item for item in picked if item not in had[user]][: shape.per_day]
             for item in fresh:
                 had[user].add(item)
                 ts = START + day * DAY + int(rng.integers(DAY))
@@ -144,7 +154,3 @@ def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
     later = [row for day in days[shape.history_days : -1] for row in day]
     next_start = START + (total - 1) * DAY
     return DailyDrift(history, later, days[-1], next_start)
-
-
-def _as_drift(shape: DailyShape) -> DriftShape:
-    return DriftShape(groups=shape.groups, items_per_group=shape.items_per_group)

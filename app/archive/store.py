@@ -97,10 +97,17 @@ class ArchiveStore:
         return unique_rows(self._read(kind, self.files(kind, day)), kind)
 
     def read(self, kind: Kind, first_day: str = "", last_day: str = "9999") -> pa.Table:
-        """Every row of the days from first_day to last_day (inclusive), each once, by time."""
-        days = [day for day in self.days(kind) if first_day <= day <= last_day]
-        paths = [path for day in days for path in self.files(kind, day)]
-        return unique_rows(self._read(kind, paths), kind)
+        """Every row of the days from first_day to last_day (inclusive), each once, by time.
+        A compaction may remove parts between the listing and the reading: listed again."""
+        for attempt in range(3):
+            days = [day for day in self.days(kind) if first_day <= day <= last_day]
+            paths = [path for day in days for path in self.files(kind, day)]
+            try:
+                return unique_rows(self._read(kind, paths), kind)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def compact(self, kind: Kind, day: str) -> tuple[int, int]:
         """The day's files merged into one, each row once: (files merged, rows kept). A

@@ -123,8 +123,9 @@ def archive_rows(store: ArchiveStore, first_day: str, columns: LogColumns) -> pa
         pc.if_else(is_positive, pa.scalar(positive), pa.scalar(positive - 1.0)),
     )
     kept = pc.invert(pc.equal(kind, "impression"))
-    if columns.weight is None:  # a log without weights holds positives only
+    if columns.weight is None:  # a log without weights holds positives only, each as 1
         kept = pc.and_(kept, pc.greater_equal(weight, positive))
+        weight = pc.if_else(kept, pa.scalar(1.0), weight)
     rows = pa.table(
         {
             "user_id": events.column("user_id"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 import time
 
@@ -22,11 +21,12 @@ from app.archive.consumer import Archiver, Cadence, Source
 from app.archive.rows import Kind, day_of
 from app.archive.store import ArchiveStore
 from app.clients.archive_stream import ArchiveStream
-from app.clients.feature_store import connect_redis
+from app.clients.feature_store import redis_of
 from app.core.archive_metrics import ArchiveMetrics
 from app.core.errors import ConfigError, RecsysError
 from app.core.log_setup import configure_logging
 from app.core.settings import Settings, load_settings
+from app.core.signalled import until_signalled
 from app.release.keyspace import KeySpace
 
 log = logging.getLogger("recsys.archive")
@@ -42,16 +42,8 @@ def sources(settings: Settings) -> list[Source]:
 
 
 async def archive(settings: Settings, stop: asyncio.Event) -> None:
-    password = settings.redis_password
     feeds = sources(settings)
-    client = connect_redis(
-        settings.redis_url,
-        len(feeds) + 4,
-        REDIS_TIMEOUT_S,
-        cluster=settings.redis_cluster,
-        username=settings.redis_username,
-        password=password.get_secret_value() if password is not None else None,
-    )
+    client = redis_of(settings, len(feeds) + 4, REDIS_TIMEOUT_S)
     metrics = ArchiveMetrics()
     if settings.archive_metrics_port:
         start_http_server(settings.archive_metrics_port, settings.host, metrics.registry)
@@ -78,14 +70,6 @@ async def archive(settings: Settings, stop: asyncio.Event) -> None:
         await client.aclose()
 
 
-async def _main(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await archive(settings, stop)
-
-
 def compact(settings: Settings, days: list[str]) -> None:
     store = ArchiveStore(settings.archive_uri)
     today = day_of(int(time.time() * 1000))
@@ -109,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "compact":
             compact(settings, args.days)
             return
-        asyncio.run(_main(settings))
+        asyncio.run(until_signalled(lambda stop: archive(settings, stop)))
     except (ConfigError, RecsysError) as exc:
         log.error("recsys-archive cannot start: %s", exc)
         sys.exit(2)

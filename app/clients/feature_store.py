@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 
 from app.clients.breaker import CircuitBreaker
 from app.core.errors import FailureKind, FeatureStoreError, SchemaError
+from app.core.settings import Settings
 from app.core.vocabulary import Positions
 from app.release.keyspace import USER_KEYS_FORMAT, KeySpace
 from app.release.schema import FeatureSchema
@@ -296,6 +297,19 @@ class FeatureStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def redis_of(settings: Settings, max_connections: int, timeout_s: float) -> RedisClient:
+    """The client the settings name (URL, cluster or not, ACL user and password)."""
+    password = settings.redis_password
+    return connect_redis(
+        settings.redis_url,
+        max_connections,
+        timeout_s,
+        cluster=settings.redis_cluster,
+        username=settings.redis_username,
+        password=password.get_secret_value() if password is not None else None,
+    )
 
 
 def connect_redis(

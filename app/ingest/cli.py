@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 from prometheus_client import start_http_server
 
 from app.clients.catalog_log import CatalogLog
 from app.clients.event_stream import EventStream
-from app.clients.feature_store import RedisClient, connect_redis, layout_meta
+from app.clients.feature_store import RedisClient, layout_meta, redis_of
 from app.clients.user_state import CLUSTER_CALLS, UserStateScripts
 from app.core.errors import ConfigError, RecsysError, SchemaError
 from app.core.ingest_metrics import IngestMetrics
 from app.core.log_setup import configure_logging
 from app.core.settings import Settings, load_settings
+from app.core.signalled import until_signalled
 from app.ingest.consumer import Consumer, Limits
 from app.ingest.refit import ItemRefits
 from app.ingest.user_store import Bounds, UserStore
@@ -95,16 +95,8 @@ async def _watch_memory(consumer: Consumer) -> None:
 
 
 async def consume(settings: Settings, stop: asyncio.Event) -> None:
-    password = settings.redis_password
     partitions = owned_partitions(settings)
-    client = connect_redis(
-        settings.redis_url,
-        len(partitions) + CLUSTER_CALLS + 4,
-        REDIS_TIMEOUT_S,
-        cluster=settings.redis_cluster,
-        username=settings.redis_username,
-        password=password.get_secret_value() if password is not None else None,
-    )
+    client = redis_of(settings, len(partitions) + CLUSTER_CALLS + 4, REDIS_TIMEOUT_S)
     keys = KeySpace(settings.redis_key_prefix)
     world = await _world(settings, client)
     metrics = IngestMetrics()
@@ -141,19 +133,11 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
         await client.aclose()
 
 
-async def _main(settings: Settings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await consume(settings, stop)
-
-
 def main() -> None:
     configure_logging()
     try:
         settings = load_settings()
-        asyncio.run(_main(settings))
+        asyncio.run(until_signalled(lambda stop: consume(settings, stop)))
     except (ConfigError, RecsysError) as exc:
         log.error("recsys-ingest cannot start: %s", exc)
         sys.exit(2)

@@ -18,7 +18,7 @@ from app.clients.breaker import BreakerState, CircuitBreaker
 from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
 from app.clients.exposure import Exposure
-from app.clients.feature_store import FeatureStore, connect_redis
+from app.clients.feature_store import FeatureStore, redis_of
 from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
 from app.clients.local_ranker import LocalRanker, load_local_ranker
 from app.clients.ranking_model import TritonPool, connect_triton
@@ -239,15 +239,7 @@ def _triton_names(settings: Settings) -> list[str]:
 def _feature_store(
     settings: Settings, schema: FeatureSchema, breaker: CircuitBreaker
 ) -> FeatureStore:
-    password = settings.redis_password
-    redis = connect_redis(
-        settings.redis_url,
-        settings.redis_max_connections,
-        settings.redis_timeout_s,
-        cluster=settings.redis_cluster,
-        username=settings.redis_username,
-        password=password.get_secret_value() if password is not None else None,
-    )
+    redis = redis_of(settings, settings.redis_max_connections, settings.redis_timeout_s)
     return FeatureStore(
         redis, schema, KeySpace(settings.redis_key_prefix), breaker, settings.recent_items
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import redis
 from app.clients.archive_stream import ARCHIVE_GROUP
 from app.release.keyspace import KeySpace
 from recsys_tools.localstack.ingest_consumer import group_behind
-from recsys_tools.localstack.processes import Launch, ManagedProcess, start_managed
+from recsys_tools.localstack.processes import ManagedProcess, start_logging_module
 
 # What the archive logs once its groups exist and it reads (app.archive.cli).
 READY_LINE = "archiving"
@@ -24,19 +23,11 @@ def start_archive(
     settings: Mapping[str, str], workdir: Path, niceness: int = NICENESS
 ) -> ManagedProcess:
     """`python -m app.archive.cli` with these RECSYS_* variables; returns once it reads."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "archive.log"
-
-    def ready() -> bool:
-        try:
-            return READY_LINE in log_path.read_text(errors="replace")
-        except OSError:
-            return False
-
     env = {**os.environ, "RECSYS_ARCHIVE_METRICS_PORT": "0", **settings}
-    argv = ("nice", "-n", str(niceness), sys.executable, "-m", "app.archive.cli")
-    launch = Launch(argv, env, ready, ready_timeout_s=60.0)
-    return start_managed("recsys-archive", launch, log_path)
+    log_path = workdir / "archive.log"
+    return start_logging_module(
+        "recsys-archive", "app.archive.cli", READY_LINE, env, log_path, niceness
+    )
 
 
 def unarchived(client: redis.Redis, keys: KeySpace, partitions: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import redis
 
 from app.clients.event_stream import GROUP
 from app.release.keyspace import KeySpace
-from recsys_tools.localstack.processes import Launch, ManagedProcess, start_managed
+from recsys_tools.localstack.processes import ManagedProcess, start_logging_module
 
 # What the consumer logs once its groups exist and it reads (app.ingest.cli).
 READY_LINE = "ingesting partitions"
@@ -24,19 +23,11 @@ def start_ingest(
     settings: Mapping[str, str], workdir: Path, niceness: int = NICENESS
 ) -> ManagedProcess:
     """`python -m app.ingest.cli` with these RECSYS_* variables; returns once it consumes."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "ingest.log"
-
-    def ready() -> bool:
-        try:
-            return READY_LINE in log_path.read_text(errors="replace")
-        except OSError:
-            return False
-
     env = {**os.environ, "RECSYS_INGEST_METRICS_PORT": "0", **settings}
-    argv = ("nice", "-n", str(niceness), sys.executable, "-m", "app.ingest.cli")
-    launch = Launch(argv, env, ready, ready_timeout_s=60.0)
-    return start_managed("recsys-ingest", launch, log_path)
+    log_path = workdir / "ingest.log"
+    return start_logging_module(
+        "recsys-ingest", "app.ingest.cli", READY_LINE, env, log_path, niceness
+    )
 
 
 def unapplied(client: redis.Redis, keys: KeySpace, partitions: int) -> int:

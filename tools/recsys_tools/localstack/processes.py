@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -191,6 +192,22 @@ def start_managed(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
     managed = ManagedProcess(name, popen(launch, log_path), log_path, launch)
     managed.await_ready(launch)
     return managed
+
+
+def start_logging_module(
+    name: str, module: str, ready_line: str, env: Mapping[str, str], log_path: Path, niceness: int
+) -> ManagedProcess:
+    """`python -m module` at `niceness` with `env`; returns once its log says `ready_line`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def ready() -> bool:
+        try:
+            return ready_line in log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    argv = ("nice", "-n", str(niceness), sys.executable, "-m", module)
+    return start_managed(name, Launch(argv, dict(env), ready, ready_timeout_s=60.0), log_path)
 
 
 def wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:

@@ -241,11 +241,13 @@ class Consumer:
         # An entry tried again sets its events aside then, not twice.
         batch.dead = [aside for aside in batch.dead if aside.entry_id not in held]
         await self._dead_letters(partition, batch.dead)
+        # Counted once written, before the acknowledgement: whoever sees the entries
+        # acknowledged sees them counted (a batch whose ack fails comes back as duplicates).
+        self._count(changes, batch)
         done = [entry.entry_id for entry in entries if entry.entry_id not in held]
         await self._stream.ack(partition, done)
         for entry_id in done:
             self._failures.pop(entry_id, None)
-        self._count(changes, batch)
         self._metrics.batch_duration.observe(time.perf_counter() - started)
         if held:
             raise HeldError(f"{len(held)} entries from {min(held).decode()} failed, kept pending")

@@ -27,7 +27,7 @@ from app.core.errors import ConfigError, RecsysError
 from app.core.log_setup import configure_logging
 from app.core.settings import Settings, load_settings
 from app.core.signalled import until_signalled
-from app.release.keyspace import KeySpace
+from app.release.keyspace import keyspace_of
 
 log = logging.getLogger("recsys.archive")
 REDIS_TIMEOUT_S = 5.0
@@ -36,7 +36,7 @@ CONSUMER_NAME = "archive-0"
 
 
 def sources(settings: Settings) -> list[Source]:
-    keys = KeySpace(settings.redis_key_prefix)
+    keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
     events = [Source(keys.events(p), Kind.EVENTS) for p in range(settings.event_partitions)]
     return [*events, Source(keys.shown, Kind.ANSWERS)]
 

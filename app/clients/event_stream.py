@@ -38,7 +38,6 @@ if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, excess - 1) end
 return 0
 """
 
-GROUP = "ingest"
 BLOCK_MS = 1000
 DEAD_LETTERS_KEPT = 100_000
 
@@ -85,6 +84,7 @@ class EventStream:
     def __init__(self, client: RedisClient, keys: KeySpace, name: str, batch: int) -> None:
         self._client = client
         self._keys = keys
+        self._group = keys.ingest_group
         self._name = name
         self._batch = batch
         self._trending = client.register_script(TRENDING_SCRIPT)
@@ -93,7 +93,7 @@ class EventStream:
         for partition in partitions:
             try:
                 await self._client.xgroup_create(
-                    self._keys.events(partition), GROUP, id="0", mkstream=True
+                    self._keys.events(partition), self._group, id="0", mkstream=True
                 )
             except redis_errors.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
@@ -105,7 +105,7 @@ class EventStream:
         block = None if cursor == "0" else BLOCK_MS
         stream = self._keys.events(partition)
         answer: Any = await self._client.xreadgroup(
-            GROUP, self._name, {stream: cursor}, count=self._batch, block=block
+            self._group, self._name, {stream: cursor}, count=self._batch, block=block
         )
         if not answer:
             return [], []
@@ -118,7 +118,7 @@ class EventStream:
         next claim starts; trimmed ones XAUTOCLAIM drops from the pending list itself."""
         answer: Any = await self._client.xautoclaim(
             self._keys.events(partition),
-            GROUP,
+            self._group,
             self._name,
             min_idle_time=idle_ms,
             start_id=start,
@@ -130,10 +130,10 @@ class EventStream:
 
     async def ack(self, partition: int, entry_ids: Sequence[bytes]) -> None:
         if entry_ids:
-            await self._client.xack(self._keys.events(partition), GROUP, *entry_ids)
+            await self._client.xack(self._keys.events(partition), self._group, *entry_ids)
 
     async def pending(self, partition: int) -> int:
-        summary: Any = await self._client.xpending(self._keys.events(partition), GROUP)
+        summary: Any = await self._client.xpending(self._keys.events(partition), self._group)
         return int(summary.get("pending", 0) if summary else 0)
 
     async def set_aside(self, partition: int, dead: Sequence[SetAside]) -> None:

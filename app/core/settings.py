@@ -93,6 +93,14 @@ class Settings(ArchiveSettings):
         "default: the one in RECSYS_REDIS_URL, if any",
     )
     redis_key_prefix: str = Field(default="recsys", min_length=1, pattern=r"^[^{}]+$")
+    event_key_prefix: str = Field(
+        default="",
+        pattern=r"^[^{}]*$",
+        description="the prefix of what every world in one Redis shares: the event streams, "
+        "the answer notes, the answer log; empty: RECSYS_REDIS_KEY_PREFIX. A world served "
+        "beside another (its own RECSYS_REDIS_KEY_PREFIX) names the other's here, and its "
+        "ingest consumer then applies every event with a group of its own",
+    )
     redis_max_connections: int = Field(default=64, ge=1)
     redis_timeout_ms: float = Field(
         default=25.0, gt=0, description="the most one Redis call may take, budget permitting"

@@ -26,7 +26,7 @@ from app.ingest.refit import ItemRefits
 from app.ingest.user_store import Bounds, UserStore
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
-from app.release.keyspace import KeySpace
+from app.release.keyspace import KeySpace, keyspace_of
 
 log = logging.getLogger("recsys.ingest")
 # Generous: the consumer's calls are not on anyone's request path, and a blocking read
@@ -54,7 +54,7 @@ async def _world(settings: Settings, client: RedisClient) -> IngestWorld:
     """The world the files hold now (the artifacts directory may be a flipped symlink)."""
     stamp, schema = await asyncio.to_thread(opened_world, settings)
     world_id = "" if stamp is None else stamp.world_id
-    keys = KeySpace(settings.redis_key_prefix)
+    keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
     return await asyncio.to_thread(
         load_ingest_world,
         settings.artifacts_dir,
@@ -97,7 +97,7 @@ async def _watch_memory(consumer: Consumer) -> None:
 async def consume(settings: Settings, stop: asyncio.Event) -> None:
     partitions = owned_partitions(settings)
     client = redis_of(settings, len(partitions) + CLUSTER_CALLS + 4, REDIS_TIMEOUT_S)
-    keys = KeySpace(settings.redis_key_prefix)
+    keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
     world = await _world(settings, client)
     metrics = IngestMetrics()
     if settings.ingest_metrics_port:

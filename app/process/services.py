@@ -53,7 +53,7 @@ from app.process.startup_checks import (
 )
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
 from app.release.catalog import MODEL_FILE, with_room
-from app.release.keyspace import KeySpace
+from app.release.keyspace import keyspace_of
 from app.release.plan import read_plan
 from app.release.rules import load_rules
 from app.release.schema import FeatureSchema, ModelSignature
@@ -241,7 +241,11 @@ def _feature_store(
 ) -> FeatureStore:
     redis = redis_of(settings, settings.redis_max_connections, settings.redis_timeout_s)
     return FeatureStore(
-        redis, schema, KeySpace(settings.redis_key_prefix), breaker, settings.recent_items
+        redis,
+        schema,
+        keyspace_of(settings.redis_key_prefix, settings.event_key_prefix),
+        breaker,
+        settings.recent_items,
     )
 
 

@@ -19,13 +19,34 @@ import numpy.typing as npt
 USER_KEYS_FORMAT = "tagged"
 
 
+# The ingest consumer group of the world whose keys share the streams' prefix.
+INGEST_GROUP = "ingest"
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpace:
+    """`prefix`: the world's keys. `streams`: what every world served from one Redis shares
+    (the event streams, the answer notes, the answer log); empty: the world's own prefix."""
+
     prefix: str
+    streams: str = ""
 
     def __post_init__(self) -> None:
-        if "{" in self.prefix or "}" in self.prefix:
-            raise ValueError(f"a key prefix cannot hold braces (hash tags): {self.prefix!r}")
+        for prefix in (self.prefix, self.streams):
+            if "{" in prefix or "}" in prefix:
+                raise ValueError(f"a key prefix cannot hold braces (hash tags): {prefix!r}")
+
+    @property
+    def _shared(self) -> str:
+        return self.streams or self.prefix
+
+    @property
+    def ingest_group(self) -> str:
+        """The consumer group that applies the events to this world: each world has its own,
+        so every event reaches every world served beside the first."""
+        if self._shared == self.prefix:
+            return INGEST_GROUP
+        return f"{INGEST_GROUP}:{self.prefix}"
 
     def user(self, user_id: str) -> str:
         return f"{self.prefix}:u:{{{user_id}}}"
@@ -50,14 +71,14 @@ class KeySpace:
         return f"{self.prefix}:i:{item_id}"
 
     def events(self, partition: int) -> str:
-        return f"{self.prefix}:events:{{{partition}}}"
+        return f"{self._shared}:events:{{{partition}}}"
 
     def dead_letters(self, partition: int) -> str:
         return f"{self.prefix}:dead:{{{partition}}}"
 
     def answer(self, request_id: str) -> str:
         """What one answer was (its variant), expiring: clicks on it credit that variant."""
-        return f"{self.prefix}:ans:{request_id}"
+        return f"{self._shared}:ans:{request_id}"
 
     def catalog(self, world_id: str, part: str) -> str:
         """The world's catalog change log (`log`, a stream), its number of the last batch
@@ -69,7 +90,7 @@ class KeySpace:
     @property
     def shown(self) -> str:
         """The answer log: a stream of what answers showed, for the archive (app.archive)."""
-        return f"{self.prefix}:shown"
+        return f"{self._shared}:shown"
 
     @property
     def trending(self) -> str:
@@ -84,3 +105,8 @@ class KeySpace:
         """Every item's key, encoded once, so a request only indexes into this array."""
         keys: npt.NDArray[np.bytes_] = np.char.encode(np.char.add(self.item(""), item_ids), "utf-8")
         return keys
+
+
+def keyspace_of(prefix: str, streams: str) -> KeySpace:
+    """The key space the settings name (RECSYS_REDIS_KEY_PREFIX, RECSYS_EVENT_KEY_PREFIX)."""
+    return KeySpace(prefix, "" if streams == prefix else streams)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import redis
 
-from app.clients.event_stream import GROUP
 from app.release.keyspace import KeySpace
 from recsys_tools.localstack.processes import ManagedProcess, start_logging_module
 
@@ -34,7 +33,8 @@ def unapplied(client: redis.Redis, keys: KeySpace, partitions: int) -> int:
     """Entries the consumer group has not acknowledged, over every partition, and one more
     for each partition with entries still unread (Redis 6 tells no count of those). A
     partition holding entries before a consumer has made its group there is all unread."""
-    return sum(group_behind(client, keys.events(p), GROUP) for p in range(partitions))
+    group = keys.ingest_group
+    return sum(group_behind(client, keys.events(p), group) for p in range(partitions))
 
 
 def group_behind(client: redis.Redis, stream: str, group: str) -> int:

@@ -27,6 +27,7 @@ from recsys_tools.localstack import (
     TritonPorts,
     default_triton_env,
     free_port,
+    start_archive,
     start_ingest,
     start_triton,
 )
@@ -88,7 +89,9 @@ async def test_service_metrics_pass_promtool_lint(
     check_metrics(tools.promtool, response.text)
 
 
-def prometheus_config(rules_dir: Path, api: str, triton_metrics: str, ingest: str) -> str:
+def prometheus_config(
+    rules_dir: Path, api: str, triton_metrics: str, ingest: str, archive: str
+) -> str:
     """The project's prometheus.yml with 1 s intervals, the test's targets and rule path."""
     text = (PROMETHEUS_DIR / "prometheus.yml").read_text()
     for old, new in (
@@ -97,6 +100,7 @@ def prometheus_config(rules_dir: Path, api: str, triton_metrics: str, ingest: st
         ('"recsys-api:8080"', f'"{api}"'),
         ('"recsys-triton:8002"', f'"{triton_metrics}"'),
         ('"recsys-ingest:9108"', f'"{ingest}"'),
+        ('"recsys-archive:9109"', f'"{archive}"'),
         ("- rules/*.yml", f"- {rules_dir}/*.yml"),
     ):
         assert text.count(old) == 1, f"prometheus.yml no longer has {old!r} once"
@@ -230,12 +234,13 @@ def test_prometheus_scrapes_the_service_and_triton(
     stack: Stack, tools: PrometheusTools, tmp_path: Path
 ) -> None:
     triton_ports = TritonPorts(grpc=free_port(), metrics=free_port())
-    api_port, ingest_port = free_port(), free_port()
+    api_port, ingest_port, archive_port = free_port(), free_port(), free_port()
     config = prometheus_config(
         PROMETHEUS_DIR / "rules",
         api=f"127.0.0.1:{api_port}",
         triton_metrics=f"127.0.0.1:{triton_ports.metrics}",
         ingest=f"127.0.0.1:{ingest_port}",
+        archive=f"127.0.0.1:{archive_port}",
     )
     model = stack.schema.model_name
     triton_count = f'sum(nv_inference_request_success{{job="triton", model="{model}"}})'
@@ -264,6 +269,13 @@ def test_prometheus_scrapes_the_service_and_triton(
         }
         consumer = start_ingest(ingest_settings, tmp_path / "ingest")
         running.callback(consumer.stop)
+        archive_settings = {
+            "RECSYS_REDIS_URL": stack.redis_url,
+            "RECSYS_ARCHIVE_URI": str(tmp_path / "archived"),
+            "RECSYS_ARCHIVE_METRICS_PORT": str(archive_port),
+        }
+        archive = start_archive(archive_settings, tmp_path / "archive")
+        running.callback(archive.stop)
 
         def context() -> str:
             targets = prometheus.get("/api/v1/targets")["activeTargets"]
@@ -275,7 +287,8 @@ def test_prometheus_scrapes_the_service_and_triton(
             # Every target scraped, under the project's job names, before any traffic: the
             # rates need a sample from before it.
             ups = {r["metric"]["job"]: float(r["value"][1]) for r in prometheus.query("up")}
-            return ups == {"recsys-api": 1.0, "triton": 1.0, "recsys-ingest": 1.0}
+            every = ("recsys-api", "triton", "recsys-ingest", "recsys-archive")
+            return ups == dict.fromkeys(every, 1.0)
 
         wait_until(all_up, SETTLE_S, "scraping every target", context)
         assert prometheus.number("recsys_ingest_lag_seconds") == 0.0  # the alert's series

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
@@ -29,11 +28,12 @@ from app.core.token_bucket import TokenBuckets
 from app.process.admission import Admission
 from app.process.concurrency_limit import AdaptiveLimit
 from app.process.drain import cancel_on_stop_signals, drain_on_sigterm
-from app.process.health import watch_redis_world
 from app.process.loop_lag import LoopLag
 from app.process.reload import hold_reload_signals, reload_on_signal
 from app.process.services import Services, start_services
 from app.process.workers import forget_dead_workers, metrics_dir, retire_this_worker
+from app.process.world_tasks import stop_tasks
+from app.process.worlds import Worlds, open_worlds, worlds_reload
 
 log = logging.getLogger("recsys")
 INITIAL_IN_FLIGHT = 16
@@ -63,11 +63,15 @@ class _QuietRefusal(logging.Filter):
 
 async def _start(
     settings: Settings, metrics: ServiceMetrics, lag: LoopLag, refusal: _QuietRefusal
-) -> Services:
-    """start_services, stoppable by a signal, its expected failures told in one line."""
+) -> Worlds:
+    """The worlds started, stoppable by a signal, their expected failures told in one line."""
     # Half the shedding threshold: late enough that a reply may have sat unread.
     late_s = settings.max_queue_ms / 2000.0
-    startup = asyncio.ensure_future(start_services(settings, metrics, lambda: lag.lag_s > late_s))
+
+    def start(world: Settings) -> Awaitable[Services]:
+        return start_services(world, metrics, lambda: lag.lag_s > late_s)
+
+    startup = asyncio.ensure_future(open_worlds(settings, metrics, start))
     restore = cancel_on_stop_signals(startup)
     try:
         return await startup
@@ -100,44 +104,6 @@ def admission_limit(settings: Settings, metrics: ServiceMetrics) -> AdaptiveLimi
     return limit
 
 
-def _background(services: Services, lag: LoopLag) -> list[asyncio.Task[None]]:
-    """What runs beside the requests for the life of the process."""
-    settings = services.settings
-    tasks = [
-        asyncio.create_task(lag.run(), name="loop-lag"),
-        asyncio.create_task(watch_redis_world(services), name="redis-world"),
-    ]
-    trending = services.trending.keep_current(settings.trending_refresh_s, settings.redis_timeout_s)
-    if settings.trending_candidates:
-        tasks.append(asyncio.create_task(trending, name="trending"))
-    else:
-        trending.close()
-    if services.catalog_follower is not None:
-        following = services.catalog_follower.keep_current(
-            settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
-        )
-        tasks.append(asyncio.create_task(following, name="catalog-changes"))
-    if services.exposure is not None:
-        exposing = services.exposure.keep_current(
-            settings.exposure_refresh_s, max(settings.redis_timeout_s, 1.0)
-        )
-        tasks.append(asyncio.create_task(exposing, name="exposure"))
-    if services.item_memory is not None:
-        refreshing = services.item_memory.keep_current(settings.item_refresh_s)
-        tasks.append(asyncio.create_task(refreshing, name="item-features"))
-    if services.answers is not None:
-        flushing = services.answers.keep_flushing(settings.answer_log_flush_s)
-        tasks.append(asyncio.create_task(flushing, name="answer-log"))
-    return tasks
-
-
-async def _stop(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 def _lifespan(
     settings: Settings, metrics: ServiceMetrics, lag: LoopLag
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -151,28 +117,28 @@ def _lifespan(
         server_log = logging.getLogger("uvicorn.error")
         refusal = _QuietRefusal()
         server_log.addFilter(refusal)
-        services = await _start(settings, metrics, lag, refusal)
+        worlds = await _start(settings, metrics, lag, refusal)
         server_log.removeFilter(refusal)
-        app.state.services = services
+        app.state.worlds = worlds
 
         def mark_draining() -> None:
-            services.draining = True
+            worlds.stable.services.draining = True
 
         restore = drain_on_sigterm(settings.drain_s, mark_draining)
-        stop_reloading = reload_on_signal(services.reloader)
+        stop_reloading = reload_on_signal(worlds_reload(worlds))
         # What start-up made lives as long as the process: keep it out of every later
         # collection, whose full passes would otherwise pause requests for tens of ms.
         gc.collect()
         gc.freeze()
         metrics.workers.set(1)
-        background = _background(services, lag)
+        background = [asyncio.create_task(lag.run(), name="loop-lag")]
         try:
             yield
         finally:
             stop_reloading()
             restore()
-            await _stop(background)
-            await services.aclose()
+            await stop_tasks(background)
+            await worlds.aclose()
             if shared is not None:
                 retire_this_worker(shared)
 

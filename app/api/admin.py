@@ -1,4 +1,5 @@
-"""/admin: reload and roll back the release, for callers holding RECSYS_ADMIN_TOKEN.
+"""/admin: reload and roll back the release, and change the worlds served, for callers
+holding RECSYS_ADMIN_TOKEN.
 
 Mounted only when a token is configured. With several workers a call reaches one of them:
 it applies the change there and answers, and signals the others (SIGUSR1 through the
@@ -11,17 +12,21 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.access import bearer, holds
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, WorldsDep
 from app.api.errors import error_body, request_id_of
-from app.api.models import ErrorBody, Release
+from app.api.models import CandidateWorld, ErrorBody, Release, WorldsState
+from app.core.errors import ConfigError
 from app.process.reload import RELOAD_SIGNAL, ReleaseReport, ReloadRefusedError
 from app.process.services import Services
+from app.process.worlds import WorldsReport, change_worlds, current_plan
+from app.release.worlds import WorldRef, WorldsPlan
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +93,72 @@ async def rollback(services: AdminDep) -> Release:
     report = await services.reloader.roll_back()
     _tell_other_workers(services)
     return _release(report)
+
+
+def _worlds(report: WorldsReport) -> WorldsState:
+    return WorldsState(**asdict(report))
+
+
+async def _changed(
+    request: Request, services: Services, worlds: WorldsDep, plan: WorldsPlan
+) -> WorldsState | JSONResponse:
+    try:
+        report = await change_worlds(worlds, plan)
+    except ConfigError as exc:
+        body = error_body("world_refused", str(exc), request_id_of(request))
+        return JSONResponse(body.model_dump(), status_code=409)
+    _tell_other_workers(services)
+    return _worlds(report)
+
+
+WORLD_ERRORS: dict[int | str, dict[str, Any]] = {
+    409: _error("Refused (a check failed, or nothing to promote); what served still does."),
+}
+
+
+@router.get("/worlds", response_model=WorldsState, summary="The worlds this worker serves")
+async def worlds_state(services: AdminDep, worlds: WorldsDep) -> WorldsState:
+    return _worlds(worlds.report())
+
+
+@router.post(
+    "/worlds/candidate",
+    response_model=WorldsState,
+    responses=WORLD_ERRORS,
+    summary="Serve a candidate world beside the stable one to a share of users (or change "
+    "the share of the one served)",
+)
+async def load_candidate(
+    body: CandidateWorld, request: Request, services: AdminDep, worlds: WorldsDep
+) -> WorldsState | JSONResponse:
+    ref = WorldRef(Path(body.artifacts_dir), body.key_prefix, body.model_name)
+    plan = current_plan(worlds).with_candidate(ref, body.percent)
+    return await _changed(request, services, worlds, plan)
+
+
+@router.post(
+    "/worlds/promote",
+    response_model=WorldsState,
+    responses=WORLD_ERRORS,
+    summary="Make the candidate world stable for every user",
+)
+async def promote_world(
+    request: Request, services: AdminDep, worlds: WorldsDep
+) -> WorldsState | JSONResponse:
+    try:
+        plan = current_plan(worlds).promoted()
+    except ConfigError as exc:
+        body = error_body("world_refused", str(exc), request_id_of(request))
+        return JSONResponse(body.model_dump(), status_code=409)
+    return await _changed(request, services, worlds, plan)
+
+
+@router.post(
+    "/worlds/rollback",
+    response_model=WorldsState,
+    summary="Drop the candidate world: the stable one answers every user at once",
+)
+async def roll_back_world(
+    request: Request, services: AdminDep, worlds: WorldsDep
+) -> WorldsState | JSONResponse:
+    return await _changed(request, services, worlds, current_plan(worlds).with_candidate(None))

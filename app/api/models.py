@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from app.core.events import EventType, keyable_user
-from app.core.vocabulary import Variant
+from app.core.vocabulary import Variant, WorldRole
 from app.pipeline.types import Moment, Query
 from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
 
@@ -225,6 +225,14 @@ class ModelInfo(BaseModel):
     )
 
 
+class WorldInfo(BaseModel):
+    id: str = Field(description="the world's id (its build stamp); empty for an unstamped world")
+    role: WorldRole = Field(
+        description="stable, or candidate: this user is in the share of the candidate world "
+        "served beside the stable one (RECSYS_WORLDS_FILE); every answer is wholly one world's"
+    )
+
+
 class RecommendResponse(BaseModel):
     request_id: str
     answer_id: str = Field(
@@ -238,6 +246,7 @@ class RecommendResponse(BaseModel):
         description="names the index, catalog and rules that made this answer: the same in "
         "every answer until a reload changes them"
     )
+    world: WorldInfo
     cold_start: bool = Field(description="the user had no stored features; defaults were used")
     degraded: list[str] = Field(description="stage:reason for every stage that fell back")
     timings_ms: dict[str, float] | None = Field(default=None, description="only with debug")
@@ -280,3 +289,31 @@ class Release(BaseModel):
     canary: str = Field(description="the canary version; empty for none")
     canary_percent: float
     shadow: str = Field(description="the shadow version; empty for none")
+
+
+class CandidateWorld(BaseModel):
+    """A world to serve beside the stable one, to a share of users."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifacts_dir: str = Field(min_length=1, description="the world's directory on this host")
+    key_prefix: str = Field(
+        min_length=1,
+        pattern=r"^[^{}]+$",
+        description="its keys in Redis (loaded there by `recsys load-redis --prefix`)",
+    )
+    model_name: str | None = Field(
+        default=None, min_length=1, description="its model on Triton; default: its schema's"
+    )
+    percent: float = Field(ge=0, le=100, description="the share of users it answers")
+
+
+class WorldsState(BaseModel):
+    """The worlds this worker serves."""
+
+    stable: str = Field(description="the stable world's id")
+    stable_dir: str
+    candidate: str = Field(description="the candidate world's id; empty for none")
+    candidate_dir: str
+    percent: float = Field(description="the share of users the candidate answers")
+    memory_bytes: int = Field(description="the candidate's estimated memory; 0 for none")

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.access import debug_allowed
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, WorldsDep
 from app.api.errors import GATE_ERRORS, documented, error_body
 from app.api.models import (
     BUDGET_HEADER,
@@ -24,6 +24,7 @@ from app.api.models import (
     RecommendedItem,
     RecommendRequest,
     RecommendResponse,
+    WorldInfo,
 )
 from app.clients.answer_log import Shown
 from app.core.events import new_answer_id
@@ -138,9 +139,11 @@ def requested_budget_ms(raw: str | None) -> int | None:
     openapi_extra={"parameters": HEADERS},
 )
 async def recommend(
-    body: RecommendRequest, request: Request, services: ServicesDep
+    body: RecommendRequest, request: Request, worlds: WorldsDep
 ) -> RecommendResponse | JSONResponse:
     state = request.state
+    # The user's world, chosen once: every stage below runs in it.
+    services, role = worlds.serving(body.user_id)
     try:
         budget_ms = requested_budget_ms(request.headers.get(BUDGET_HEADER))
     except ValueError as exc:
@@ -178,15 +181,16 @@ async def recommend(
     if traces is not None and ctx.trace is not None:
         traces.keep(ctx.trace)
     state.outcome = Outcome.DEGRADED if ctx.degraded else Outcome.OK
+    services.metrics.world_answer_count[role].inc()
     # Out of budget on the service's own budget (not one its caller shortened): the gate
     # lets this answer's service time teach the admission limit (app/api/gate.py).
     state.exhausted = ctx.time_for() <= 0.0 and not caller_shortened.get()
     services.events.remember_answer(
         answer_id, result.model.variant.value, services.settings.answer_ttl_s
     )
+    world = services.world
     answers = services.answers
     if answers is not None and answers.wanted():
-        world = services.world
         answers.shown(
             Shown(
                 answer_id,
@@ -213,6 +217,7 @@ async def recommend(
             variant=result.model.variant,
         ),
         artifacts=artifacts.label,
+        world=WorldInfo(id=world.world_id if world is not None else "", role=role),
         cold_start=result.cold_start,
         degraded=ctx.degraded,
         **debug,

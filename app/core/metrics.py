@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app.core.callers import UNKNOWN
 from app.core.errors import FailureKind
 from app.core.events import EventOutcome
-from app.core.vocabulary import RedisWorld, Removal, Stage, Variant, Viewed
+from app.core.vocabulary import RedisWorld, Removal, Stage, Variant, Viewed, WorldRole
 
 
 class Outcome(StrEnum):
@@ -55,6 +55,12 @@ class ShadowOutcome(StrEnum):
 class ReloadOutcome(StrEnum):
     APPLIED = "applied"
     REFUSED = "refused"  # the new artifacts or versions failed a check; the old ones serve
+
+
+class WorldChange(StrEnum):
+    LOAD = "load"  # a candidate world started beside the stable one
+    PROMOTE = "promote"  # the candidate made stable for everyone
+    ROLLBACK = "rollback"  # the candidate dropped: the stable world answers everyone
 
 
 # The stages that have something to fall back from.
@@ -328,6 +334,26 @@ DECLARED: dict[str, Declared] = {
         "second; absent for a world built before stamping. What retraining keeps low.",
         mode="livemax",
     ),
+    "world_answers": Declared(
+        Counter,
+        "recsys_world_answers",
+        "Answers by the world that made them: the stable one, or the candidate served beside "
+        "it to RECSYS_WORLDS_FILE's share of users.",
+        ("world",),
+    ),
+    "world_changes": Declared(
+        Counter,
+        "recsys_world_changes",
+        "Candidate worlds loaded, promoted and rolled back, by outcome (applied, or refused "
+        "by a check with the stable world serving on).",
+        ("action", "outcome"),
+    ),
+    "candidate_world_percent": Declared(
+        Gauge,
+        "recsys_candidate_world_percent",
+        "The share of users the candidate world answers; 0 with none.",
+        mode="livemax",
+    ),
     "release_generation": Declared(
         Gauge,
         "recsys_release_generation",
@@ -373,6 +399,9 @@ class ServiceMetrics:
     slots: Counter
     answer_log: Counter
     world_age: Gauge
+    world_answers: Counter
+    world_changes: Counter
+    candidate_world_percent: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -394,6 +423,10 @@ class ServiceMetrics:
         self.shadow_count = {o: self.shadow_calls.labels(o) for o in ShadowOutcome}
         self.answer_log_count = {r: self.answer_log.labels(r) for r in AnswerLogged}
         self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
+        self.world_answer_count = {r: self.world_answers.labels(r) for r in WorldRole}
+        self.world_change_count = {
+            (a, o): self.world_changes.labels(a, o) for a in WorldChange for o in ReloadOutcome
+        }
         self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
         self.event_count = {o: self.events.labels(o) for o in EventOutcome}
         self.trending_count = {

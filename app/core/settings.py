@@ -122,6 +122,19 @@ class Settings(ArchiveSettings):
         description="TOML naming the stable, canary and shadow versions, read at start and "
         "at every reload; default: RECSYS_MODEL_VERSION alone",
     )
+    worlds_file: Path | None = Field(
+        default=None,
+        description="TOML naming the stable world and a candidate served beside it to a "
+        "share of users (docs/loop.md); written by /admin/worlds; default: the world these "
+        "settings name, alone",
+    )
+    world_memory_reserve: float = Field(
+        default=0.2,
+        ge=0.0,
+        lt=1.0,
+        description="the share of the host's available memory a candidate world must leave "
+        "free: one that would take more is refused before it loads",
+    )
     shadow_max_in_flight: int = Field(
         default=8, ge=1, description="shadow calls at once; past it requests go unshadowed"
     )

@@ -60,6 +60,14 @@ class RedisWorld(StrEnum):
     UNKNOWN = "unknown"  # Redis did not answer
 
 
+class WorldRole(StrEnum):
+    """Which of two worlds served side by side made an answer: the stable one, or the
+    candidate (the user is in its share)."""
+
+    STABLE = "stable"
+    CANDIDATE = "candidate"
+
+
 class Variant(StrEnum):
     """Which model answered: the stable version, the canary, or (Triton did not) a fallback."""
 

@@ -2,13 +2,20 @@
 
 Its own process (a quadlet or unit beside the API's): it needs the world's files, for the
 items and their vectors, and the Redis the API reads. SIGTERM finishes the batch in hand.
+
+With RECSYS_WORLDS_FILE it applies every event to each world the file names (the stable one
+and a candidate served beside it), each world's consumer with its own group on the one event
+log, and follows the file: a candidate loaded gets a consumer, one rolled back or replaced
+by a promotion loses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
+from dataclasses import dataclass
 
 from prometheus_client import start_http_server
 
@@ -27,12 +34,15 @@ from app.ingest.user_store import Bounds, UserStore
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
 from app.release.keyspace import KeySpace, keyspace_of
+from app.release.worlds import WorldRef, read_worlds, world_settings
 
 log = logging.getLogger("recsys.ingest")
 # Generous: the consumer's calls are not on anyone's request path, and a blocking read
 # waits up to a second by design.
 REDIS_TIMEOUT_S = 5.0
 MEMORY_EVERY_S = 5.0
+# How often the worlds file is read again: a candidate's consumer starts within this.
+WORLDS_POLL_S = 2.0
 
 
 def owned_partitions(settings: Settings) -> list[int]:
@@ -94,15 +104,13 @@ async def _watch_memory(consumer: Consumer) -> None:
         await asyncio.sleep(MEMORY_EVERY_S)
 
 
-async def consume(settings: Settings, stop: asyncio.Event) -> None:
+async def consume(settings: Settings, stop: asyncio.Event, metrics: IngestMetrics) -> None:
+    """One world's consumer, until `stop`."""
     partitions = owned_partitions(settings)
     client = redis_of(settings, len(partitions) + CLUSTER_CALLS + 4, REDIS_TIMEOUT_S)
     keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
-    world = await _world(settings, client)
-    metrics = IngestMetrics()
-    if settings.ingest_metrics_port:
-        start_http_server(settings.ingest_metrics_port, settings.host, metrics.registry)
     try:
+        world = await _world(settings, client)
         await _check_layout(client, keys, layout_meta(world.schema))
         index, _ = settings.ingest_share
         consumer = Consumer(
@@ -117,10 +125,11 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
         )
         await consumer.join()
         log.info(
-            "ingesting partitions %s of %d as %s (%d items, fold-in %s)",
+            "ingesting partitions %s of %d as %s into %s:* (%d items, fold-in %s)",
             partitions,
             settings.event_partitions,
             f"consumer-{index}",
+            settings.redis_key_prefix,
             world.size,
             world.params.weighting,
         )
@@ -131,13 +140,75 @@ async def consume(settings: Settings, stop: asyncio.Event) -> None:
             memory.cancel()
     finally:
         await client.aclose()
+        log.info("stopped ingesting into %s:*", settings.redis_key_prefix)
+
+
+@dataclass(slots=True)
+class _Running:
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+async def _wait(stop: asyncio.Event, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout_s)
+
+
+async def _stopped(running: _Running) -> None:
+    running.stop.set()
+    with contextlib.suppress(Exception):
+        await running.task
+
+
+async def consume_worlds(settings: Settings, stop: asyncio.Event) -> None:
+    """A consumer for each world the worlds file names, following the file; without one,
+    the settings' world alone. The stable world's consumer failing ends the process (as
+    it always did); a candidate's is logged, and tried again once the file changes."""
+    metrics = IngestMetrics()
+    if settings.ingest_metrics_port:
+        start_http_server(settings.ingest_metrics_port, settings.host, metrics.registry)
+    if settings.worlds_file is None:
+        await consume(settings, stop, metrics)
+        return
+    running: dict[WorldRef | None, _Running] = {}
+    failed: set[WorldRef | None] = set()
+    plan = read_worlds(settings.worlds_file)
+    try:
+        while not stop.is_set():
+            wanted = [plan.stable, *([plan.candidate] if plan.candidate else [])]
+            for ref, each in list(running.items()):
+                if ref not in wanted:
+                    await _stopped(running.pop(ref))
+                elif each.task.done():
+                    running.pop(ref)
+                    exc = each.task.exception()
+                    if ref == plan.stable and exc is not None:
+                        raise exc
+                    log.error("the consumer of candidate world %s stopped: %s", ref, exc)
+                    failed.add(ref)
+            for ref in wanted:
+                if ref not in running and ref not in failed:
+                    own = asyncio.Event()
+                    task = asyncio.create_task(consume(world_settings(settings, ref), own, metrics))
+                    running[ref] = _Running(own, task)
+            await _wait(stop, WORLDS_POLL_S)
+            try:
+                changed = read_worlds(settings.worlds_file)
+            except ConfigError as exc:
+                log.error("the worlds file was not read: %s", exc)
+                continue
+            if changed != plan:
+                plan, failed = changed, set()
+    finally:
+        for each in running.values():
+            await _stopped(each)
 
 
 def main() -> None:
     configure_logging()
     try:
         settings = load_settings()
-        asyncio.run(until_signalled(lambda stop: consume(settings, stop)))
+        asyncio.run(until_signalled(lambda stop: consume_worlds(settings, stop)))
     except (ConfigError, RecsysError) as exc:
         log.error("recsys-ingest cannot start: %s", exc)
         sys.exit(2)

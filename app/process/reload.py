@@ -8,7 +8,7 @@ reload with one line saying why; nothing changes and the old release keeps servi
 What a reload may change, and what needs a restart: the world's files may be rebuilt (a new
 index, new popularity) and the rules edited, but the items and the schema stay those of the
 served world, since the held item features, the Redis data and the model are laid out by
-them. A new world is rolled out by restarting onto it.
+them. A new world is served beside this one and promoted (app.process.worlds).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,8 @@ def _same_items(new: Catalog, served: Catalog) -> None:
         raise ReloadRefusedError(
             f"the new catalog holds other items ({new.size} against {served.size} served, or "
             "in another order): the item features and the model are laid out by the served "
-            "world's items; roll a new world out by restarting onto it"
+            "world's items; serve a new world beside this one (recsys release world load), "
+            "or restart onto it"
         )
 
 
@@ -247,7 +249,8 @@ class Reloader:
             raise ReloadRefusedError(
                 f"{settings.artifacts_dir} holds world {stamp.world_id if stamp else '(none)'}, "
                 f"this service serves world {served_id or '(unstamped)'}: a new world is "
-                "rolled out by restarting onto it (its Redis data and model change with it)"
+                "served beside this one (recsys release world load) or by restarting onto it "
+                "(its Redis data and model change with it)"
             )
         rules = load_rules(settings.rules_file)
         identity = files_identity(settings.artifacts_dir, stamp)
@@ -335,8 +338,9 @@ def hold_reload_signals() -> None:
         signal.signal(RELOAD_SIGNAL, _EarlySignal.remember)
 
 
-def reload_on_signal(reloader: Reloader) -> Callable[[], None]:
-    """SIGUSR1 reloads (`systemctl reload`, or another worker's /admin call); returns the undo.
+def reload_on_signal(reload: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """SIGUSR1 calls `reload` (`systemctl reload`, or another worker's /admin call); returns
+    the undo.
 
     The reload runs as a task of the loop: a refused one is logged and counted, and the
     release that was serving keeps serving. A signal that came during start-up reloads now:
@@ -344,10 +348,6 @@ def reload_on_signal(reloader: Reloader) -> Callable[[], None]:
     """
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task[None]] = set()
-
-    async def reload() -> None:
-        with contextlib.suppress(ReloadRefusedError):
-            await reloader.reload()
 
     def handle() -> None:
         log.info("SIGUSR1: reloading the release")

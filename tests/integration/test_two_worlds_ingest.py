@@ -14,6 +14,7 @@ from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.clients.feature_store import decode_seen
 from app.release.keyspace import KeySpace
+from app.release.worlds import WorldRef, WorldsPlan, write_worlds
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 PARTITIONS = 2
@@ -34,9 +35,11 @@ def _consumer(stack: Stack, url: str, keys: KeySpace, folder: Path) -> ManagedPr
     return start_ingest(settings, folder)
 
 
-def _drained(client: redis.Redis, consumers: list[ManagedProcess]) -> None:
+def _drained(
+    client: redis.Redis, consumers: list[ManagedProcess], worlds: tuple[KeySpace, ...] = ()
+) -> None:
     give_up = time.monotonic() + APPLIED_WITHIN_S
-    while any(unapplied(client, keys, PARTITIONS) for keys in (STABLE, CANDIDATE)):
+    while any(unapplied(client, keys, PARTITIONS) for keys in worlds or (STABLE, CANDIDATE)):
         assert time.monotonic() < give_up, [c.log_tail() for c in consumers]
         time.sleep(0.05)
 
@@ -85,6 +88,57 @@ async def test_an_event_posted_to_either_world_reaches_both(stack: Stack, tmp_pa
             assert position in _seen(client, keys, "u5"), keys.prefix
             assert client.get(keys.user("u5")) != blobs[keys.prefix], keys.prefix
             assert client.hlen(keys.applied("u5")) == 1
+    finally:
+        client.close()
+        for each in reversed(started):
+            each.stop()
+
+
+def _wait_for(consumer: ManagedProcess, line: str) -> None:
+    give_up = time.monotonic() + APPLIED_WITHIN_S
+    while line not in consumer.log_tail(200):
+        assert time.monotonic() < give_up, consumer.log_tail()
+        time.sleep(0.1)
+
+
+async def test_one_consumer_follows_the_worlds_file(stack: Stack, tmp_path: Path) -> None:
+    """With RECSYS_WORLDS_FILE one ingest process applies each event to every world the file
+    names, and stops applying to a candidate the file no longer names."""
+    process, url = start_redis(tmp_path / "redis")
+    started = [process]
+    client = redis.Redis.from_url(url)
+    worlds_file = tmp_path / "worlds.toml"
+    candidate = WorldRef(stack.world, CANDIDATE.prefix)
+    write_worlds(worlds_file, WorldsPlan(candidate=candidate, percent=10.0))
+    try:
+        for keys in (STABLE, CANDIDATE):
+            load_world_into_redis(stack.world, client, stack.schema, keys)
+        settings = {
+            "RECSYS_REDIS_URL": url,
+            "RECSYS_ARTIFACTS_DIR": str(stack.world),
+            "RECSYS_EVENT_PARTITIONS": str(PARTITIONS),
+            "RECSYS_WORLDS_FILE": str(worlds_file),
+        }
+        consumer = start_ingest(settings, tmp_path / "ingest")
+        started.append(consumer)
+        _wait_for(consumer, "into recsys-b:*")
+        api_settings = stack.settings(redis_url=url, event_partitions=PARTITIONS)
+        async with serving(api_settings) as api:  # the stable world's API
+            body = {"user_id": "u7", "num_items": 5, "context": CONTEXT}
+            item = (await api.post("/recommend", json=body)).json()["items"][0]["item_id"]
+            first = {"event_id": "e1", "user_id": "u7", "item_id": item, "type": "click"}
+            assert (await api.post("/events", json={"events": [first]})).status_code == 202
+            _drained(client, [consumer])
+            for keys in (STABLE, CANDIDATE):
+                assert client.hlen(keys.applied("u7")) == 1, keys.prefix
+
+            write_worlds(worlds_file, WorldsPlan())  # the candidate rolled back
+            _wait_for(consumer, "stopped ingesting into recsys-b:*")
+            second = {"event_id": "e2", "user_id": "u7", "item_id": item, "type": "like"}
+            assert (await api.post("/events", json={"events": [second]})).status_code == 202
+        _drained(client, [consumer], (STABLE,))
+        assert client.hlen(STABLE.applied("u7")) == 2
+        assert client.hlen(CANDIDATE.applied("u7")) == 1
     finally:
         client.close()
         for each in reversed(started):

@@ -32,6 +32,7 @@ from app.archive.store import ArchiveStore
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.outcomes import TYPES, Rate
+from recsys_tools.worlds_admin import add_world_verb
 
 Z95 = 1.959964
 
@@ -172,8 +173,11 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def register(commands: Commands) -> None:
-    release = commands.add_parser("release", help="judge a release by what users did")
+    release = commands.add_parser(
+        "release", help="judge a release by what users did; load, promote, roll back worlds"
+    )
     verbs = release.add_subparsers(dest="verb", required=True)
+    add_world_verb(verbs)
     judging = verbs.add_parser(
         "judge",
         help="promote, roll back or wait: the candidate's outcome rate against the stable's",

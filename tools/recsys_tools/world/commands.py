@@ -28,7 +28,7 @@ from recsys_tools.world.recipes.demo import DEMO, LARGE, DemoSize, build_demo_wo
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.identity import install_model, stamp_world
+from recsys_tools.world.store.identity import install_model, model_beside, stamp_world
 from recsys_tools.world.store.redis_loader import RedisUnreachableError, load_world_into_redis
 from recsys_tools.world.store.reindex import reindex_beside
 
@@ -156,7 +156,10 @@ def _install_model(args: argparse.Namespace) -> None:
     schema = world_schema(args.world, args.schema)
     if args.version < 1:
         raise ConfigError(f"--version {args.version}: Triton's versions start at 1")
-    print(install_model(args.world, args.model_repository, schema.model_name, args.version))
+    name = args.model_name or schema.model_name
+    if name != schema.model_name:
+        model_beside(args.model_repository, schema.model_name, name)
+    print(install_model(args.world, args.model_repository, name, args.version))
 
 
 def _reindex(args: argparse.Namespace) -> None:
@@ -233,6 +236,11 @@ def register(commands: Commands) -> None:
         type=Path,
         required=True,
         help="holds MODEL_NAME/config.pbtxt (copy model_repository/ or deploy/triton/gpu/)",
+    )
+    install.add_argument(
+        "--model-name",
+        help="install under this name, a second world's model beside the first (its config "
+        "made from the schema's model's); default: the schema's model name",
     )
     install.add_argument(
         "--version",

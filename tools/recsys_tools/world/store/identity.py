@@ -182,3 +182,25 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
     if text != original:
         write_atomically(config, text.encode())
     return target
+
+
+def model_beside(model_repository: Path, source_name: str, model_name: str) -> None:
+    """A model directory `model_name` made from `source_name`'s configuration and code, for a
+    second world's model served beside the first; nothing done where it exists already."""
+    target = model_repository / model_name / CONFIG_FILE
+    if target.is_file():
+        return
+    source = model_repository / source_name
+    if not (source / CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"{source / CONFIG_FILE} is missing: install the first world's model there first, "
+            f"or copy a model config to {target}"
+        )
+    config = (source / CONFIG_FILE).read_text()
+    named = f'name: "{source_name}"'
+    if named not in config:
+        raise ConfigError(f"{source / CONFIG_FILE} has no line {named}")
+    (target.parent / "1").mkdir(parents=True, exist_ok=True)
+    for code in (source / "1").glob("*.py"):
+        copy_atomically(code, target.parent / "1" / code.name)
+    write_atomically(target, config.replace(named, f'name: "{model_name}"').encode())

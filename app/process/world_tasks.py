@@ -1,0 +1,55 @@
+"""What runs beside the requests for as long as one world is served.
+
+Each world served (the stable one, and a candidate beside it) refreshes its own trending
+items, catalog changes, exposure counts, held item features and answer log, and watches its
+own data in Redis; its tasks stop when the world is retired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from app.process.health import watch_redis_world
+from app.process.services import Services
+
+
+def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[None]]:
+    """The world's tasks; only the stable world's watch of its Redis data sets the gauges
+    (`recsys_redis_world`, `recsys_world_age_seconds`) that speak of the world served."""
+    settings = services.settings
+    tasks = watch_task(services) if stable else []
+    trending = services.trending.keep_current(settings.trending_refresh_s, settings.redis_timeout_s)
+    if settings.trending_candidates:
+        tasks.append(asyncio.create_task(trending, name="trending"))
+    else:
+        trending.close()
+    if services.catalog_follower is not None:
+        following = services.catalog_follower.keep_current(
+            settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
+        )
+        tasks.append(asyncio.create_task(following, name="catalog-changes"))
+    if services.exposure is not None:
+        exposing = services.exposure.keep_current(
+            settings.exposure_refresh_s, max(settings.redis_timeout_s, 1.0)
+        )
+        tasks.append(asyncio.create_task(exposing, name="exposure"))
+    if services.item_memory is not None:
+        refreshing = services.item_memory.keep_current(settings.item_refresh_s)
+        tasks.append(asyncio.create_task(refreshing, name="item-features"))
+    if services.answers is not None:
+        flushing = services.answers.keep_flushing(settings.answer_log_flush_s)
+        tasks.append(asyncio.create_task(flushing, name="answer-log"))
+    return tasks
+
+
+def watch_task(services: Services) -> list[asyncio.Task[None]]:
+    """The watch of the world's data in Redis, which speaks for the world served."""
+    return [asyncio.create_task(watch_redis_world(services), name="redis-world")]
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,262 @@
+"""Two worlds side by side, against real Redis and Triton: a candidate world loaded beside the
+stable one answers its share of users, refused when it fails a check, rolled back and
+promoted by /admin, all under steady traffic with no failed or mixed answer; the promotion
+outlives a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
+from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
+from recsys_tools.world.store.identity import install_model, model_beside
+from recsys_tools.world.store.redis_loader import load_world_into_redis
+
+from app.release.keyspace import KeySpace
+from app.release.world import read_stamp
+from app.release.worlds import candidate_user, read_worlds
+from tests.integration.conftest import Stack, serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+TOKEN = "t" * 24
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+WORLD_B = DemoSize(items=1500, users=300, impressions=15_000)
+MODEL_B = "ranking_model_b"
+PREFIX_B = "recsys-b"
+USERS = [f"u{n}" for n in range(120)]
+PERCENT = 30.0
+
+
+@dataclass(frozen=True)
+class TwoWorlds:
+    stack: Stack
+    world_b: Path
+    redis_url: str
+    triton_url: str
+    worlds_file: Path
+    a_id: str
+    b_id: str
+
+    def settings(self, **overrides: Any) -> Any:
+        return self.stack.settings(
+            redis_url=self.redis_url,
+            triton_url=self.triton_url,
+            admin_token=TOKEN,
+            worlds_file=self.worlds_file,
+            **overrides,
+        )
+
+    def candidate_b(self, percent: float = PERCENT, prefix: str = PREFIX_B) -> dict[str, Any]:
+        return {
+            "artifacts_dir": str(self.world_b),
+            "key_prefix": prefix,
+            "model_name": MODEL_B,
+            "percent": percent,
+        }
+
+
+def _repository(stack: Stack, world_b: Path, root: Path) -> Path:
+    """The stack's model, and world B's under a name of its own."""
+    name = stack.schema.model_name
+    shutil.copytree(stack.model_repository / name, root / name)
+    model_beside(root, name, MODEL_B)  # what `recsys install-model --model-name` does
+    install_model(world_b, root, MODEL_B)
+    return root
+
+
+@pytest.fixture
+def two_worlds(stack: Stack, tmp_path: Path) -> Iterator[TwoWorlds]:
+    world_b = tmp_path / "world-b"
+    build_demo_world(world_b, stack.schema, WORLD_B, seed=23)
+    repository = _repository(stack, world_b, tmp_path / "models")
+    started: list[ManagedProcess] = []
+    try:
+        redis_process, redis_url = start_redis(tmp_path / "redis")
+        started.append(redis_process)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            load_world_into_redis(stack.world, client, stack.schema, KeySpace("recsys"))
+            load_world_into_redis(world_b, client, stack.schema, KeySpace(PREFIX_B))
+        finally:
+            client.close()
+        triton, triton_url = start_triton(
+            default_triton_env(),
+            repository,
+            tmp_path / "triton",
+            [stack.schema.model_name, MODEL_B],
+        )
+        started.append(triton)
+        a, b = read_stamp(stack.world), read_stamp(world_b)
+        assert a is not None
+        assert b is not None
+        yield TwoWorlds(
+            stack, world_b, redis_url, triton_url, tmp_path / "worlds.toml", a.world_id, b.world_id
+        )
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+@dataclass
+class Answer:
+    at: float  # when the request was sent
+    user: str
+    status: int
+    world: str
+    role: str
+    degraded: list[str]
+    items: list[str]
+
+
+async def _traffic(client: httpx.AsyncClient, answers: Answers, stop: asyncio.Event) -> None:
+    """Four callers, one user after another, until told to stop."""
+
+    async def caller(k: int) -> None:
+        n = k
+        while not stop.is_set():
+            user = USERS[n % len(USERS)]
+            n += 4
+            began = time.monotonic()
+            response = await client.post("/recommend", json={"user_id": user, "num_items": 10})
+            body = response.json()
+            world = body.get("world", {})
+            answers.append(
+                Answer(
+                    began,
+                    user,
+                    response.status_code,
+                    world.get("id", ""),
+                    world.get("role", ""),
+                    body.get("degraded", []),
+                    [item["item_id"] for item in body.get("items", [])],
+                )
+            )
+
+    await asyncio.gather(*(caller(k) for k in range(4)))
+
+
+class Answers(list[Answer]):
+    """The answers as they come, and a wait for more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grew = asyncio.Event()
+
+    def append(self, answer: Answer) -> None:
+        super().append(answer)
+        self.grew.set()
+
+
+async def _settle(answers: Answers, count: int = 150) -> float:
+    """A moment from which on the answers are the new state's, once `count` more came."""
+    since, seen = time.monotonic(), len(answers)
+    while len(answers) < seen + count:
+        answers.grew.clear()
+        await answers.grew.wait()
+    return since
+
+
+def _after(answers: list[Answer], start: float, end: float = float("inf")) -> list[Answer]:
+    return [a for a in answers if start < a.at < end]
+
+
+async def test_a_candidate_world_is_served_to_its_share_refused_rolled_back_and_promoted(
+    two_worlds: TwoWorlds,
+) -> None:
+    b_items = {f"i{i}" for i in range(WORLD_B.items)}
+    answers = Answers()
+    stop = asyncio.Event()
+    async with serving(two_worlds.settings()) as client:
+        state = (await client.get("/admin/worlds", headers=ADMIN)).json()
+        assert (state["stable"], state["candidate"]) == (two_worlds.a_id, "")
+        load = asyncio.create_task(_traffic(client, answers, stop))
+        try:
+            await _settle(answers)
+
+            response = await client.post(
+                "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
+            )
+            assert response.status_code == 200, response.text
+            state = response.json()
+            assert (state["candidate"], state["percent"]) == (two_worlds.b_id, PERCENT)
+            assert state["memory_bytes"] > 0  # stated before it loaded
+            loaded = await _settle(answers, 300)
+
+            # A world whose keys are not in Redis is refused; B serves on.
+            refused = await client.post(
+                "/admin/worlds/candidate",
+                json=two_worlds.candidate_b(prefix="recsys-never-loaded"),
+                headers=ADMIN,
+            )
+            assert refused.status_code == 409, refused.text
+            assert "refused" in refused.json()["message"]
+            plan = read_worlds(two_worlds.worlds_file)
+            assert plan.candidate is not None
+            assert plan.candidate.key_prefix == PREFIX_B
+            await _settle(answers, 100)
+
+            before_rollback = time.monotonic()
+            rolled = await client.post("/admin/worlds/rollback", headers=ADMIN)
+            assert rolled.status_code == 200
+            assert rolled.json()["candidate"] == ""
+            rolled_back = await _settle(answers)
+
+            again = await client.post(
+                "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
+            )
+            assert again.status_code == 200, again.text
+            await _settle(answers, 100)
+            promoted = await client.post("/admin/worlds/promote", headers=ADMIN)
+            assert promoted.status_code == 200, promoted.text
+            assert (promoted.json()["stable"], promoted.json()["candidate"]) == (
+                two_worlds.b_id,
+                "",
+            )
+            promotion = await _settle(answers)
+            nothing = await client.post("/admin/worlds/promote", headers=ADMIN)
+            assert nothing.status_code == 409
+        finally:
+            stop.set()
+            await load
+
+    # Under all of it: no failed answer, none degraded, none mixing the two worlds.
+    assert len(answers) > 800
+    assert [a for a in answers if a.status != 200 or a.degraded] == []
+    for answer in answers:
+        assert (answer.world, answer.role) in {
+            (two_worlds.a_id, "stable"),
+            (two_worlds.b_id, "candidate"),
+            (two_worlds.b_id, "stable"),
+        }, answer
+        if answer.world == two_worlds.b_id:
+            assert set(answer.items) <= b_items, answer
+    # While B was the candidate: its share of users, each user always in one world.
+    during = _after(answers, loaded, before_rollback)
+    for answer in during:
+        expected = "candidate" if candidate_user(answer.user, PERCENT) else "stable"
+        assert answer.role == expected, answer
+    assert {a.role for a in during} == {"stable", "candidate"}
+    # After the rollback every user was back on A at once; after the promotion, on B.
+    assert {a.world for a in _after(answers, rolled_back, rolled_back + 0.3)} == {two_worlds.a_id}
+    assert {(a.world, a.role) for a in _after(answers, promotion)} == {(two_worlds.b_id, "stable")}
+
+    # The promotion is in the worlds file: a restart serves B.
+    plan = read_worlds(two_worlds.worlds_file)
+    assert plan.stable is not None
+    assert plan.stable.key_prefix == PREFIX_B
+    assert plan.candidate is None
+    async with serving(two_worlds.settings()) as client:
+        body = (await client.post("/recommend", json={"user_id": "u1", "num_items": 5})).json()
+        assert body["world"] == {"id": two_worlds.b_id, "role": "stable"}
+        metrics = (await client.get("/metrics")).text
+        assert 'recsys_world_answers_total{world="stable"} 1.0' in metrics

@@ -290,6 +290,24 @@ def volume(run: PodmanRun, target: str) -> tuple[str, set[str]]:
     raise AssertionError(f"nothing mounted at {target}: {run.values('--volume')}")
 
 
+def test_a_host_folder_two_containers_mount_is_labelled_shared(units: dict[str, Unit]) -> None:
+    """Under SELinux `Z` relabels a folder private to one container: a second container
+    mounting it would lose it (or take it away) at its next start. Shared ones take `z`."""
+    labels: dict[str, dict[str, set[str]]] = {}
+    for name in (*CONTAINERS, *JOBS):
+        run = podman_run(units, name)
+        for spec in run.values("--volume"):
+            source, _, *options = spec.split(":")
+            if source.startswith("/"):
+                labels.setdefault(source, {})[name] = set(",".join(options).split(","))
+    shared = {source: users for source, users in labels.items() if len(users) > 1}
+    assert {"/srv/recsys/worlds", "/srv/recsys/release", "/srv/recsys/archive"} <= set(shared)
+    for source, users in shared.items():
+        for name, options in users.items():
+            assert "z" in options, (source, name, options)
+            assert "Z" not in options, (source, name, options)
+
+
 # The generator -----------------------------------------------------------------------------
 
 
@@ -502,9 +520,9 @@ def test_redis_config_is_a_feature_store() -> None:
 def test_api_is_locked_down_and_serves_the_world_read_only(units: dict[str, Unit]) -> None:
     run = podman_run(units, "recsys-api")
     assert run.value("--env-file") == "/etc/recsys/api.env"
-    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "Z"})
-    # Writable: a rollback rewrites the release file.
-    assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"Z"})
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "z"})
+    # Writable: a rollback rewrites the release file, /admin/worlds the worlds file.
+    assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"z"})
     assert run.value("--tmpfs").startswith("/tmp:")
     # The Redis password and who may post events: files the settings read, never in the
     # environment.
@@ -526,7 +544,13 @@ def test_the_consumer_runs_the_image_as_recsys_ingest_with_its_own_login(
     assert run.value("--entrypoint") == "recsys-ingest"
     assert "9108/metrics" in run.value("--health-cmd")  # the image's asks the API's port
     assert run.value("--env-file") == "/etc/recsys/ingest.env"
-    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "Z"})
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"ro", "z"})
+    # The worlds file, to apply events to each world served.
+    assert volume(run, "/var/lib/recsys/release") == ("/srv/recsys/release", {"ro", "z"})
+    assert (
+        "RECSYS_WORLDS_FILE=/var/lib/recsys/release/worlds.toml"
+        in (QUADLET_DIR / "ingest.env.example").read_text()
+    )
     secret = run.value("--secret").split(",")
     assert secret[0] == "recsys_redis_ingest_password"
     assert "target=/run/secrets/recsys_redis_password" in secret
@@ -544,7 +568,7 @@ def test_the_archive_runs_the_image_as_recsys_archive_writing_its_own_folder(
     assert run.value("--entrypoint") == "recsys-archive"
     assert "9109/metrics" in run.value("--health-cmd")
     assert run.value("--env-file") == "/etc/recsys/archive.env"
-    assert volume(run, "/var/lib/recsys/archive") == ("/srv/recsys/archive", {"Z"})
+    assert volume(run, "/var/lib/recsys/archive") == ("/srv/recsys/archive", {"z"})
     secret = run.value("--secret").split(",")
     assert secret[0] == "recsys_redis_archive_password"
     example = (QUADLET_DIR / "archive.env.example").read_text()

@@ -119,6 +119,12 @@ async def test_each_user_can_do_its_job_and_nothing_more(stack: Stack, tmp_path:
         assert not _refused(service, ("SET", "recsys:ans:0123", "stable"))
         assert _refused(service, ("APPEND", "recsys:seen:{u3}", "x"))
         assert _refused(service, ("GET", "elsewhere:key"))  # and only its own keys
+        # A world served beside the first, under recsys-NAME: the same rights on its keys.
+        load_world_into_redis(stack.world, loader, stack.schema, KeySpace("recsys-next"))
+        assert service.hgetall("recsys-next:meta")
+        assert _refused(service, ("DEL", "recsys-next:u:{u3}"))
+        assert not _refused(service, ("HSET", "recsys-next:i:x", "a", "b"))
+        assert _refused(service, ("GET", "recsysnext:meta"))
         assert health.ping()
         assert _refused(health, ("GET", "recsys:meta"))
         with pytest.raises(AuthenticationError):

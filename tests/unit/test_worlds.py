@@ -72,9 +72,7 @@ def test_a_users_world_is_stable_and_drawn_apart_from_the_model_canary() -> None
 
 
 def test_a_worlds_settings_keep_the_event_log_and_drop_the_model_release() -> None:
-    base = Settings(
-        redis_key_prefix="recsys", release_file=Path("/etc/recsys/release.toml"), _env_file=None
-    )
+    base = Settings(redis_key_prefix="recsys", release_file=Path("/etc/recsys/release.toml"))
     served = world_settings(base, NEXT)
     assert served.artifacts_dir == NEXT.artifacts_dir
     assert served.redis_key_prefix == "recsys-next"
@@ -97,7 +95,7 @@ def _world(tmp_path: Path, items: int) -> Path:
 def test_a_worlds_memory_is_its_loaded_files_and_its_held_features(tmp_path: Path) -> None:
     world = _world(tmp_path, items=1000)
     width = load_schema().item_blob_width
-    held = Settings(artifacts_dir=world, catalog_headroom=0.0, _env_file=None)
+    held = Settings(artifacts_dir=world, catalog_headroom=0)
     assert world_memory_bytes(held, 1000, width) == 1500 + 1000 * width * 4
     off = held.model_copy(update={"item_features": "off"})
     assert world_memory_bytes(off, 1000, width) == 1500
@@ -105,7 +103,7 @@ def test_a_worlds_memory_is_its_loaded_files_and_its_held_features(tmp_path: Pat
 
 def test_a_world_taking_more_than_the_host_spares_is_refused(tmp_path: Path) -> None:
     world = _world(tmp_path, items=100_000)
-    settings = Settings(artifacts_dir=world, _env_file=None)
+    settings = Settings(artifacts_dir=world)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 1000000 kB\nMemAvailable: 10000 kB\n")
     with pytest.raises(ConfigError, match="MiB available"):
@@ -113,4 +111,4 @@ def test_a_world_taking_more_than_the_host_spares_is_refused(tmp_path: Path) -> 
     meminfo.write_text("MemAvailable: 50000000 kB\n")
     assert checked_memory(settings, 0.2, meminfo) > 100_000
     with pytest.raises(ConfigError, match="not a directory"):
-        checked_memory(Settings(artifacts_dir=tmp_path / "none", _env_file=None), 0.2, meminfo)
+        checked_memory(Settings(artifacts_dir=tmp_path / "none"), 0.2, meminfo)

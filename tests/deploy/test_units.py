@@ -45,7 +45,7 @@ CONTAINERS = (
     "recsys-grafana",
 )
 # Containers a timer starts, that run to their end: not wanted at boot.
-JOBS = ("recsys-retrain",)
+JOBS = ("recsys-retrain", "recsys-judge")
 HOST_ENV = ROOT / "deploy" / "host.env"
 # Registry images: named by tag, pinned by the digest host.env holds for each.
 PINNED = {
@@ -303,9 +303,9 @@ def test_a_host_folder_two_containers_mount_is_labelled_shared(units: dict[str, 
     shared = {source: users for source, users in labels.items() if len(users) > 1}
     assert {"/srv/recsys/worlds", "/srv/recsys/release", "/srv/recsys/archive"} <= set(shared)
     for source, users in shared.items():
-        for name, options in users.items():
-            assert "z" in options, (source, name, options)
-            assert "Z" not in options, (source, name, options)
+        for name, labelled in users.items():
+            assert "z" in labelled, (source, name, labelled)
+            assert "Z" not in labelled, (source, name, labelled)
 
 
 # The generator -----------------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_a_host_folder_two_containers_mount_is_labelled_shared(units: dict[str, 
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 14  # seven containers, a job, four volumes, two networks
+    assert len(expected) == 15  # seven containers, two jobs, four volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -602,6 +602,36 @@ def test_the_retrain_is_a_daily_job_its_timer_starts(units: dict[str, Unit]) -> 
         assert one(timer, "Timer", "Persistent") == "true"
         assert one(timer, "Install", "WantedBy") == "timers.target"
     assert timers[0]["Timer"] == timers[1]["Timer"]
+
+
+def test_the_judge_acts_hourly_on_the_served_worlds_through_the_api(
+    units: dict[str, Unit],
+) -> None:
+    job = units["recsys-judge"]
+    assert one(job, "Service", "Type") == "oneshot"
+    assert "Install" not in job  # started by its timer, never at boot
+    run = podman_run(units, "recsys-judge")
+    assert run.image == "localhost/recsys-tools:latest"
+    assert run.command[:2] == ["release", "judge"]
+    assert "--act" in run.command
+    assert run.command[run.command.index("--url") + 1] == "http://recsys-api:8080"
+    assert run.values("--network") == ["recsys-internal"]
+    assert volume(run, "/var/lib/recsys/archive") == ("/srv/recsys/archive", {"ro", "z"})
+    secret = run.value("--secret").split(",")
+    assert secret[0] == "recsys_admin_token"
+    token_file = run.command[run.command.index("--token-file") + 1]
+    assert f"target={token_file}" in secret
+    example = (QUADLET_DIR / "judge.env.example").read_text()
+    for name in ("MIN_ANSWERS", "MAX_ANSWERS", "MARGIN"):
+        assert f"RECSYS_JUDGE_{name}=" in example
+    timers = [
+        parse_unit((folder / "recsys-judge.timer").read_text())
+        for folder in (QUADLET_DIR, PLAIN_DIR)
+    ]
+    for timer in timers:
+        assert one(timer, "Timer", "Unit") == "recsys-judge.service"
+        assert one(timer, "Timer", "OnCalendar") == "hourly"
+        assert one(timer, "Install", "WantedBy") == "timers.target"
 
 
 def test_api_starts_after_triton_and_redis_without_depending_on_them(

@@ -10,10 +10,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from recsys_tools.cli import main
-from recsys_tools.judge import Verdict, arm_rates, difference_interval, judge
+from recsys_tools.judge import (
+    Verdict,
+    acted,
+    arm_rates,
+    difference_interval,
+    first_day_of,
+    judge,
+)
 from recsys_tools.outcomes import Rate
 
-from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind
+from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore
 
 NOW_MS = 1_796_326_702_000
@@ -111,3 +118,23 @@ def test_the_command_says_promote_for_a_better_canary(
     _archive(tmp_path / "worse", {"stable-w": 0.2, "candidate-w": 0.1}, 20_000)
     assert main(["release", "judge", "--archive", str(tmp_path / "worse")]) == 0
     assert "verdict: roll back" in capsys.readouterr().out
+
+
+def test_acting_on_a_verdict_promotes_rolls_back_or_leaves_the_candidate() -> None:
+    called: list[str] = []
+
+    def admin(verb: str) -> dict[str, str]:
+        called.append(verb)
+        return {"stable": "w-new" if verb == "promote" else "w-old"}
+
+    assert "promoted, world w-new" in acted(Verdict.PROMOTE, admin)
+    assert "rolled back, world w-old" in acted(Verdict.ROLL_BACK, admin)
+    assert "nothing" in acted(Verdict.WAIT, admin)
+    assert called == ["promote", "rollback"]
+
+
+def test_a_worlds_first_day_is_its_first_answers(tmp_path: Path) -> None:
+    _archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.2}, 2000)
+    store = ArchiveStore(str(tmp_path))
+    assert first_day_of(store, "candidate-w") == day_of(NOW_MS)
+    assert first_day_of(store, "never-served") == ""

@@ -13,6 +13,10 @@ Wilson interval: sound for small counts and rates near 0). The verdict:
   and it still cannot be shown to be no worse;
 - promote: the candidate is no worse than the stable by more than --margin (relative), the
   whole interval above -margin x the stable's rate.
+
+With --act (worlds only) the verdict is carried out on the running service: promote or roll
+back the candidate world through /admin/worlds (--url; the token from RECSYS_ADMIN_TOKEN or
+--token-file); a wait changes nothing. A timer running it is the loop acting by itself.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ import argparse
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
 import pyarrow.compute as pc
 
-from app.archive.rows import Kind
+from app.archive.rows import Kind, day_of
 from app.archive.store import ArchiveStore
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.outcomes import TYPES, Rate
-from recsys_tools.worlds_admin import add_world_verb
+from recsys_tools.worlds_admin import add_world_verb, call, token_of
 
 Z95 = 1.959964
 
@@ -120,6 +125,15 @@ def arm_rates(store: ArchiveStore, by: str, first: str, last: str) -> dict[str, 
     return rates
 
 
+def first_day_of(store: ArchiveStore, world_id: str) -> str:
+    """The first day the archive holds an answer of this world; empty for none."""
+    answers = store.read(Kind.ANSWERS).select(["world_id", "ts_ms"])
+    mine = answers.filter(pc.equal(answers.column("world_id"), world_id))
+    if not mine.num_rows:
+        return ""
+    return day_of(int(pc.min(mine.column("ts_ms")).as_py()))
+
+
 def _arms(
     rates: dict[str, dict[str, Rate]], stable: str | None, candidate: str | None
 ) -> tuple[str, str]:
@@ -136,7 +150,19 @@ def _arms(
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.act and args.by != "world_id":
+        raise ConfigError("--act carries out a verdict on worlds: use it with --by world_id")
+    if args.act:
+        # The arms are the worlds the service serves now, whatever else the archive holds.
+        served = call(args.url, token_of(args), "show")
+        if not served["candidate"]:
+            print(f"no candidate world is served beside {served['stable']}: nothing to judge")
+            return
+        args.stable, args.candidate = served["stable"], served["candidate"]
     store = ArchiveStore(args.archive)
+    if args.act and not args.since:
+        # Both arms over the same days: from the candidate's first answer on.
+        args.since = first_day_of(store, args.candidate) or args.since
     rates = arm_rates(store, args.by, args.since, args.until)
     stable, candidate = _arms(rates, args.stable, args.candidate)
     judgement = judge(
@@ -159,6 +185,8 @@ def _run(args: argparse.Namespace) -> None:
     }
     if args.json:
         print(json.dumps(report, indent=2))
+        if args.act:
+            print(acted(judgement.verdict, lambda verb: call(args.url, token_of(args), verb)))
         return
     for arm, name in ((stable, "stable"), (candidate, "candidate")):
         rate = rates[arm][args.outcome]
@@ -170,6 +198,17 @@ def _run(args: argparse.Namespace) -> None:
     low, high = judgement.interval
     print(f"difference {judgement.difference:+.4f} (95%: {low:+.4f} to {high:+.4f})")
     print(f"verdict: {judgement.verdict.value}: {judgement.why}")
+    if args.act:
+        print(acted(judgement.verdict, lambda verb: call(args.url, token_of(args), verb)))
+
+
+def acted(verdict: Verdict, admin: Callable[[str], dict[str, Any]]) -> str:
+    """The verdict carried out through /admin/worlds (`admin` makes the call); a sentence."""
+    if verdict is Verdict.PROMOTE:
+        return f"acted: promoted, world {admin('promote')['stable']} answers every user"
+    if verdict is Verdict.ROLL_BACK:
+        return f"acted: rolled back, world {admin('rollback')['stable']} answers every user"
+    return "acted: nothing, the candidate keeps its share until the judge can tell"
 
 
 def register(commands: Commands) -> None:
@@ -200,4 +239,11 @@ def register(commands: Commands) -> None:
     judging.add_argument("--max-answers", type=int, default=100_000)
     judging.add_argument("--margin", type=float, default=0.05, help="relative, 0.05: 5%%")
     judging.add_argument("--json", action="store_true", help="the report as JSON")
+    judging.add_argument(
+        "--act",
+        action="store_true",
+        help="carry the verdict out on the service: promote or roll back the candidate world",
+    )
+    judging.add_argument("--url", default="http://127.0.0.1:8080", help="with --act: the service")
+    judging.add_argument("--token-file", help="with --act: a file holding RECSYS_ADMIN_TOKEN")
     judging.set_defaults(run=_run)

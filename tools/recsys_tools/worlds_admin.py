@@ -28,7 +28,7 @@ from app.core.errors import ConfigError
 TIMEOUT_S = 120.0  # a load starts a whole world: files, checks, warm-up
 
 
-def _token(args: argparse.Namespace) -> str:
+def token_of(args: argparse.Namespace) -> str:
     if args.token_file:
         return Path(args.token_file).read_text().strip()
     token = os.environ.get("RECSYS_ADMIN_TOKEN", "")
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> None:
         }
     verb = "candidate" if args.action == "load" else args.action
     try:
-        state = call(args.url, _token(args), verb, body)
+        state = call(args.url, token_of(args), verb, body)
     except ConfigError as exc:
         print(f"recsys release world {args.action}: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -388,7 +388,11 @@ async def start_services(
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
     catalog = await asyncio.to_thread(opened_catalog, settings, schema)
-    catalog = with_room(catalog, settings.catalog_headroom, schema.item_blob_width)
+    # Copies the catalog's arrays (tens of MB): off the loop, which may be serving already
+    # (a candidate world loaded beside the stable one).
+    catalog = await asyncio.to_thread(
+        with_room, catalog, settings.catalog_headroom, schema.item_blob_width
+    )
     breakers = _breakers(settings, metrics, running_late)
     async with AsyncExitStack() as stack:
         store, model = _clients(settings, schema, breakers, stack)
@@ -399,7 +403,9 @@ async def start_services(
         stack.callback(lambda: local_ranker.close() if local_ranker is not None else None)
         identity = files_identity(settings.artifacts_dir, stamp)
         artifacts = ArtifactsRef(
-            serving_artifacts(schema, catalog, rules, routing, store.keys, identity)
+            await asyncio.to_thread(
+                serving_artifacts, schema, catalog, rules, routing, store.keys, identity
+            )
         )
         item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
         following = await replayed(

@@ -50,6 +50,10 @@ _NOT_LOADED = {HOLDOUT_FILE, "report.json", MANIFEST_FILE}
 # answer's write-out, before its clients close under them.
 RETIRE_MARGIN_S = 1.0
 MEMINFO = Path("/proc/meminfo")
+# What a loaded world takes beyond its arrays' bytes (decompressed files, the lookups built
+# from them, allocator slack): measured, the API's resident memory grew 1.2x the sum on the
+# demo world (loadtest/two_worlds.py).
+MEMORY_OVERHEAD = 1.25
 
 
 class WorldRefusedError(ConfigError):
@@ -68,7 +72,7 @@ def world_memory_bytes(settings: Settings, items: int, blob_width: int) -> int:
     held = 0
     if settings.item_features == "full":
         held = (items + settings.catalog_headroom) * blob_width * 4
-    return files + held
+    return int((files + held) * MEMORY_OVERHEAD)
 
 
 def checked_memory(settings: Settings, reserve: float, meminfo: Path | None = None) -> int:

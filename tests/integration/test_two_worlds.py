@@ -21,6 +21,7 @@ from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from recsys_tools.world.store.identity import install_model, model_beside
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
+from app.core.events import Event, decode_entry
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp
 from app.release.worlds import candidate_user, read_worlds
@@ -46,6 +47,7 @@ class TwoWorlds:
     worlds_file: Path
     a_id: str
     b_id: str
+    redis: ManagedProcess
 
     def settings(self, **overrides: Any) -> Any:
         return self.stack.settings(
@@ -81,7 +83,11 @@ def two_worlds(stack: Stack, tmp_path: Path) -> Iterator[TwoWorlds]:
     repository = _repository(stack, world_b, tmp_path / "models")
     started: list[ManagedProcess] = []
     try:
-        redis_process, redis_url = start_redis(tmp_path / "redis")
+        # Durable as deployed (every write on disk before its answer): a restart loses
+        # nothing acknowledged.
+        redis_process, redis_url = start_redis(
+            tmp_path / "redis", extra=["--appendonly", "yes", "--appendfsync", "always"]
+        )
         started.append(redis_process)
         client = redis.Redis.from_url(redis_url)
         try:
@@ -100,7 +106,14 @@ def two_worlds(stack: Stack, tmp_path: Path) -> Iterator[TwoWorlds]:
         assert a is not None
         assert b is not None
         yield TwoWorlds(
-            stack, world_b, redis_url, triton_url, tmp_path / "worlds.toml", a.world_id, b.world_id
+            stack,
+            world_b,
+            redis_url,
+            triton_url,
+            tmp_path / "worlds.toml",
+            a.world_id,
+            b.world_id,
+            redis_process,
         )
     finally:
         for process in reversed(started):
@@ -260,3 +273,71 @@ async def test_a_candidate_world_is_served_to_its_share_refused_rolled_back_and_
         assert body["world"] == {"id": two_worlds.b_id, "role": "stable"}
         metrics = (await client.get("/metrics")).text
         assert 'recsys_world_answers_total{world="stable"} 1.0' in metrics
+
+
+async def _post_events(
+    client: httpx.AsyncClient, acknowledged: list[str], stop: asyncio.Event
+) -> None:
+    """A click every few ms; the ids of those the service acknowledged (202)."""
+    n = 0
+    while not stop.is_set():
+        event_id = f"canary-{n}"
+        n += 1
+        event = {"event_id": event_id, "user_id": USERS[n % len(USERS)], "item_id": "i1"}
+        response = await client.post("/events", json={"events": [{**event, "type": "click"}]})
+        if response.status_code == 202 and response.json()["accepted"] == 1:
+            acknowledged.append(event_id)
+        await asyncio.sleep(0.005)
+
+
+def _logged_event_ids(url: str, partitions: int) -> set[str]:
+    client = redis.Redis.from_url(url)
+    try:
+        found: set[str] = set()
+        for partition in range(partitions):
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
+                KeySpace("recsys").events(partition)
+            )
+            for _, fields in entries:
+                found.update(e.event_id for e in decode_entry(fields) if isinstance(e, Event))
+        return found
+    finally:
+        client.close()
+
+
+async def test_redis_restarted_during_a_canary_loses_no_answer_and_no_acknowledged_event(
+    two_worlds: TwoWorlds,
+) -> None:
+    answers = Answers()
+    acknowledged: list[str] = []
+    stop = asyncio.Event()
+    settings = two_worlds.settings()
+    async with serving(settings) as client:
+        loaded = await client.post(
+            "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
+        )
+        assert loaded.status_code == 200, loaded.text
+        load = asyncio.gather(
+            _traffic(client, answers, stop), _post_events(client, acknowledged, stop)
+        )
+        try:
+            await _settle(answers)
+            await asyncio.to_thread(two_worlds.redis.restart)  # killed, then up from its log
+            # Past the breakers' open time, the next answers are whole again.
+            await asyncio.sleep(settings.breaker_open_s + 1.0)
+            back = await _settle(answers, 200)
+            state = (await client.get("/admin/worlds", headers=ADMIN)).json()
+        finally:
+            stop.set()
+            await load
+    # Answers kept coming from both worlds through it, the candidate kept its share, and
+    # once Redis was back they were whole again.
+    assert [a for a in answers if a.status != 200] == []
+    assert (state["candidate"], state["percent"]) == (two_worlds.b_id, PERCENT)
+    recovered = _after(answers, back)
+    assert {a.role for a in recovered} == {"stable", "candidate"}
+    assert [a for a in recovered if a.degraded] == []
+    # Every event the service acknowledged is in the event log after the restart.
+    logged = _logged_event_ids(two_worlds.redis_url, settings.event_partitions)
+    assert len(acknowledged) > 50
+    assert set(acknowledged) <= logged

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from recsys_tools.cli import main
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from recsys_tools.world.store.identity import install_model, model_beside
@@ -27,7 +28,8 @@ from app.release.world import read_stamp
 from app.release.worlds import candidate_user, read_worlds
 from tests.integration.conftest import Stack, serving
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.integration
+IN_SESSION_LOOP = pytest.mark.asyncio(loop_scope="session")
 
 TOKEN = "t" * 24
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -183,6 +185,7 @@ def _after(answers: list[Answer], start: float, end: float = float("inf")) -> li
     return [a for a in answers if start < a.at < end]
 
 
+@IN_SESSION_LOOP
 async def test_a_candidate_world_is_served_to_its_share_refused_rolled_back_and_promoted(
     two_worlds: TwoWorlds,
 ) -> None:
@@ -305,6 +308,7 @@ def _logged_event_ids(url: str, partitions: int) -> set[str]:
         client.close()
 
 
+@IN_SESSION_LOOP
 async def test_redis_restarted_during_a_canary_loses_no_answer_and_no_acknowledged_event(
     two_worlds: TwoWorlds,
 ) -> None:
@@ -341,3 +345,28 @@ async def test_redis_restarted_during_a_canary_loses_no_answer_and_no_acknowledg
     logged = _logged_event_ids(two_worlds.redis_url, settings.event_partitions)
     assert len(acknowledged) > 50
     assert set(acknowledged) <= logged
+
+
+def test_a_world_is_staged_under_its_id(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`recsys release world stage`: its keys under recsys-ID, its model beside the first."""
+    name = stack.schema.model_name
+    shutil.copytree(stack.model_repository / name, tmp_path / "models" / name)
+    process, url = start_redis(tmp_path / "redis")
+    try:
+        argv = ["release", "world", "stage", "--world", str(stack.world), "--redis-url", url]
+        assert main([*argv, "--model-repository", str(tmp_path / "models")]) == 0
+        stamp = read_stamp(stack.world)
+        assert stamp is not None
+        prefix, model = f"recsys-{stamp.world_id}", f"{name}_{stamp.world_id.replace('-', '_')}"
+        client = redis.Redis.from_url(url)
+        assert client.hgetall(f"{prefix}:meta")
+        client.close()
+        config = (tmp_path / "models" / model / "config.pbtxt").read_text()
+        assert f'name: "{model}"' in config
+        assert stamp.world_id in config  # the model carries its world's id
+        said = capsys.readouterr().out
+        assert f"--prefix {prefix} --model {model}" in said
+    finally:
+        process.stop()

@@ -61,6 +61,7 @@ from recsys_tools.localstack import (
     unarchived,
 )
 from recsys_tools.localstack.processes import start_managed
+from recsys_tools.model.load import load_versions
 from recsys_tools.outcomes import TYPES
 from recsys_tools.retrain import RetrainPlan, retrain
 from recsys_tools.world.generate.drift import DAY, DailyDrift, DailyShape, daily_drift
@@ -68,8 +69,9 @@ from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
-from recsys_tools.world.store.identity import install_model, model_beside
+from recsys_tools.world.store.identity import install_model
 from recsys_tools.world.store.redis_loader import load_world_into_redis
+from recsys_tools.worlds_admin import candidate_names, stage
 
 log = logging.getLogger(__name__)
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
@@ -250,16 +252,6 @@ def _admin(api: Api, verb: str, body: dict[str, Any] | None = None) -> dict[str,
     return answer
 
 
-def _load_model(triton_url: str, name: str) -> None:
-    import tritonclient.grpc as triton
-
-    client = triton.InferenceServerClient(triton_url)
-    try:
-        client.load_model(name)
-    finally:
-        client.close()
-
-
 def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
     folder = options.folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -432,14 +424,9 @@ class _LoopStack:
         return cls(folder, client, triton_url, repository, api, processes)
 
     def load_candidate(self, world: Path, percent: float) -> dict[str, Any]:
-        schema = world_schema(world, None)
-        world_id = _world_id(world)
-        prefix = f"recsys-{world_id}"
-        model = f"{schema.model_name}_{world_id.replace('-', '_')}"
-        load_world_into_redis(world, self.redis, schema, KeySpace(prefix, streams="recsys"))
-        model_beside(self.repository, schema.model_name, model)
-        install_model(world, self.repository, model)
-        _load_model(self.triton_url, model)
+        prefix, model = candidate_names(world)
+        stage(world, self.redis, self.repository, prefix, model)
+        load_versions(self.triton_url, model)
         body = {
             "artifacts_dir": str(world),
             "key_prefix": prefix,

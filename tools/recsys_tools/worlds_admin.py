@@ -1,16 +1,20 @@
-"""`recsys release world ...`: load, promote and roll back a candidate world on a running
-service, through its /admin/worlds routes.
+"""`recsys release world ...`: stage a candidate world, then load, promote and roll it back
+on a running service, through its /admin/worlds routes.
 
-    recsys release world load --world /var/lib/recsys/worlds/next --prefix recsys-next \\
-        --model ranking_model_next --percent 10
+    recsys release world stage --world /srv/recsys/worlds/next --redis-url redis://... \\
+        --model-repository /srv/recsys/models          # names it recsys-ID, ranking_model_ID
+    recsys release world load --world /srv/recsys/worlds/next --percent 10
     recsys release world show
     recsys release world promote      # the candidate becomes stable for everyone
     recsys release world rollback     # the candidate is dropped: the stable world for all
 
-Before `load`: the world's keys are in Redis under its prefix (`recsys load-redis --world DIR
---prefix P`), its model is on Triton under its name (`recsys install-model --model-name`),
-and, with RECSYS_WORLDS_FILE set, the ingest consumer gives it its own consumer. The token is
-RECSYS_ADMIN_TOKEN's, read from the environment or from --token-file.
+`stage` writes the world's keys into Redis under its own prefix (as `recsys load-redis
+--prefix`; the password from RECSYS_REDIS_PASSWORD) and installs its model into the
+repository under its own name (as `recsys install-model --model-name`); with --triton-url a
+Triton in explicit model-control mode loads it now (as `recsys model load`), otherwise
+restart Triton. Both names default to the world's id, so `load` needs only --world. With
+RECSYS_WORLDS_FILE set, the ingest consumer gives the loaded world a consumer of its own.
+The token is RECSYS_ADMIN_TOKEN's, read from the environment or from --token-file.
 """
 
 from __future__ import annotations
@@ -22,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from app.core.errors import ConfigError
+from app.release.keyspace import KeySpace
+from app.release.world import read_stamp, world_schema
+from recsys_tools.model.load import load_versions
+from recsys_tools.world.store.identity import install_model, model_beside
+from recsys_tools.world.store.redis_loader import LoadReport, load_world_into_redis
 
 TIMEOUT_S = 120.0  # a load starts a whole world: files, checks, warm-up
 
@@ -67,13 +77,66 @@ def call(url: str, token: str, verb: str, body: dict[str, Any] | None = None) ->
     return answer
 
 
+def candidate_names(world: Path) -> tuple[str, str]:
+    """The key prefix and model name a world is staged under by default: its id in both."""
+    stamp = read_stamp(world)
+    if stamp is None:
+        raise ConfigError(f"{world} carries no world id: name --prefix and --model")
+    model = world_schema(world, None).model_name
+    return f"recsys-{stamp.world_id}", f"{model}_{stamp.world_id.replace('-', '_')}"
+
+
+def stage(
+    world: Path, client: redis.Redis, repository: Path, prefix: str, model: str
+) -> LoadReport:
+    """The world's keys under `prefix`, its model in `repository` under `model`."""
+    schema = world_schema(world, None)
+    report = load_world_into_redis(world, client, schema, KeySpace(prefix))
+    model_beside(repository, schema.model_name, model)
+    install_model(world, repository, model)
+    return report
+
+
+def _stage(args: argparse.Namespace, prefix: str, model: str) -> None:
+    if not (args.redis_url and args.model_repository):
+        raise ConfigError("stage needs --redis-url and --model-repository")
+    password = os.environ.get("RECSYS_REDIS_PASSWORD") or None
+    client = redis.Redis.from_url(args.redis_url, username=args.redis_username, password=password)
+    try:
+        report = stage(Path(args.world), client, Path(args.model_repository), prefix, model)
+    except redis.RedisError as exc:
+        raise ConfigError(f"Redis at {args.redis_url}: {exc}") from None
+    finally:
+        client.close()
+    print(f"staged: {report.said()} under {prefix}:*, model {model} in {args.model_repository}")
+    if args.triton_url:
+        load_versions(args.triton_url, model, admin_key_env=args.admin_key_env)
+        print(f"Triton at {args.triton_url} serves {model}")
+    else:
+        print("restart Triton to load it (or pass --triton-url to a Triton in explicit mode)")
+    print(
+        f"next: recsys release world load --world {args.world} --prefix {prefix} "
+        f"--model {model} --percent 10"
+    )
+
+
 def _run(args: argparse.Namespace) -> None:
     body = None
-    if args.action == "load":
+    if args.action in ("load", "stage"):
+        named = (args.prefix, args.model)
+        prefix, model = named if all(named) else candidate_names(Path(args.world))
+        prefix, model = args.prefix or prefix, args.model or model
+        if args.action == "stage":
+            try:
+                _stage(args, prefix, model)
+            except ConfigError as exc:
+                print(f"recsys release world stage: {exc}", file=sys.stderr)
+                sys.exit(2)
+            return
         body = {
             "artifacts_dir": str(Path(args.world).resolve()),
-            "key_prefix": args.prefix,
-            "model_name": args.model,
+            "key_prefix": prefix,
+            "model_name": model,
             "percent": args.percent,
         }
     verb = "candidate" if args.action == "load" else args.action
@@ -92,18 +155,23 @@ def add_world_verb(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    world.add_argument("action", choices=("show", "load", "promote", "rollback"))
+    world.add_argument("action", choices=("stage", "show", "load", "promote", "rollback"))
     world.add_argument("--url", default="http://127.0.0.1:8080", help="the service")
     world.add_argument("--token-file", help="a file holding RECSYS_ADMIN_TOKEN")
-    world.add_argument("--world", help="load: the candidate world's directory")
-    world.add_argument("--prefix", help="load: its key prefix in Redis")
-    world.add_argument("--model", help="load: its model's name on Triton (default: its schema's)")
+    world.add_argument("--world", help="stage, load: the candidate world's directory")
+    world.add_argument("--prefix", help="stage, load: its key prefix (default: recsys-ID)")
+    world.add_argument("--model", help="stage, load: its model's name (default: MODEL_ID)")
+    world.add_argument("--redis-url", help="stage: the Redis to write its keys into")
+    world.add_argument("--redis-username", help="stage: the loader's Redis user")
+    world.add_argument("--model-repository", help="stage: Triton's model repository")
+    world.add_argument("--triton-url", help="stage: load the model now (explicit model control)")
+    world.add_argument("--admin-key-env", help="stage: the variable holding Triton's admin key")
     world.add_argument("--percent", type=float, default=10.0, help="load: its share of users")
     world.set_defaults(run=_checked)
 
 
 def _checked(args: argparse.Namespace) -> None:
-    if args.action == "load" and not (args.world and args.prefix):
-        print("recsys release world load: --world and --prefix are needed", file=sys.stderr)
+    if args.action in ("load", "stage") and not args.world:
+        print(f"recsys release world {args.action}: --world is needed", file=sys.stderr)
         sys.exit(2)
     _run(args)

@@ -8,10 +8,14 @@ own data in Redis; its tasks stop when the world is retired.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 
 from app.process.health import watch_redis_world
 from app.process.services import Services
+
+log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 10.0
+RECANCEL_S = 0.5
 
 
 def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[None]]:
@@ -48,8 +52,20 @@ def watch_task(services: Services) -> list[asyncio.Task[None]]:
     return [asyncio.create_task(watch_redis_world(services), name="redis-world")]
 
 
-async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+async def stop_tasks(tasks: list[asyncio.Task[None]], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Cancel the tasks and wait for them to end. A cancellation that lands inside a client's
+    read can be swallowed there, so it is sent again until each task ends; one that will not
+    is left behind, named in the log, rather than holding up a shutdown or a retirement."""
+    pending = {task for task in tasks if not task.done()}
+    give_up = asyncio.get_running_loop().time() + timeout_s
+    while pending and asyncio.get_running_loop().time() < give_up:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
     for task in tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.warning("task %s had failed: %r", task.get_name(), task.exception())
+    if pending:
+        log.error(
+            "tasks still running after %.0f s: %s", timeout_s, [t.get_name() for t in pending]
+        )

@@ -142,8 +142,12 @@ async def _traffic(client: httpx.AsyncClient, answers: Answers, stop: asyncio.Ev
             user = USERS[n % len(USERS)]
             n += 4
             began = time.monotonic()
-            response = await client.post("/recommend", json={"user_id": user, "num_items": 10})
-            body = response.json()
+            try:
+                response = await client.post("/recommend", json={"user_id": user, "num_items": 10})
+                body = response.json()
+            except (httpx.HTTPError, ValueError) as exc:  # a failed answer, kept as one
+                answers.append(Answer(began, user, 0, repr(exc), "", [], []))
+                continue
             world = body.get("world", {})
             answers.append(
                 Answer(
@@ -172,12 +176,15 @@ class Answers(list[Answer]):
         self.grew.set()
 
 
-async def _settle(answers: Answers, count: int = 150) -> float:
+async def _settle(answers: Answers, count: int = 150, timeout_s: float = 60.0) -> float:
     """A moment from which on the answers are the new state's, once `count` more came."""
     since, seen = time.monotonic(), len(answers)
     while len(answers) < seen + count:
         answers.grew.clear()
-        await answers.grew.wait()
+        try:
+            await asyncio.wait_for(answers.grew.wait(), timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"no answer for {timeout_s} s; the last: {answers[-3:]}") from None
     return since
 
 

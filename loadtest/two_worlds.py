@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import logging
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import httpx
 import redis
-from recsys_tools.demo import ensure_world
+from recsys_tools.demo import StackOptions, ensure_world, prepare_model_repository
 from recsys_tools.localstack import default_triton_env, project_root, start_redis, start_triton
 from recsys_tools.world.recipes.demo import DEMO, build_demo_world
 from recsys_tools.world.store.identity import install_model, model_beside
@@ -48,10 +47,8 @@ DURATION_S = 65.0
 
 
 def _repository(folder: Path, world_a: Path, world_b: Path, model: str) -> Path:
-    repository = folder / "models"
-    source = project_root() / "model_repository" / model
-    shutil.copytree(source, repository / model, ignore=shutil.ignore_patterns("model.onnx"))
-    install_model(world_a, repository, model)
+    options = StackOptions(world_a, project_root() / "model_repository", folder)
+    repository = prepare_model_repository(options, model)
     model_beside(repository, model, MODEL_B)
     install_model(world_b, repository, MODEL_B)
     return repository

@@ -58,6 +58,12 @@ def _release(report: ReleaseReport) -> Release:
     return Release(**asdict(report))
 
 
+def _refused(request: Request, code: str, exc: Exception) -> JSONResponse:
+    """409: a check refused the change; what served still does."""
+    body = error_body(code, str(exc), request_id_of(request))
+    return JSONResponse(body.model_dump(), status_code=409)
+
+
 def _tell_other_workers(services: Services) -> None:
     if services.settings.workers > 1:
         os.kill(os.getppid(), RELOAD_SIGNAL)
@@ -78,8 +84,7 @@ async def reload(request: Request, services: AdminDep) -> Release | JSONResponse
     try:
         report = await services.reloader.reload()
     except ReloadRefusedError as exc:
-        body = error_body("reload_refused", str(exc), request_id_of(request))
-        return JSONResponse(body.model_dump(), status_code=409)
+        return _refused(request, "reload_refused", exc)
     _tell_other_workers(services)
     return _release(report)
 
@@ -105,8 +110,7 @@ async def _changed(
     try:
         report = await change_worlds(worlds, plan)
     except ConfigError as exc:
-        body = error_body("world_refused", str(exc), request_id_of(request))
-        return JSONResponse(body.model_dump(), status_code=409)
+        return _refused(request, "world_refused", exc)
     _tell_other_workers(services)
     return _worlds(report)
 
@@ -148,8 +152,7 @@ async def promote_world(
     try:
         plan = current_plan(worlds).promoted()
     except ConfigError as exc:
-        body = error_body("world_refused", str(exc), request_id_of(request))
-        return JSONResponse(body.model_dump(), status_code=409)
+        return _refused(request, "world_refused", exc)
     return await _changed(request, services, worlds, plan)
 
 

@@ -185,21 +185,29 @@ def _run(args: argparse.Namespace) -> None:
     }
     if args.json:
         print(json.dumps(report, indent=2))
-        if args.act:
-            print(acted(judgement.verdict, lambda verb: call(args.url, token_of(args), verb)))
-        return
+    else:
+        _print_report(rates, stable, candidate, args.outcome, judgement)
+    if args.act:
+        print(acted(judgement.verdict, lambda verb: call(args.url, token_of(args), verb)))
+
+
+def _print_report(
+    rates: dict[str, dict[str, Rate]],
+    stable: str,
+    candidate: str,
+    outcome: str,
+    judgement: Judgement,
+) -> None:
     for arm, name in ((stable, "stable"), (candidate, "candidate")):
-        rate = rates[arm][args.outcome]
+        rate = rates[arm][outcome]
         low, high = rate.interval()
         print(
-            f"{name:<10} {arm:<24} {rate.trials:>9.0f} answers  {args.outcome} rate "
+            f"{name:<10} {arm:<24} {rate.trials:>9.0f} answers  {outcome} rate "
             f"{rate.value:.4f} ({low:.4f}-{high:.4f})"
         )
     low, high = judgement.interval
     print(f"difference {judgement.difference:+.4f} (95%: {low:+.4f} to {high:+.4f})")
     print(f"verdict: {judgement.verdict.value}: {judgement.why}")
-    if args.act:
-        print(acted(judgement.verdict, lambda verb: call(args.url, token_of(args), verb)))
 
 
 def acted(verdict: Verdict, admin: Callable[[str], dict[str, Any]]) -> str:

@@ -36,16 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import redis
 
-from app.archive.rows import Kind
+from app.archive.rows import Kind, day_of
 from app.archive.store import ArchiveStore
-from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
 from app.release.schema import load_schema
 from app.release.world import read_stamp, world_schema
 from recsys_tools.commands import Commands
+from recsys_tools.demo import StackOptions, prepare_model_repository
 from recsys_tools.judge import Judgement, Verdict, arm_rates, judge
 from recsys_tools.localstack import (
     Launch,
@@ -69,9 +68,8 @@ from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
-from recsys_tools.world.store.identity import install_model
 from recsys_tools.world.store.redis_loader import load_world_into_redis
-from recsys_tools.worlds_admin import candidate_names, stage
+from recsys_tools.worlds_admin import call, candidate_names, stage
 
 log = logging.getLogger(__name__)
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
@@ -243,15 +241,6 @@ async def _today(url: str, rows: list[Row], callers: int = 4) -> Day:
     return day
 
 
-def _admin(api: Api, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {api.token}"}
-    response = httpx.post(f"{api.url}/admin/worlds/{verb}", json=body, headers=headers, timeout=120)
-    if response.status_code != 200:
-        raise ConfigError(f"/admin/worlds/{verb}: {response.text}")
-    answer: dict[str, Any] = response.json()
-    return answer
-
-
 def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
     folder = options.folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -260,7 +249,7 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
     shape = options.shape
     with cycle.step(say) as said:
         drift = shifted(daily_drift(options.seed, shape), time.time())
-        history = _write_csv(folder / "history.csv", drift.history)
+        history = drift.write_history(folder / "history.csv")
         said.append(
             f"Generated {shape.users:,} users whose tastes drift day by day: "
             f"{len(drift.history):,} ratings of history, {len(drift.later):,} over the last "
@@ -277,7 +266,7 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
         with cycle.step(say) as said:
             posted = asyncio.run(_post_week(stack.api.url, drift.later))
             _settled(stack.redis, keys, stack.processes)
-            yesterday = _day(drift.next_day_start - DAY)
+            yesterday = day_of((drift.next_day_start - DAY) * 1000)
             kept = ArchiveStore(str(folder / "archive")).read_day(Kind.EVENTS, yesterday)
             said.append(
                 f"Posted the last {shape.later_days} days' {posted:,} ratings to /events: "
@@ -342,7 +331,8 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
 
 
 def _judged(archive: Path, today_s: int, candidate: Path, options: LoopOptions) -> Judgement:
-    rates = arm_rates(ArchiveStore(str(archive)), "world_id", _day(today_s), _day(today_s))
+    today = day_of(today_s * 1000)
+    rates = arm_rates(ArchiveStore(str(archive)), "world_id", today, today)
     candidate_id = _world_id(candidate)
     stable_id = next(arm for arm in rates if arm != candidate_id)
     kind = TYPES[0]
@@ -355,20 +345,9 @@ def _judged(archive: Path, today_s: int, candidate: Path, options: LoopOptions) 
     )
 
 
-def _day(ts_s: int) -> str:
-    return str(np.datetime64(ts_s // DAY, "D"))
-
-
 def _world_id(world: Path) -> str:
     stamp = read_stamp(world)
     return stamp.world_id if stamp is not None else ""
-
-
-def _write_csv(path: Path, rows: list[Row]) -> Path:
-    with path.open("w") as handle:
-        handle.write("user_id,item_id,rating,timestamp\n")
-        handle.writelines(f"{u},{i},{r},{t}\n" for u, i, r, t in rows)
-    return path
 
 
 @dataclass
@@ -383,10 +362,8 @@ class _LoopStack:
     @classmethod
     def started(cls, folder: Path, stable: Path, running: ExitStack) -> _LoopStack:
         schema = world_schema(stable, None)
-        repository = folder / "models"
-        source = project_root() / "model_repository" / schema.model_name
-        shutil.copytree(source, repository / schema.model_name, ignore=_no_model)
-        install_model(stable, repository, schema.model_name)
+        options = StackOptions(stable, project_root() / "model_repository", folder / "run")
+        repository = prepare_model_repository(options, schema.model_name)
         processes: list[ManagedProcess] = []
         running.callback(_stop_all, processes)
         redis_process, redis_url = start_redis(folder / "run" / "redis")
@@ -433,14 +410,14 @@ class _LoopStack:
             "model_name": model,
             "percent": percent,
         }
-        return _admin(self.api, "candidate", body)
+        return call(self.api.url, self.api.token, "candidate", body)
 
     def act(self, verdict: Verdict) -> str:
         if verdict is Verdict.PROMOTE:
-            state = _admin(self.api, "promote")
+            state = call(self.api.url, self.api.token, "promote")
             return f"Promoted: world {state['stable']} now answers every user."
         if verdict is Verdict.ROLL_BACK:
-            state = _admin(self.api, "rollback")
+            state = call(self.api.url, self.api.token, "rollback")
             return f"Rolled back: world {state['stable']} answers every user again."
         return "Waited: the candidate keeps its share until the judge can tell."
 
@@ -454,10 +431,6 @@ class _LoopStack:
 def _stop_all(processes: list[ManagedProcess]) -> None:
     for process in reversed(processes):
         process.stop()
-
-
-def _no_model(folder: str, names: list[str]) -> list[str]:
-    return [name for name in names if name in ("__pycache__", "model.onnx")]
 
 
 def _run(args: argparse.Namespace) -> None:

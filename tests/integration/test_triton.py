@@ -147,7 +147,10 @@ async def test_triton_rejects_a_request_whose_queue_timeout_passed(slow_triton: 
     triton = triton_grpc.InferenceServerClient(slow_triton)
     try:
         busy = asyncio.create_task(_outcome(triton, _features(8)))
-        await asyncio.sleep(0.02)  # the first request now holds the only model instance
+        # Half the slow model's time: the first request now holds the only model instance,
+        # even on a machine busy enough to delay its sending by tens of ms, and still will
+        # when the second's 50 ms in the queue have passed.
+        await asyncio.sleep(SLOW_MS / 2000)
         # The service passes its remaining deadline in microseconds, as here.
         late = await _outcome(triton, _features(8), timeout=50_000, request_id="late-1")
         assert await busy == ("OK", "")

@@ -1,6 +1,8 @@
 """`recsys retrain` as the timer runs it: a real process building the next world from a base
-log and an archive, judged against the world serving; accepted, refused, and killed in the
-middle of its build, with the world serving untouched throughout."""
+log and an archive (ratings, and the answers the serving world gave with the clicks on them),
+judged against the world serving; accepted, refused, and killed in the middle of its build,
+with the world serving untouched throughout; the ranker learnt from the answers compared with
+the one learnt from candidate lists, and shipped when asked."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import onnx
 import pytest
 from recsys_tools.retrain import CANDIDATE_LINK, STATE_FILE
 from recsys_tools.world.generate.drift import DailyShape, daily_drift
@@ -19,10 +22,12 @@ from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
+from recsys_tools.world.store.identity import STAMPED_FILES
 
+from app.release.catalog import MODEL_FILE
 from app.release.schema import load_schema
-from app.release.world import read_stamp
-from loadtest.retrain_drift import write_archive
+from app.release.world import WORLD_ID_PARAMETER, read_stamp, verify_files
+from loadtest.retrain_drift import write_answers, write_archive
 
 SHAPE = DailyShape(groups=8, items_per_group=40, users=300, history_days=10, later_days=4)
 # Generous: a small build takes seconds here; a slow, busy machine may take far longer.
@@ -41,6 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     )
     build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     write_archive(root / "archive", drift.later)
+    write_answers(root / "archive", world, drift, 3)
     return base, world, root / "archive"
 
 
@@ -73,7 +79,14 @@ def test_a_better_world_is_accepted_as_the_candidate(
     report = json.loads((candidate / "retrain.json").read_text())
     assert report["outcome"] == "accepted"
     assert report["rows"]["archive"] > 0
-    assert set(report["seconds"]) == {"gather", "split", "build", "evaluate", "decide"}
+    assert set(report["seconds"]) == {
+        "gather",
+        "split",
+        "build",
+        "impressions",
+        "evaluate",
+        "decide",
+    }
     # On tastes that drift, the world that saw the archive's days answers the last one better.
     assert report["evaluation"]["ratio"] > 1.0
     assert (
@@ -82,6 +95,41 @@ def test_a_better_world_is_accepted_as_the_candidate(
     )
     assert _digests(served[1]) == before
     assert not (worlds / STATE_FILE).exists()
+    # Both rankers, judged on the held-out day's answers and its users.
+    ranker = report["ranker"]
+    assert ranker["impressions"]["learnt_on"] == "shown and chosen against shown and skipped"
+    assert ranker["impressions"]["chosen"] > 0
+    ordered = ranker["held_out_answers_ndcg@10"]
+    assert ordered["answers"] > 0
+    for name in ("as_shown", "lists", "impressions"):
+        assert 0.0 < ordered[name] <= 1.0
+    assert set(ranker["hit"]) == {"lists", "impressions"}
+    assert report["evaluation"]["new"] == ranker["hit"][ranker["shipped"]]
+
+
+def test_the_ranker_learnt_from_answers_ships_when_asked(
+    served: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    worlds = tmp_path / "worlds"
+    done = subprocess.run(
+        _argv(served, worlds, "--ranker", "impressions", "--margin", "1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    candidate = (worlds / CANDIDATE_LINK).resolve()
+    report = json.loads((candidate / "retrain.json").read_text())
+    assert report["ranker"]["shipped"] == "impressions"
+    assert report["evaluation"]["new"] == report["ranker"]["hit"]["impressions"]
+    # Stamped again over the new model: its digest, and the id inside it, are the world's.
+    stamp = read_stamp(candidate)
+    assert stamp is not None
+    assert stamp.world_id == candidate.name
+    verify_files(candidate, stamp, STAMPED_FILES)
+    model = onnx.load(str(candidate / MODEL_FILE))
+    props = {prop.key: prop.value for prop in model.metadata_props}
+    assert props[WORLD_ID_PARAMETER] == stamp.world_id
 
 
 def test_a_world_worse_than_the_serving_one_is_refused(

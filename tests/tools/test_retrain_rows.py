@@ -44,7 +44,9 @@ def _store(tmp_path: Path) -> ArchiveStore:
 
 
 def test_events_become_weighted_rows_at_the_logs_scale(tmp_path: Path) -> None:
-    rows = archive_rows(_store(tmp_path), "", LogColumns(weight="rating", min_weight=4.0))
+    rows = archive_rows(
+        _store(tmp_path).read(Kind.EVENTS), LogColumns(weight="rating", min_weight=4.0)
+    )
     weights = dict(
         zip(rows.column("item_id").to_pylist(), rows.column("weight").to_pylist(), strict=True)
     )
@@ -54,13 +56,15 @@ def test_events_become_weighted_rows_at_the_logs_scale(tmp_path: Path) -> None:
 
 
 def test_a_log_without_weights_takes_the_positives_only_each_as_one(tmp_path: Path) -> None:
-    rows = archive_rows(_store(tmp_path), "", LogColumns())
+    rows = archive_rows(_store(tmp_path).read(Kind.EVENTS), LogColumns())
     assert rows.column("item_id").to_pylist() == ["i0", "i1", "i3"]
     assert set(rows.column("weight").to_pylist()) == {1.0}
 
 
 def test_the_latest_day_is_held_out(tmp_path: Path) -> None:
-    rows = archive_rows(_store(tmp_path), "", LogColumns(weight="rating", min_weight=4.0))
+    rows = archive_rows(
+        _store(tmp_path).read(Kind.EVENTS), LogColumns(weight="rating", min_weight=4.0)
+    )
     history, held, day = split_latest_day(rows)
     assert held.column("item_id").to_pylist() == ["i4"]
     assert history.num_rows == 4

@@ -3,14 +3,21 @@
 One run, each step said as it starts and timed:
 1. gather: the base log, and the archive's events over the window (a rating keeps its value,
    a click, like or purchase counts as a positive at the log's --min-weight, a dislike below
-   it; impressions are not interactions);
+   it; impressions are not interactions), and the answers it logged;
 2. split: the latest day of the two together is held out; the rest is what the world learns;
 3. build: `build-world` on the rest, into a hidden folder of --worlds, renamed to its world id
-   once whole;
-4. evaluate: the new world and the world serving (--serving), each from its own files, asked
+   once whole; its ranker learns from each user's own candidates that they did not go on to
+   like (sampled negatives);
+4. impressions: where the archive logged answers before the held-out day, a second ranker
+   learns from them, shown-and-chosen against shown-and-skipped
+   (world/learn/ranker/from_impressions.py), its rows packed from the world serving, which
+   showed them;
+5. evaluate: the new world and the world serving (--serving), each from its own files, asked
    for the held-out day's users: hit@k, the share of them with one of that day's new
-   positives in their k;
-5. decide: refused when the new world's hit@k is below the serving one's by more than
+   positives in their k. The new world is asked with each ranker, and both rankers order the
+   held-out day's answers (NDCG@10 of what was chosen, beside the order shown). --ranker
+   says which ships: `lists`, `impressions`, or `better` (the higher hit@k; lists on a tie);
+6. decide: refused when the new world's hit@k is below the serving one's by more than
    --margin (relative); otherwise accepted: --worlds/candidate points at it, for loading.
 
 Nothing here touches the world serving, its Redis or its model. A run stopped at any step
@@ -44,22 +51,32 @@ from app.archive.store import ArchiveStore
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.core.events import POSITIVE_RATING
+from app.release.catalog import MODEL_FILE
 from app.release.schema import load_schema
 from app.release.world import read_stamp
 from recsys_tools.commands import Commands
 from recsys_tools.world.commands import add_log_flags, log_columns
 from recsys_tools.world.judge.answers import Moment, WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.ranker.from_impressions import (
+    ImpressionRanker,
+    Shown,
+    compare_on_answers,
+    shown_items,
+    train_impression_ranker,
+)
 from recsys_tools.world.learn.ranker.net import NETWORKS
 from recsys_tools.world.read.formats import FileLayout
 from recsys_tools.world.read.log import LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
+from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger("recsys.retrain")
 STATE_FILE = "retrain.state"
 CANDIDATE_LINK = "candidate"
-STEPS = ("gather", "split", "build", "evaluate", "decide")
+STEPS = ("gather", "split", "build", "impressions", "evaluate", "decide")
+RANKERS = ("lists", "impressions", "better")
 DAY_S = 86_400
 # The training log's own columns, whatever the base log's were.
 TRAINING = "training.parquet"
@@ -78,6 +95,7 @@ class RetrainPlan:
     k: int = 10
     seed: int = 7
     network: str = "auto"
+    ranker: str = "better"  # one of RANKERS
     schema: Path | None = None
     metrics_file: Path | None = None
 
@@ -109,10 +127,9 @@ class RetrainRefusedError(ConfigError):
     """The new world is worse than the one serving by more than the margin."""
 
 
-def archive_rows(store: ArchiveStore, first_day: str, columns: LogColumns) -> pa.Table:
-    """The archive's events from first_day on, as interaction rows (user_id, item_id,
-    timestamp in seconds, weight): what a world learns from."""
-    events = store.read(Kind.EVENTS, first_day)
+def archive_rows(events: pa.Table, columns: LogColumns) -> pa.Table:
+    """The archive's events as interaction rows (user_id, item_id, timestamp in seconds,
+    weight): what a world learns from."""
     positive = columns.min_weight if columns.min_weight is not None else POSITIVE_RATING
     kind = events.column("type")
     value = events.column("value")
@@ -159,10 +176,16 @@ def split_latest_day(rows: pa.Table) -> tuple[pa.Table, pa.Table, str]:
 
 
 def hit_at_k(
-    world: Path, history: pa.Table, held_out: pa.Table, k: int, positive: float
+    world: Path,
+    history: pa.Table,
+    held_out: pa.Table,
+    k: int,
+    positive: float,
+    model: bytes | None = None,
 ) -> dict[str, Any]:
     """The share of the held-out day's users with one of that day's new positives (not had
-    before) among the world's k for them, from the world's own files."""
+    before) among the world's k for them, from the world's own files (`model`: another
+    ranker in place of its own)."""
     had: dict[str, set[str]] = {}
     for user, item in zip(
         history.column("user_id").to_pylist(), history.column("item_id").to_pylist(), strict=True
@@ -178,11 +201,39 @@ def hit_at_k(
     users = sorted(wanted)
     if not users:
         raise ConfigError("the held-out day has no new positives to judge the worlds on")
-    answers = WorldAnswers(world)
+    answers = WorldAnswers(world, ranker=model)
     hits = sum(
         1 for user, items in answers.answers(users, Moment()) if set(items[:k]) & wanted[user]
     )
     return {"users": len(users), "hits": hits, f"hit@{k}": round(hits / len(users), 4)}
+
+
+def _judged(
+    plan: RetrainPlan,
+    world: Path,
+    history: pa.Table,
+    held_out: pa.Table,
+    held_shown: Shown,
+    learnt: ImpressionRanker | None,
+) -> dict[str, Any]:
+    """Each ranker the new world could ship, judged on the held-out day: hit@k, and the
+    order it gives that day's answers; which ships (--ranker)."""
+    positive = plan.columns.min_weight if plan.columns.min_weight is not None else 1.0
+    hit = {"lists": hit_at_k(world, history, held_out, plan.k, positive)}
+    judged: dict[str, Any] = {"hit": hit, "impressions": None, "shipped": "lists"}
+    if learnt is None:
+        if plan.ranker == "impressions":
+            raise ConfigError("--ranker impressions: too few answers with a choice to learn from")
+        return judged
+    hit["impressions"] = hit_at_k(world, history, held_out, plan.k, positive, learnt.onnx_model)
+    models = {"lists": (world / MODEL_FILE).read_bytes(), "impressions": learnt.onnx_model}
+    judged["impressions"] = learnt.report
+    judged["held_out_answers_ndcg@10"] = compare_on_answers(world, held_shown, models)
+    metric = f"hit@{plan.k}"
+    better = hit["impressions"][metric] > hit["lists"][metric]
+    if plan.ranker == "impressions" or (plan.ranker == "better" and better):
+        judged["shipped"] = "impressions"
+    return judged
 
 
 def _said_stopped(worlds: Path) -> None:
@@ -238,13 +289,16 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
         days = store.days(Kind.EVENTS)
         last_day = days[-1] if days else day_of(latest * 1000)
         first = np.datetime64(last_day) - np.timedelta64(plan.window_days - 1, "D")
-        archived = archive_rows(store, str(first), plan.columns)
+        events = store.read(Kind.EVENTS, str(first))
+        archived = archive_rows(events, plan.columns)
         rows = pa.concat_tables([base, archived])
+        shown = shown_items(store.read(Kind.ANSWERS, str(first)), events, positive)
     log.info(
-        "  %d rows from the base log, %d from the archive since %s",
+        "  %d rows from the base log, %d from the archive since %s; %d answers logged",
         base.num_rows,
         archived.num_rows,
         first,
+        shown.answers,
     )
     with progress.step_in("split", "Holding out the latest day to judge on."):
         history, held_out, day = split_latest_day(rows)
@@ -265,11 +319,24 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
         )
         schema = load_schema(plan.schema or interactions_schema_path())
         build_world_from_log(recipe, world, schema)
+    held_from = int(np.datetime64(day, "s").astype(np.int64))
+    with progress.step_in("impressions", "Learning a ranker from what the answers showed."):
+        learnt = train_impression_ranker(
+            plan.serving, shown.before(held_from), schema, world, plan.seed, plan.network
+        )
+    if learnt is None:
+        log.info("  too few answers with a choice before %s: the ranker from lists only", day)
+    with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
+        judged = _judged(plan, world, history, held_out, shown.since(held_from), learnt)
+        serving = hit_at_k(plan.serving, history, held_out, plan.k, positive)
+    shipped = judged["shipped"]
+    if shipped == "impressions":
+        assert learnt is not None
+        (world / MODEL_FILE).write_bytes(learnt.onnx_model)
+        stamp_world(world, schema)  # a new model: a new id, the manifest's digests again
+    new = judged["hit"][shipped]
     stamp = read_stamp(world)
     assert stamp is not None  # build_world_from_log stamps what it writes
-    with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
-        new = hit_at_k(world, history, held_out, plan.k, positive)
-        serving = hit_at_k(plan.serving, history, held_out, plan.k, positive)
     metric = f"hit@{plan.k}"
     ratio = new[metric] / serving[metric] if serving[metric] else float("inf")
     accepted = new[metric] >= serving[metric] * (1.0 - plan.margin)
@@ -289,6 +356,7 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
                 "held_out": held_out.num_rows,
             },
             "evaluation": {"new": new, "serving": serving, "ratio": round(ratio, 3)},
+            "ranker": judged,
             "margin": plan.margin,
             "outcome": "accepted" if accepted else "refused",
             "seconds": progress.seconds,
@@ -352,6 +420,7 @@ def _run(args: argparse.Namespace) -> None:
         k=args.k,
         seed=args.seed,
         network=args.network,
+        ranker=args.ranker,
         schema=args.schema,
         metrics_file=args.metrics_file,
     )
@@ -392,6 +461,13 @@ def register(commands: Commands) -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--network", choices=NETWORKS, default="auto", help="as build-world's")
+    parser.add_argument(
+        "--ranker",
+        choices=RANKERS,
+        default="better",
+        help="the ranker shipped: from candidate lists, from the archive's answers, or the "
+        "one with the higher hit@k on the held-out day",
+    )
     parser.add_argument("--schema", type=Path, default=None)
     parser.add_argument("--metrics-file", type=Path, default=None, help="for node_exporter")
     parser.set_defaults(run=_run)

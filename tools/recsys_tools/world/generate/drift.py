@@ -11,7 +11,7 @@ user_id,item_id,rating,timestamp.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +110,16 @@ class DailyDrift:
     later: list[tuple[str, str, float, int]]
     next_day: list[tuple[str, str, float, int]]
     next_day_start: int  # its first second
+    # Each day's interest group of every user and of every item (u3 is user 3, i7 item 7):
+    # what a generated user would choose among items shown to them.
+    user_groups: list[np.ndarray] = field(default_factory=list)
+    item_groups: list[np.ndarray] = field(default_factory=list)
+
+    def likes(self, day: int, user: str, item: str) -> bool:
+        """Whether the user's taste on day `day` (0: the first of the history) is the
+        item's group."""
+        groups = self.user_groups[day], self.item_groups[day]
+        return bool(groups[0][int(user[1:])] == groups[1][int(item[1:])])
 
     def write_history(self, path: Path) -> Path:
         return _write(path, self.history)
@@ -121,6 +131,8 @@ def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
     group = rng.integers(shape.groups, size=shape.users)
     had: list[set[int]] = [set() for _ in range(shape.users)]
     days: list[list[tuple[str, str, float, int]]] = []
+    user_groups: list[np.ndarray] = []
+    item_groups: list[np.ndarray] = []
     total = shape.history_days + shape.later_days + 1
     n_items = shape.groups * shape.items_per_group
     item_group = np.arange(n_items) // shape.items_per_group
@@ -133,6 +145,8 @@ def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
             leaving = rng.random(n_items) < shape.item_move
             item_group = np.where(leaving, rng.integers(shape.groups, size=n_items), item_group)
         members = [np.flatnonzero(item_group == g) for g in range(shape.groups)]
+        user_groups.append(group.copy())
+        item_groups.append(item_group.copy())
         rows = []
         for user in np.flatnonzero(rng.random(shape.users) < shape.active_share).tolist():
             pool = members[int(group[user])]
@@ -153,4 +167,4 @@ def daily_drift(seed: int = 5, shape: DailyShape | None = None) -> DailyDrift:
     history.sort(key=lambda row: row[3])
     later = [row for day in days[shape.history_days : -1] for row in day]
     next_start = START + (total - 1) * DAY
-    return DailyDrift(history, later, days[-1], next_start)
+    return DailyDrift(history, later, days[-1], next_start, user_groups, item_groups)

@@ -71,9 +71,12 @@ def _lists(user_ids: npt.NDArray[np.str_], offsets: IntArray, items: IntArray) -
 
 class WorldAnswers:
     """The world's files, read once; `answers` for any users. `settings`: those of the
-    service compared with (its candidate stages'), else the defaults."""
+    service compared with (its candidate stages'), else the defaults; `ranker`: another
+    model (ONNX bytes of the world's schema) in place of the world's own."""
 
-    def __init__(self, world: Path, settings: Settings | None = None) -> None:
+    def __init__(
+        self, world: Path, settings: Settings | None = None, ranker: bytes | None = None
+    ) -> None:
         if not (world / MODEL_FILE).is_file():
             raise ConfigError(f"{world} has no {MODEL_FILE}: a world built from a log has one")
         self.schema: FeatureSchema = load_schema(world / SCHEMA_FILE)
@@ -99,6 +102,7 @@ class WorldAnswers:
             if positives is None
             else _lists(positives.user_ids, positives.offsets, positions(positives.item_ids))
         )
+        self._positions = positions
         self._default = np.load(world / "default_user.npy").astype(np.float32)
         user_blobs = np.concatenate([users.embeddings, users.dense], axis=1).astype(np.float32)
         # The last row is the default user: a cold start's blob.
@@ -107,7 +111,7 @@ class WorldAnswers:
             self._user_blobs,
             np.concatenate([items.embeddings, items.dense], axis=1).astype(np.float32),
             items.popularity.astype(np.float32),
-            (world / MODEL_FILE).read_bytes(),
+            (world / MODEL_FILE).read_bytes() if ranker is None else ranker,
             load_neighbours(world, len(self.item_ids)),
             load_prerank(world),
             items.categories.astype(np.int64),
@@ -137,6 +141,21 @@ class WorldAnswers:
         (found,) = self._evaluator.search([query])
         kept, signals = self._evaluator.kept(query, found)
         return self.item_ids[kept].tolist(), self._evaluator.packed(query, kept, signals)
+
+    def rows_for(
+        self, user: str, items: Sequence[str] | npt.NDArray[np.str_], moment: Moment
+    ) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+        """The rows the model would score for `items` shown to `user`, packed as the service
+        packs them: which of the items the catalog holds, and their rows."""
+        positions = self._positions(np.asarray(items, dtype=np.str_))
+        known = positions >= 0
+        query = self._query(user, moment)
+        kept = positions[known]
+        return known, self._evaluator.packed(query, kept, self._evaluator.signals(query, kept))
+
+    def score(self, rows: FloatArray) -> npt.NDArray[np.float32]:
+        """The ranker's score for packed rows."""
+        return self._evaluator.ranker.score(rows)
 
     def candidates(self, user: str, moment: Moment) -> tuple[list[str], list[str]]:
         """The pool pre-rank cuts for `user` (after the filters, in recall's order) and what it

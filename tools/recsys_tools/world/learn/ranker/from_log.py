@@ -5,7 +5,7 @@ neighbours are learnt from each user's past, and what the user went on to like i
 For each user the service's pool is rebuilt from that past and cut by pre-rank to the rows
 the model would score; the network learns to tell the liked items among them (the negatives
 are the user's own candidates, the hard ones it must order), from columns that carry to the
-served world's factors (_factor_free). Learnt against random items instead, it learnt what
+served world's factors (factor_free). Learnt against random items instead, it learnt what
 tells a positive from anything, and on both public movie-ratings sets the blend gave it no
 weight.
 
@@ -158,7 +158,7 @@ def train_list_ranker(
         _liked(part, lists.liked, lists.taught),
         training.network,
         check=(lists.listed_rows, listed.labels),
-        ignored=_factor_free(schema, ignored_columns(schema, training.without, part)),
+        ignored=factor_free(schema, ignored_columns(schema, training.without, part)),
     )
     listed_sequence = sequence_columns(schema, listed.signals) if schema.sequence else None
     recall, network = recall_scores(schema, lists.listed_rows), model.scores(lists.listed_rows)
@@ -222,7 +222,7 @@ def _liked(
 FACTOR_BLOCKS = ("user_embedding", "item_embedding", "user_item_product")
 
 
-def _factor_free(
+def factor_free(
     schema: FeatureSchema, ignored: npt.NDArray[np.bool_] | None
 ) -> npt.NDArray[np.bool_]:
     """`ignored`, and every column that is a coordinate of the factors.

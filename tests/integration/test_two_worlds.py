@@ -1,11 +1,13 @@
 """Two worlds side by side, against real Redis and Triton: a candidate world loaded beside the
 stable one answers its share of users, refused when it fails a check, rolled back and
 promoted by /admin, all under steady traffic with no failed or mixed answer; the promotion
-outlives a restart."""
+outlives a restart. Redis restarted, or the archive's disk full, during a canary: answers
+keep coming, the candidate keeps its share, nothing acknowledged is lost."""
 
 from __future__ import annotations
 
 import asyncio
+import resource
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,11 +19,20 @@ import httpx
 import pytest
 import redis
 from recsys_tools.cli import main
-from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
+from recsys_tools.localstack import (
+    ManagedProcess,
+    default_triton_env,
+    start_archive,
+    start_redis,
+    start_triton,
+    unarchived,
+)
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from recsys_tools.world.store.identity import install_model, model_beside
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
+from app.archive.rows import Kind
+from app.archive.store import ArchiveStore
 from app.core.events import Event, decode_entry
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp
@@ -131,6 +142,7 @@ class Answer:
     role: str
     degraded: list[str]
     items: list[str]
+    answer_id: str = ""
 
 
 async def _traffic(client: httpx.AsyncClient, answers: Answers, stop: asyncio.Event) -> None:
@@ -158,6 +170,7 @@ async def _traffic(client: httpx.AsyncClient, answers: Answers, stop: asyncio.Ev
                     world.get("role", ""),
                     body.get("degraded", []),
                     [item["item_id"] for item in body.get("items", [])],
+                    body.get("answer_id", ""),
                 )
             )
 
@@ -352,6 +365,93 @@ async def test_redis_restarted_during_a_canary_loses_no_answer_and_no_acknowledg
     logged = _logged_event_ids(two_worlds.redis_url, settings.event_partitions)
     assert len(acknowledged) > 50
     assert set(acknowledged) <= logged
+
+
+def _archived_all(url: str, partitions: int, archive: ManagedProcess) -> None:
+    give_up = time.monotonic() + 120.0  # generous: a slow, busy machine
+    while _unarchived(url, partitions) > 0:
+        assert time.monotonic() < give_up, archive.log_tail()
+        time.sleep(0.2)
+
+
+def _parts(root: Path) -> set[Path]:
+    return set(root.rglob("part-*.parquet"))
+
+
+def _unarchived(url: str, partitions: int) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return unarchived(client, KeySpace("recsys"), partitions)
+    finally:
+        client.close()
+
+
+@IN_SESSION_LOOP
+async def test_the_archives_disk_full_during_a_canary_holds_the_candidate_and_loses_nothing(
+    two_worlds: TwoWorlds, tmp_path: Path
+) -> None:
+    settings = two_worlds.settings()
+    root = tmp_path / "archive"
+    archive = start_archive(
+        {
+            "RECSYS_REDIS_URL": two_worlds.redis_url,
+            "RECSYS_EVENT_PARTITIONS": str(settings.event_partitions),
+            "RECSYS_ARCHIVE_URI": str(root),
+            "RECSYS_ARCHIVE_FLUSH_S": "0.3",
+        },
+        tmp_path / "archive-process",
+    )
+    answers, stop = Answers(), asyncio.Event()
+    acknowledged: list[str] = []
+    try:
+        async with serving(settings) as client:
+            loaded = await client.post(
+                "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
+            )
+            assert loaded.status_code == 200, loaded.text
+            load = asyncio.gather(
+                _traffic(client, answers, stop), _post_events(client, acknowledged, stop)
+            )
+            try:
+                await _settle(answers)
+                # No room left for the archive: each file it writes fails as on a full disk
+                # (EFBIG where ENOSPC would be; the same OSError to it). Its own log is a file
+                # too, so what it says is lost: Redis and the folder tell instead.
+                _, hard = resource.prlimit(archive.pid, resource.RLIMIT_FSIZE)
+                resource.prlimit(archive.pid, resource.RLIMIT_FSIZE, (0, hard))
+                await asyncio.sleep(1.0)  # a write under way when the disk filled, done
+                files = _parts(root)
+                full = await _settle(answers)
+                await _settle(answers)
+                during = _after(answers, full)
+                assert _parts(root) == files  # nothing written while full...
+                waiting = _unarchived(two_worlds.redis_url, settings.event_partitions)
+                assert waiting > 0  # ...and nothing acknowledged: the streams hold it
+                state = (await client.get("/admin/worlds", headers=ADMIN)).json()
+                resource.prlimit(archive.pid, resource.RLIMIT_FSIZE, (hard, hard))
+                await _settle(answers, 100)
+            finally:
+                stop.set()
+                await load
+        await asyncio.to_thread(
+            _archived_all, two_worlds.redis_url, settings.event_partitions, archive
+        )
+        assert archive.running()
+    finally:
+        archive.stop()
+    # The API never noticed: whole answers from both worlds, the candidate kept its share.
+    assert [a for a in answers if a.status != 200] == []
+    assert {a.role for a in during} == {"stable", "candidate"}
+    assert [a for a in during if a.degraded] == []
+    assert (state["candidate"], state["percent"]) == (two_worlds.b_id, PERCENT)
+    # Room again, the archive caught up: every acknowledged event, and every answer given.
+    store = ArchiveStore(str(root))
+    archived = set(store.read(Kind.EVENTS).column("event_id").to_pylist())
+    assert len(acknowledged) > 50
+    assert set(acknowledged) <= archived
+    logged = store.read(Kind.ANSWERS)
+    assert {a.answer_id for a in answers} <= set(logged.column("answer_id").to_pylist())
+    assert set(logged.column("world_id").to_pylist()) == {two_worlds.a_id, two_worlds.b_id}
 
 
 def test_a_world_is_staged_under_its_id(

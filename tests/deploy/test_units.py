@@ -45,7 +45,7 @@ CONTAINERS = (
     "recsys-grafana",
 )
 # Containers a timer starts, that run to their end: not wanted at boot.
-JOBS = ("recsys-retrain", "recsys-judge")
+JOBS = ("recsys-retrain", "recsys-judge", "recsys-advance")
 HOST_ENV = ROOT / "deploy" / "host.env"
 # Registry images: named by tag, pinned by the digest host.env holds for each.
 PINNED = {
@@ -314,7 +314,7 @@ def test_a_host_folder_two_containers_mount_is_labelled_shared(units: dict[str, 
 def test_quadlet_makes_one_service_per_container_volume_and_network(generated: Path) -> None:
     expected = {expected_service(source) for source in quadlet_sources()}
     assert {path.name for path in generated.glob("*.service")} == expected
-    assert len(expected) == 15  # seven containers, two jobs, four volumes, two networks
+    assert len(expected) == 16  # seven containers, three jobs, four volumes, two networks
     wants = generated / "multi-user.target.wants"
     assert {path.name for path in wants.iterdir()} == {f"{name}.service" for name in CONTAINERS}
 
@@ -405,7 +405,7 @@ def test_triton_serves_the_model_on_the_internal_network_only(units: dict[str, U
     secret = run.value("--secret").split(",")
     assert secret[0] == "recsys_triton_admin_key"
     assert {"type=mount", "target=/run/secrets/triton-admin-key", "mode=0400"} <= set(secret)
-    assert volume(run, "/models") == ("/srv/recsys/models", {"ro", "Z"})
+    assert volume(run, "/models") == ("/srv/recsys/models", {"ro", "z"})
     assert volume(run, "/trt-cache")[0] == "recsys-trt-cache"
     assert "ranking_model" in run.value("--health-cmd")
 
@@ -632,6 +632,44 @@ def test_the_judge_acts_hourly_on_the_served_worlds_through_the_api(
         assert one(timer, "Timer", "Unit") == "recsys-judge.service"
         assert one(timer, "Timer", "OnCalendar") == "hourly"
         assert one(timer, "Install", "WantedBy") == "timers.target"
+
+
+def test_the_advance_loads_the_retrains_world_hourly_as_the_loader(
+    units: dict[str, Unit],
+) -> None:
+    job = units["recsys-advance"]
+    assert one(job, "Service", "Type") == "oneshot"
+    assert "Install" not in job  # started by its timer, never at boot
+    run = podman_run(units, "recsys-advance")
+    assert run.image == "localhost/recsys-tools:latest"
+    assert run.command[:3] == ["release", "world", "advance"]
+    flags = dict(zip(run.command[3::2], run.command[4::2], strict=True))
+    assert flags["--url"] == "http://recsys-api:8080"
+    assert flags["--redis-username"] == "recsys-loader"
+    assert flags["--triton-url"] == "recsys-triton:8001"
+    assert run.values("--network") == ["recsys-internal"]
+    # The worlds where the API reads them (the candidate's folder is named to it), and
+    # Triton's repository, both written.
+    api = podman_run(units, "recsys-api")
+    assert flags["--worlds"] == "/var/lib/recsys/worlds"
+    assert volume(api, "/var/lib/recsys/worlds")[0] == "/srv/recsys/worlds"
+    assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"z"})
+    assert volume(run, flags["--model-repository"]) == ("/srv/recsys/models", {"z"})
+    secrets = [value.split(",") for value in run.values("--secret")]
+    names = {secret[0]: secret for secret in secrets}
+    assert f"target={flags['--token-file']}" in names["recsys_admin_token"]
+    assert "target=RECSYS_REDIS_PASSWORD" in names["recsys_redis_loader_password"]
+    assert f"target={flags['--admin-key-env']}" in names["recsys_triton_admin_key"]
+    assert "RECSYS_ADVANCE_PERCENT=" in (QUADLET_DIR / "advance.env.example").read_text()
+    timers = [
+        parse_unit((folder / "recsys-advance.timer").read_text())
+        for folder in (QUADLET_DIR, PLAIN_DIR)
+    ]
+    for timer in timers:
+        assert one(timer, "Timer", "Unit") == "recsys-advance.service"
+        assert one(timer, "Install", "WantedBy") == "timers.target"
+    # Half an hour off the judge's, so one does not race the other.
+    assert one(timers[0], "Timer", "OnCalendar") == "*-*-* *:30:00"
 
 
 def test_api_starts_after_triton_and_redis_without_depending_on_them(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from recsys_tools.loop_demo import LoopOptions, run_loop
 from recsys_tools.world.generate.drift import DailyShape
+from recsys_tools.world_advance import loaded_before
 
 from app.release.worlds import read_worlds
 
@@ -25,14 +26,16 @@ def test_the_loop_runs_from_traffic_to_a_verdict_acted_on(tmp_path: Path) -> Non
     assert len(said) == 8, said  # every step said, in order
     assert said[2].startswith("Posted the last 4 days'")
     assert "accepted" in said[3], said[3]
-    assert said[4].startswith("Loaded world"), said[4]
+    # Loaded by `recsys release world advance`, which keeps what it loaded.
+    (candidate_id,) = loaded_before(options.folder / "worlds")
+    assert said[4].startswith(f"Loaded: world {cycle_stable(said)}"), said[4]
+    assert f"candidate world {candidate_id}" in said[4], said[4]
     # Today's traffic reached both worlds, and no answer failed or degraded.
     assert cycle.failed_answers == 0, said[5]
     assert cycle.answers.get("candidate", 0) > 0, said[5]
     assert cycle.answers.get("stable", 0) > cycle.answers["candidate"], said[5]
     assert cycle.verdict in {"promote", "roll back", "wait"}, said[6]
     plan = read_worlds(options.folder / "worlds.toml")
-    candidate_id = said[4].split()[2]
     if cycle.verdict == "promote":
         assert plan.stable is not None
         assert plan.candidate is None
@@ -42,3 +45,8 @@ def test_the_loop_runs_from_traffic_to_a_verdict_acted_on(tmp_path: Path) -> Non
         assert cycle.final_world != candidate_id
     else:
         assert plan.candidate is not None
+
+
+def cycle_stable(said: list[str]) -> str:
+    """The serving world's id, as the build step said it."""
+    return said[1].split("serving world ")[1].split()[0]

@@ -9,8 +9,9 @@ worlds allowed), recsys-ingest and recsys-archive. Then:
    folds it into the users, the archive keeps it;
 2. `recsys retrain` builds the next world from the history and the archive's week, judged
    against the serving world on the latest day;
-3. the world accepted is loaded beside the serving one (its keys under its own prefix, its
-   model on Triton under its own name) for a share of users;
+3. `recsys release world advance`, as its timer would, loads the world accepted beside the
+   serving one (its keys under its own prefix, its model on Triton under its own name) for
+   a share of users;
 4. today's traffic: each user asks for ten items before each thing they rate, and clicks
    the item where the answer showed it (the click names the answer);
 5. `recsys release judge` reads the archive and says promote, roll back or wait;
@@ -60,7 +61,6 @@ from recsys_tools.localstack import (
     unarchived,
 )
 from recsys_tools.localstack.processes import start_managed
-from recsys_tools.model.load import load_versions
 from recsys_tools.outcomes import TYPES
 from recsys_tools.retrain import RetrainPlan, retrain
 from recsys_tools.world.generate.drift import DAY, DailyDrift, DailyShape, daily_drift
@@ -69,7 +69,8 @@ from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.redis_loader import load_world_into_redis
-from recsys_tools.worlds_admin import call, candidate_names, stage
+from recsys_tools.world_advance import Advance, advance
+from recsys_tools.worlds_admin import call
 
 log = logging.getLogger(__name__)
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
@@ -297,11 +298,7 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
             return cycle
         candidate = Path(report["world"])
         with cycle.step(say) as said:
-            state = stack.load_candidate(candidate, options.percent)
-            said.append(
-                f"Loaded world {state['candidate']} beside {state['stable']} for "
-                f"{state['percent']:g}% of users (about {state['memory_bytes'] / 2**20:.0f} MiB)."
-            )
+            said.append(stack.advance(options.percent))
         with cycle.step(say) as said:
             day = asyncio.run(_today(stack.api.url, drift.next_day))
             _settled(stack.redis, keys, stack.processes)
@@ -400,17 +397,13 @@ class _LoopStack:
         processes.append(api.process)
         return cls(folder, client, triton_url, repository, api, processes)
 
-    def load_candidate(self, world: Path, percent: float) -> dict[str, Any]:
-        prefix, model = candidate_names(world)
-        stage(world, self.redis, self.repository, prefix, model)
-        load_versions(self.triton_url, model)
-        body = {
-            "artifacts_dir": str(world),
-            "key_prefix": prefix,
-            "model_name": model,
-            "percent": percent,
-        }
-        return call(self.api.url, self.api.token, "candidate", body)
+    def advance(self, percent: float) -> str:
+        """What the advance timer does: the retrain's accepted world staged and loaded."""
+        plan = Advance(
+            self.folder / "worlds", self.api.url, self.api.token, self.repository,
+            self.triton_url, percent,
+        )  # fmt: skip
+        return advance(plan, self.redis)
 
     def act(self, verdict: Verdict) -> str:
         if verdict is Verdict.PROMOTE:

@@ -7,6 +7,9 @@ on a running service, through its /admin/worlds routes.
     recsys release world show
     recsys release world promote      # the candidate becomes stable for everyone
     recsys release world rollback     # the candidate is dropped: the stable world for all
+    recsys release world advance --worlds /srv/recsys/worlds --redis-url redis://... \
+        --model-repository /srv/recsys/models --triton-url HOST:8001
+                                      # the retrain's accepted world staged and loaded, once
 
 `stage` writes the world's keys into Redis under its own prefix (as `recsys load-redis
 --prefix`; the password from RECSYS_REDIS_PASSWORD) and installs its model into the
@@ -28,7 +31,7 @@ from typing import Any
 import httpx
 import redis
 
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, UnreachableError
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp, world_schema
 from recsys_tools.model.load import load_versions
@@ -47,7 +50,7 @@ def token_of(args: argparse.Namespace) -> str:
     return token
 
 
-def _said(state: dict[str, Any]) -> str:
+def said(state: dict[str, Any]) -> str:
     if not state["candidate"]:
         return f"world {state['stable']} ({state['stable_dir']}) serves every user"
     return (
@@ -120,7 +123,41 @@ def _stage(args: argparse.Namespace, prefix: str, model: str) -> None:
     )
 
 
+def _advance(args: argparse.Namespace) -> None:
+    from recsys_tools.world_advance import Advance, advance  # it builds on this module
+
+    if not (args.worlds and args.redis_url and args.model_repository and args.triton_url):
+        raise ConfigError(
+            "advance needs --worlds, --redis-url, --model-repository and --triton-url (a "
+            "Triton in explicit model-control mode: the candidate's model loads at once)"
+        )
+    plan = Advance(
+        Path(args.worlds),
+        args.url,
+        token_of(args),
+        Path(args.model_repository),
+        args.triton_url,
+        args.percent,
+        args.admin_key_env,
+    )
+    password = os.environ.get("RECSYS_REDIS_PASSWORD") or None
+    client = redis.Redis.from_url(args.redis_url, username=args.redis_username, password=password)
+    try:
+        print(advance(plan, client))
+    except redis.RedisError as exc:
+        raise ConfigError(f"Redis at {args.redis_url}: {exc}") from None
+    finally:
+        client.close()
+
+
 def _run(args: argparse.Namespace) -> None:
+    if args.action == "advance":
+        try:
+            _advance(args)
+        except (ConfigError, UnreachableError) as exc:
+            print(f"recsys release world advance: {exc}", file=sys.stderr)
+            sys.exit(2)
+        return
     body = None
     if args.action in ("load", "stage"):
         named = (args.prefix, args.model)
@@ -145,7 +182,7 @@ def _run(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         print(f"recsys release world {args.action}: {exc}", file=sys.stderr)
         sys.exit(2)
-    print(_said(state))
+    print(said(state))
 
 
 def add_world_verb(verbs: Any) -> None:
@@ -155,18 +192,23 @@ def add_world_verb(verbs: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    world.add_argument("action", choices=("stage", "show", "load", "promote", "rollback"))
+    world.add_argument(
+        "action", choices=("stage", "show", "load", "promote", "rollback", "advance")
+    )
     world.add_argument("--url", default="http://127.0.0.1:8080", help="the service")
     world.add_argument("--token-file", help="a file holding RECSYS_ADMIN_TOKEN")
     world.add_argument("--world", help="stage, load: the candidate world's directory")
+    world.add_argument("--worlds", help="advance: the retrain's --worlds (its candidate link)")
     world.add_argument("--prefix", help="stage, load: its key prefix (default: recsys-ID)")
     world.add_argument("--model", help="stage, load: its model's name (default: MODEL_ID)")
-    world.add_argument("--redis-url", help="stage: the Redis to write its keys into")
-    world.add_argument("--redis-username", help="stage: the loader's Redis user")
-    world.add_argument("--model-repository", help="stage: Triton's model repository")
-    world.add_argument("--triton-url", help="stage: load the model now (explicit model control)")
-    world.add_argument("--admin-key-env", help="stage: the variable holding Triton's admin key")
-    world.add_argument("--percent", type=float, default=10.0, help="load: its share of users")
+    world.add_argument("--redis-url", help="stage, advance: the Redis to write its keys into")
+    world.add_argument("--redis-username", help="stage, advance: the loader's Redis user")
+    world.add_argument("--model-repository", help="stage, advance: Triton's model repository")
+    world.add_argument(
+        "--triton-url", help="stage, advance: load the model now (explicit model control)"
+    )
+    world.add_argument("--admin-key-env", help="the variable holding Triton's admin key")
+    world.add_argument("--percent", type=float, default=10.0, help="its share of users")
     world.set_defaults(run=_checked)
 
 

@@ -313,6 +313,21 @@ async def _post_events(
         await asyncio.sleep(0.005)
 
 
+async def _canary_under_load(
+    client: httpx.AsyncClient,
+    two_worlds: TwoWorlds,
+    answers: Answers,
+    acknowledged: list[str],
+    stop: asyncio.Event,
+) -> asyncio.Future[Any]:
+    """World B loaded as the candidate, then answers asked and clicks posted until `stop`."""
+    loaded = await client.post(
+        "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
+    )
+    assert loaded.status_code == 200, loaded.text
+    return asyncio.gather(_traffic(client, answers, stop), _post_events(client, acknowledged, stop))
+
+
 def _logged_event_ids(url: str, partitions: int) -> set[str]:
     client = redis.Redis.from_url(url)
     try:
@@ -337,13 +352,7 @@ async def test_redis_restarted_during_a_canary_loses_no_answer_and_no_acknowledg
     stop = asyncio.Event()
     settings = two_worlds.settings()
     async with serving(settings) as client:
-        loaded = await client.post(
-            "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
-        )
-        assert loaded.status_code == 200, loaded.text
-        load = asyncio.gather(
-            _traffic(client, answers, stop), _post_events(client, acknowledged, stop)
-        )
+        load = await _canary_under_load(client, two_worlds, answers, acknowledged, stop)
         try:
             await _settle(answers)
             await asyncio.to_thread(two_worlds.redis.restart)  # killed, then up from its log
@@ -405,13 +414,7 @@ async def test_the_archives_disk_full_during_a_canary_holds_the_candidate_and_lo
     acknowledged: list[str] = []
     try:
         async with serving(settings) as client:
-            loaded = await client.post(
-                "/admin/worlds/candidate", json=two_worlds.candidate_b(), headers=ADMIN
-            )
-            assert loaded.status_code == 200, loaded.text
-            load = asyncio.gather(
-                _traffic(client, answers, stop), _post_events(client, acknowledged, stop)
-            )
+            load = await _canary_under_load(client, two_worlds, answers, acknowledged, stop)
             try:
                 await _settle(answers)
                 # No room left for the archive: each file it writes fails as on a full disk

@@ -37,7 +37,8 @@ from app.archive.store import ArchiveStore
 from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.outcomes import TYPES, Rate
-from recsys_tools.worlds_admin import add_world_verb, call, token_of
+from recsys_tools.worlds_admin import add_world_verb
+from recsys_tools.worlds_client import call, token_of
 
 Z95 = 1.959964
 

@@ -70,7 +70,7 @@ from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 from recsys_tools.world_advance import Advance, advance
-from recsys_tools.worlds_admin import call
+from recsys_tools.worlds_client import call
 
 log = logging.getLogger(__name__)
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)

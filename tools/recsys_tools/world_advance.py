@@ -31,7 +31,7 @@ from app.core.errors import ConfigError
 from app.release.world import read_stamp
 from recsys_tools.model.load import load_versions
 from recsys_tools.retrain import CANDIDATE_LINK
-from recsys_tools.worlds_admin import call, candidate_names, said, stage
+from recsys_tools.worlds_client import call, candidate_names, said, stage
 
 ADVANCED_FILE = "advanced.json"
 

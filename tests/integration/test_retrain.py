@@ -101,9 +101,10 @@ def test_a_better_world_is_accepted_as_the_candidate(
     assert ranker["impressions"]["chosen"] > 0
     ordered = ranker["held_out_answers_ndcg@10"]
     assert ordered["answers"] > 0
-    for name in ("as_shown", "lists", "impressions"):
+    for name in ("as_shown", "lists", "impressions", "lists_with_answers"):
         assert 0.0 < ordered[name] <= 1.0
-    assert set(ranker["hit"]) == {"lists", "impressions"}
+    assert set(ranker["hit"]) == {"lists", "impressions", "lists_with_answers"}
+    assert ranker["impressions"]["added_to_lists"]["weight"] >= 0.0
     assert report["evaluation"]["new"] == ranker["hit"][ranker["shipped"]]
 
 

@@ -1,14 +1,24 @@
 """What the impression ranker learns from: each logged answer's items, chosen or skipped by
-what the user did after."""
+what the user did after; and the lists' ranker with the answers' network added to it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
 import pyarrow as pa
-from recsys_tools.world.learn.ranker.from_impressions import ATTRIBUTION_S, shown_items
+from onnx import TensorProto, helper, numpy_helper
+from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.ranker.from_impressions import (
+    ATTRIBUTION_S,
+    added_weight,
+    shown_items,
+    with_answers,
+)
 
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA
+from app.release.schema import HEADS_OUTPUT, FeatureSchema, load_schema
 
 T0_MS = 1_764_547_200_000
 
@@ -103,3 +113,48 @@ def test_degraded_answers_teach_nothing_and_positions_follow_the_order_shown() -
     assert shown.answers == 1
     assert shown.with_choice().answers == 1
     assert shown.before(T0_MS // 1000).answers == 0
+
+
+def _linear_model(schema: FeatureSchema, weights: np.ndarray, heads: bool) -> bytes:
+    """score = rows @ weights (and heads, the same, when asked), named as the schema says."""
+    x, out = schema.input_name, schema.output_name
+    nodes = [
+        helper.make_node("MatMul", [x, "w"], ["hidden"], name="matmul"),
+        helper.make_node("Identity", ["hidden"], [out], name=out),
+    ]
+    outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, [None, 1])]
+    if heads:
+        nodes.append(helper.make_node("Identity", ["hidden"], [HEADS_OUTPUT], name="heads"))
+        outputs.append(helper.make_tensor_value_info(HEADS_OUTPUT, TensorProto.FLOAT, [None, 1]))
+    weight = numpy_helper.from_array(weights.astype(np.float32).reshape(-1, 1), "w")
+    inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, schema.width])]
+    graph = helper.make_graph(nodes, "linear", inputs, outputs, [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def test_the_answers_network_is_added_to_the_lists_score_in_one_graph() -> None:
+    schema = load_schema(interactions_schema_path())
+    rng = np.random.default_rng(3)
+    lists_w, net_w = rng.normal(size=schema.width), rng.normal(size=schema.width)
+    combined = with_answers(
+        _linear_model(schema, lists_w, heads=True), _linear_model(schema, net_w, False), schema, 0.5
+    )
+    rows = rng.normal(size=(7, schema.width)).astype(np.float32)
+    session = ort.InferenceSession(combined, providers=["CPUExecutionProvider"])
+    score, heads = session.run([schema.output_name, HEADS_OUTPUT], {schema.input_name: rows})
+    np.testing.assert_allclose(
+        score[:, 0], rows @ lists_w + 0.5 * (rows @ net_w), rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(heads[:, 0], rows @ lists_w, rtol=1e-4, atol=1e-4)  # the lists'
+
+
+def test_the_answers_weigh_nothing_unless_they_order_better() -> None:
+    answers = np.repeat(np.arange(4), 3).astype(np.int64)
+    chosen = np.tile([1, 0, 0], 4).astype(np.int8)
+    lists = np.tile([3.0, 2.0, 1.0], 4)  # already perfect
+    network = np.tile([0.0, 5.0, 1.0], 4)  # would put a skipped item first
+    weight, tried = added_weight(answers, chosen, lists, network)
+    assert weight == 0.0
+    assert tried["0.0"] == 1.0

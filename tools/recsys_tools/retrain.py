@@ -15,8 +15,10 @@ One run, each step said as it starts and timed:
 5. evaluate: the new world and the world serving (--serving), each from its own files, asked
    for the held-out day's users: hit@k, the share of them with one of that day's new
    positives in their k. The new world is asked with each ranker, and both rankers order the
-   held-out day's answers (NDCG@10 of what was chosen, beside the order shown). --ranker
-   says which ships: `lists`, `impressions`, or `better` (the higher hit@k; lists on a tie);
+   held-out day's answers (NDCG@10 of what was chosen, beside the order shown); so is the
+   lists' ranker with the answers' network added to its score. --ranker says which ships:
+   `lists`, `impressions`, `lists_with_answers`, or `better` (the highest hit@k; the lists'
+   on a tie);
 6. decide: refused when the new world's hit@k is below the serving one's by more than
    --margin (relative); otherwise accepted: --worlds/candidate points at it, for loading.
 
@@ -76,7 +78,7 @@ log = logging.getLogger("recsys.retrain")
 STATE_FILE = "retrain.state"
 CANDIDATE_LINK = "candidate"
 STEPS = ("gather", "split", "build", "impressions", "evaluate", "decide")
-RANKERS = ("lists", "impressions", "better")
+RANKERS = ("lists", "impressions", "lists_with_answers", "better")
 DAY_S = 86_400
 # The training log's own columns, whatever the base log's were.
 TRAINING = "training.parquet"
@@ -222,18 +224,30 @@ def _judged(
     hit = {"lists": hit_at_k(world, history, held_out, plan.k, positive)}
     judged: dict[str, Any] = {"hit": hit, "impressions": None, "shipped": "lists"}
     if learnt is None:
-        if plan.ranker == "impressions":
-            raise ConfigError("--ranker impressions: too few answers with a choice to learn from")
+        if plan.ranker not in ("lists", "better"):
+            raise ConfigError(
+                f"--ranker {plan.ranker}: too few answers with a choice to learn from"
+            )
         return judged
-    hit["impressions"] = hit_at_k(world, history, held_out, plan.k, positive, learnt.onnx_model)
-    models = {"lists": (world / MODEL_FILE).read_bytes(), "impressions": learnt.onnx_model}
+    models = {"lists": (world / MODEL_FILE).read_bytes(), **_learnt_models(learnt)}
+    for name, model in models.items():
+        if name != "lists":
+            hit[name] = hit_at_k(world, history, held_out, plan.k, positive, model)
     judged["impressions"] = learnt.report
     judged["held_out_answers_ndcg@10"] = compare_on_answers(world, held_shown, models)
     metric = f"hit@{plan.k}"
-    better = hit["impressions"][metric] > hit["lists"][metric]
-    if plan.ranker == "impressions" or (plan.ranker == "better" and better):
-        judged["shipped"] = "impressions"
+    if plan.ranker == "better":  # the lists' on a tie: first of the highest
+        judged["shipped"] = max(hit, key=lambda name: hit[name][metric])
+    elif plan.ranker in hit:
+        judged["shipped"] = plan.ranker
     return judged
+
+
+def _learnt_models(learnt: ImpressionRanker) -> dict[str, bytes]:
+    models = {"impressions": learnt.onnx_model}
+    if learnt.with_lists is not None:
+        models["lists_with_answers"] = learnt.with_lists
+    return models
 
 
 def _said_stopped(worlds: Path) -> None:
@@ -322,7 +336,13 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
     held_from = int(np.datetime64(day, "s").astype(np.int64))
     with progress.step_in("impressions", "Learning a ranker from what the answers showed."):
         learnt = train_impression_ranker(
-            plan.serving, shown.before(held_from), schema, world, plan.seed, plan.network
+            plan.serving,
+            shown.before(held_from),
+            schema,
+            world,
+            plan.seed,
+            plan.network,
+            (world / MODEL_FILE).read_bytes(),
         )
     if learnt is None:
         log.info("  too few answers with a choice before %s: the ranker from lists only", day)
@@ -330,9 +350,9 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
         judged = _judged(plan, world, history, held_out, shown.since(held_from), learnt)
         serving = hit_at_k(plan.serving, history, held_out, plan.k, positive)
     shipped = judged["shipped"]
-    if shipped == "impressions":
+    if shipped != "lists":
         assert learnt is not None
-        (world / MODEL_FILE).write_bytes(learnt.onnx_model)
+        (world / MODEL_FILE).write_bytes(_learnt_models(learnt)[shipped])
         stamp_world(world, schema)  # a new model: a new id, the manifest's digests again
     new = judged["hit"][shipped]
     stamp = read_stamp(world)
@@ -465,8 +485,9 @@ def register(commands: Commands) -> None:
         "--ranker",
         choices=RANKERS,
         default="better",
-        help="the ranker shipped: from candidate lists, from the archive's answers, or the "
-        "one with the higher hit@k on the held-out day",
+        help="the ranker shipped: from candidate lists, from the archive's answers, the "
+        "lists' with the answers' network added, or the one with the highest hit@k on the "
+        "held-out day",
     )
     parser.add_argument("--schema", type=Path, default=None)
     parser.add_argument("--metrics-file", type=Path, default=None, help="for node_exporter")

@@ -15,6 +15,11 @@ on the answers of users it never saw. from_log's ranker learns instead against e
 own candidates that they did not go on to like: sampled negatives, never shown to them.
 `compare_on_answers` judges rankers on answers none of them learnt from: NDCG@10 of what was
 chosen, ordered by each, beside the order the answer showed.
+
+Learnt from answers alone, a ranker knows only what was shown: the items a world put first,
+never the two hundred it ranks. So a third ranker keeps the lists' whole score and adds the
+answers' network to it, weighed on the answers of users neither learnt from (`with_answers`;
+a weight of 0 when the answers add nothing).
 """
 
 from __future__ import annotations
@@ -177,8 +182,10 @@ def packed_rows(world: WorldAnswers, shown: Shown) -> tuple[Shown, FloatArray]:
 
 @dataclass(frozen=True, slots=True)
 class ImpressionRanker:
-    onnx_model: bytes
+    onnx_model: bytes  # the answers' network, blended with recall: the ranker on its own
     report: dict[str, Any]
+    # The lists' ranker with the answers' network added to its score.
+    with_lists: bytes | None = None
 
 
 def _sequence(schema: FeatureSchema, rows: FloatArray) -> FloatArray | None:
@@ -192,11 +199,12 @@ def train_impression_ranker(
     blend_world: Path,
     seed: int = 7,
     network: str = "auto",
+    lists_model: bytes | None = None,
 ) -> ImpressionRanker | None:
     """The network learnt on the shown rows of half the users (packed from `served_by`, the
     world that showed them), blended with recall on the other half's answers, under
-    `blend_world`'s pre-rank weights (the world it is to serve in). None when too few
-    answers had a choice."""
+    `blend_world`'s pre-rank weights (the world it is to serve in); and, given the lists'
+    ranker, that ranker with the network added. None when too few answers had a choice."""
     taught = _sample(shown.with_choice(), seed)
     if taught.answers < MIN_CHOSEN_ANSWERS:
         return None
@@ -227,7 +235,7 @@ def train_impression_ranker(
         _sequence(schema, checked),
         np.zeros(len(schema.sequence), dtype=bool),
     )
-    report = {
+    report: dict[str, Any] = {
         "learnt_on": "shown and chosen against shown and skipped",
         "answers": taught.answers,
         "rows": int(learning.sum()),
@@ -237,7 +245,71 @@ def train_impression_ranker(
         "blend": blend.as_dict(),
         "network_in_score": blend.model != 0,
     }
-    return ImpressionRanker(blended_onnx(export_onnx(model, schema), schema, blend), report)
+    exported = export_onnx(model, schema)
+    combined = None
+    if lists_model is not None:
+        lists_scores = onnx_scores(lists_model, schema, checked)
+        weight, tried = added_weight(
+            taught.answer[blending], taught.chosen[blending], lists_scores, model.scores(checked)
+        )
+        report["added_to_lists"] = {"weight": weight, "ndcg@10_by_weight": tried}
+        combined = with_answers(lists_model, exported, schema, weight)
+    return ImpressionRanker(blended_onnx(exported, schema, blend), report, combined)
+
+
+# The answers' network's weight beside the lists' score, in units of the two scores' spread.
+ADDED_GRID = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+
+
+def added_weight(
+    answers: IntArray,
+    chosen: npt.NDArray[np.int8],
+    lists_scores: npt.NDArray[np.float64],
+    network_scores: npt.NDArray[np.floating],
+) -> tuple[float, dict[str, float]]:
+    """The weight under which lists + weight x network orders these answers best (0 kept on
+    a tie: the answers earn their place), and each weight's NDCG@10."""
+    spread = float(np.std(network_scores)) or 1.0
+    scale = (float(np.std(lists_scores)) or 1.0) / spread
+    network = network_scores.astype(np.float64)
+    figures = {
+        str(step): lists_ndcg(answers, chosen, lists_scores + step * scale * network)
+        for step in ADDED_GRID
+    }
+    best = max(ADDED_GRID, key=lambda step: (figures[str(step)], -step))
+    return best * scale, {k: round(v, 4) for k, v in figures.items()}
+
+
+def with_answers(lists_model: bytes, network: bytes, schema: FeatureSchema, weight: float) -> bytes:
+    """One graph: the lists' ranker's score plus `weight` x the answers' network's, on the
+    same input; the heads stay the lists' ranker's."""
+    import onnx
+    from onnx import TensorProto, compose, helper, numpy_helper
+
+    base = onnx.load_from_string(lists_model)
+    added = compose.add_prefix(onnx.load_from_string(network), "answers_", rename_inputs=False)
+    out = schema.output_name
+    inner = f"{out}_lists"
+    for node in base.graph.node:
+        node.output[:] = [inner if name == out else name for name in node.output]
+    base.graph.initializer.extend(added.graph.initializer)
+    base.graph.node.extend(added.graph.node)
+    base.graph.initializer.append(
+        numpy_helper.from_array(np.array(weight, dtype=np.float32), "answers_weight")
+    )
+    steps = [
+        ("Mul", [f"answers_{out}", "answers_weight"], "answers_weighted"),
+        ("Add", [inner, "answers_weighted"], out),
+    ]
+    for op, inputs, output in steps:
+        name = f"answers_add_{output}"  # the lists' graph has a node named after the score
+        base.graph.node.append(helper.make_node(op, inputs, [output], name=name))
+    others = [output for output in base.graph.output if output.name != out]
+    del base.graph.output[:]
+    base.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [None, 1]))
+    base.graph.output.extend(others)
+    onnx.checker.check_model(base)
+    return bytes(base.SerializeToString())
 
 
 def onnx_scores(model: bytes, schema: FeatureSchema, rows: FloatArray) -> npt.NDArray[np.float64]:

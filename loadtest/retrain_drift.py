@@ -200,8 +200,8 @@ def measure(
     history = pa.concat_tables([base_rows(plan), archived_rows])
     next_day = _table(drift.next_day)
     judged = {
-        "frozen": hit_at_k(frozen, history, next_day, K, 4.0),
-        "retrained": hit_at_k(Path(report["world"]), history, next_day, K, 4.0),
+        "frozen": hit_at_k(WorldAnswers(frozen), history, next_day, K, 4.0),
+        "retrained": hit_at_k(WorldAnswers(Path(report["world"])), history, next_day, K, 4.0),
     }
     hit = f"hit@{K}"
     served = {}

@@ -579,6 +579,12 @@ def test_the_archive_runs_the_image_as_recsys_archive_writing_its_own_folder(
     assert len(set(partitions)) == 1  # it reads every partition the API writes
 
 
+def _timers(job: str) -> list[Unit]:
+    """The job's timer, as the quadlet folder and the plain one ship it."""
+    folders = (QUADLET_DIR, PLAIN_DIR)
+    return [parse_unit((folder / f"{job}.timer").read_text()) for folder in folders]
+
+
 def test_the_retrain_is_a_daily_job_its_timer_starts(units: dict[str, Unit]) -> None:
     job = units["recsys-retrain"]
     assert one(job, "Service", "Type") == "oneshot"
@@ -592,11 +598,7 @@ def test_the_retrain_is_a_daily_job_its_timer_starts(units: dict[str, Unit]) -> 
     assert volume(run, "/var/lib/recsys/worlds") == ("/srv/recsys/worlds", {"z"})
     assert "--serving" in run.command
     assert run.command[run.command.index("--serving") + 1] == "/var/lib/recsys/worlds/current"
-    timers = [
-        parse_unit(path.read_text())
-        for path in (QUADLET_DIR, PLAIN_DIR)
-        for path in [path / "recsys-retrain.timer"]
-    ]
+    timers = _timers("recsys-retrain")
     for timer in timers:
         assert one(timer, "Timer", "Unit") == "recsys-retrain.service"
         assert one(timer, "Timer", "Persistent") == "true"
@@ -624,10 +626,7 @@ def test_the_judge_acts_hourly_on_the_served_worlds_through_the_api(
     example = (QUADLET_DIR / "judge.env.example").read_text()
     for name in ("MIN_ANSWERS", "MAX_ANSWERS", "MARGIN"):
         assert f"RECSYS_JUDGE_{name}=" in example
-    timers = [
-        parse_unit((folder / "recsys-judge.timer").read_text())
-        for folder in (QUADLET_DIR, PLAIN_DIR)
-    ]
+    timers = _timers("recsys-judge")
     for timer in timers:
         assert one(timer, "Timer", "Unit") == "recsys-judge.service"
         assert one(timer, "Timer", "OnCalendar") == "hourly"
@@ -661,10 +660,7 @@ def test_the_advance_loads_the_retrains_world_hourly_as_the_loader(
     assert "target=RECSYS_REDIS_PASSWORD" in names["recsys_redis_loader_password"]
     assert f"target={flags['--admin-key-env']}" in names["recsys_triton_admin_key"]
     assert "RECSYS_ADVANCE_PERCENT=" in (QUADLET_DIR / "advance.env.example").read_text()
-    timers = [
-        parse_unit((folder / "recsys-advance.timer").read_text())
-        for folder in (QUADLET_DIR, PLAIN_DIR)
-    ]
+    timers = _timers("recsys-advance")
     for timer in timers:
         assert one(timer, "Timer", "Unit") == "recsys-advance.service"
         assert one(timer, "Install", "WantedBy") == "timers.target"

@@ -178,16 +178,10 @@ def split_latest_day(rows: pa.Table) -> tuple[pa.Table, pa.Table, str]:
 
 
 def hit_at_k(
-    world: Path,
-    history: pa.Table,
-    held_out: pa.Table,
-    k: int,
-    positive: float,
-    model: bytes | None = None,
+    answers: WorldAnswers, history: pa.Table, held_out: pa.Table, k: int, positive: float
 ) -> dict[str, Any]:
     """The share of the held-out day's users with one of that day's new positives (not had
-    before) among the world's k for them, from the world's own files (`model`: another
-    ranker in place of its own)."""
+    before) among the world's k for them, from the world's own files."""
     had: dict[str, set[str]] = {}
     for user, item in zip(
         history.column("user_id").to_pylist(), history.column("item_id").to_pylist(), strict=True
@@ -203,7 +197,6 @@ def hit_at_k(
     users = sorted(wanted)
     if not users:
         raise ConfigError("the held-out day has no new positives to judge the worlds on")
-    answers = WorldAnswers(world, ranker=model)
     hits = sum(
         1 for user, items in answers.answers(users, Moment()) if set(items[:k]) & wanted[user]
     )
@@ -221,7 +214,8 @@ def _judged(
     """Each ranker the new world could ship, judged on the held-out day: hit@k, and the
     order it gives that day's answers; which ships (--ranker)."""
     positive = plan.columns.min_weight if plan.columns.min_weight is not None else 1.0
-    hit = {"lists": hit_at_k(world, history, held_out, plan.k, positive)}
+    answers = WorldAnswers(world)  # read once; each ranker asks it in turn
+    hit = {"lists": hit_at_k(answers, history, held_out, plan.k, positive)}
     judged: dict[str, Any] = {"hit": hit, "impressions": None, "shipped": "lists"}
     if learnt is None:
         if plan.ranker not in ("lists", "better"):
@@ -232,9 +226,9 @@ def _judged(
     models = {"lists": (world / MODEL_FILE).read_bytes(), **_learnt_models(learnt)}
     for name, model in models.items():
         if name != "lists":
-            hit[name] = hit_at_k(world, history, held_out, plan.k, positive, model)
+            hit[name] = hit_at_k(answers.ranked_by(model), history, held_out, plan.k, positive)
     judged["impressions"] = learnt.report
-    judged["held_out_answers_ndcg@10"] = compare_on_answers(world, held_shown, models)
+    judged["held_out_answers_ndcg@10"] = compare_on_answers(answers, held_shown, models)
     metric = f"hit@{plan.k}"
     if plan.ranker == "better":  # the lists' on a tie: first of the highest
         judged["shipped"] = max(hit, key=lambda name: hit[name][metric])
@@ -348,7 +342,7 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
         log.info("  too few answers with a choice before %s: the ranker from lists only", day)
     with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
         judged = _judged(plan, world, history, held_out, shown.since(held_from), learnt)
-        serving = hit_at_k(plan.serving, history, held_out, plan.k, positive)
+        serving = hit_at_k(WorldAnswers(plan.serving), history, held_out, plan.k, positive)
     shipped = judged["shipped"]
     if shipped != "lists":
         assert learnt is not None

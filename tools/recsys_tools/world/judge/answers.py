@@ -9,6 +9,7 @@ service must answer the same list: `recsys evaluate` compares the two item for i
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +72,9 @@ def _lists(user_ids: npt.NDArray[np.str_], offsets: IntArray, items: IntArray) -
 
 class WorldAnswers:
     """The world's files, read once; `answers` for any users. `settings`: those of the
-    service compared with (its candidate stages'), else the defaults; `ranker`: another
-    model (ONNX bytes of the world's schema) in place of the world's own."""
+    service compared with (its candidate stages'), else the defaults."""
 
-    def __init__(
-        self, world: Path, settings: Settings | None = None, ranker: bytes | None = None
-    ) -> None:
+    def __init__(self, world: Path, settings: Settings | None = None) -> None:
         if not (world / MODEL_FILE).is_file():
             raise ConfigError(f"{world} has no {MODEL_FILE}: a world built from a log has one")
         self.schema: FeatureSchema = load_schema(world / SCHEMA_FILE)
@@ -111,7 +109,7 @@ class WorldAnswers:
             self._user_blobs,
             np.concatenate([items.embeddings, items.dense], axis=1).astype(np.float32),
             items.popularity.astype(np.float32),
-            (world / MODEL_FILE).read_bytes() if ranker is None else ranker,
+            (world / MODEL_FILE).read_bytes(),
             load_neighbours(world, len(self.item_ids)),
             load_prerank(world),
             items.categories.astype(np.int64),
@@ -152,6 +150,13 @@ class WorldAnswers:
         query = self._query(user, moment)
         kept = positions[known]
         return known, self._evaluator.packed(query, kept, self._evaluator.signals(query, kept))
+
+    def ranked_by(self, onnx_model: bytes) -> WorldAnswers:
+        """The same world's answers with another model (ONNX bytes of its schema) ranking:
+        its files, index and lists read once, shared."""
+        other = copy.copy(self)
+        other._evaluator = self._evaluator.ranked_by(onnx_model)
+        return other
 
     def score(self, rows: FloatArray) -> npt.NDArray[np.float32]:
         """The ranker's score for packed rows."""

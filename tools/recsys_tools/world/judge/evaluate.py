@@ -17,8 +17,9 @@ reports `pool_share`, the share of held-out items still in what it hands on.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -223,6 +224,13 @@ class Evaluator:
             model.prerank,
             settings,
         )
+
+    def ranked_by(self, onnx_model: bytes) -> Evaluator:
+        """The same cascade with another model ranking; the index and stages shared."""
+        other = copy.copy(self)
+        other.model = replace(self.model, onnx_model=onnx_model)
+        other.ranker = _Ranker(other.model, self.schema)
+        return other
 
     def search(self, queries: list[Query]) -> IntArray:
         n_items = len(self.popular)

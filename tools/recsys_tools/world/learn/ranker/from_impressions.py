@@ -44,10 +44,10 @@ from recsys_tools.world.learn.blend import (
 )
 from recsys_tools.world.learn.ranker.from_log import factor_free
 from recsys_tools.world.learn.ranker.train import export_onnx, fit_ranker
+from recsys_tools.world.read.tables import IntArray
 from recsys_tools.world.read.times import utc_hour_weekday
 
-FloatArray = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float32]  # packed rows, as the model takes them
 ATTRIBUTION_S = 3_600
 CHOSEN_TYPES = ("click", "like", "purchase")
 # Fewer answers with a choice than this teach a network nothing it can be trusted with.
@@ -208,7 +208,8 @@ def train_impression_ranker(
     taught = _sample(shown.with_choice(), seed)
     if taught.answers < MIN_CHOSEN_ANSWERS:
         return None
-    taught, rows = packed_rows(WorldAnswers(served_by), taught)
+    served = WorldAnswers(served_by)
+    taught, rows = packed_rows(served, taught)
     users = np.unique(taught.user_ids)
     rng = np.random.default_rng(seed)
     blending = np.isin(taught.user_ids, rng.permutation(users)[: max(1, len(users) // 2)])
@@ -248,7 +249,7 @@ def train_impression_ranker(
     exported = export_onnx(model, schema)
     combined = None
     if lists_model is not None:
-        lists_scores = onnx_scores(lists_model, schema, checked)
+        lists_scores = served.ranked_by(lists_model).score(checked).astype(np.float64)
         weight, tried = added_weight(
             taught.answer[blending], taught.chosen[blending], lists_scores, model.scores(checked)
         )
@@ -312,21 +313,14 @@ def with_answers(lists_model: bytes, network: bytes, schema: FeatureSchema, weig
     return bytes(base.SerializeToString())
 
 
-def onnx_scores(model: bytes, schema: FeatureSchema, rows: FloatArray) -> npt.NDArray[np.float64]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    (scores,) = session.run([schema.output_name], {schema.input_name: rows})
-    return np.asarray(scores, dtype=np.float64).reshape(-1)
-
-
-def compare_on_answers(world: Path, shown: Shown, models: dict[str, bytes]) -> dict[str, Any]:
+def compare_on_answers(
+    answers: WorldAnswers, shown: Shown, models: dict[str, bytes]
+) -> dict[str, Any]:
     """Each model's NDCG@10 of what was chosen, ordering each answer's items as packed from
-    `world`, beside the order shown; over the answers with a choice."""
+    the world `answers` reads, beside the order shown; over the answers with a choice."""
     judged = shown.with_choice()
     if not judged.answers:
         return {"answers": 0}
-    answers = WorldAnswers(world)
     judged, rows = packed_rows(answers, judged)
     figures: dict[str, Any] = {
         "answers": judged.answers,
@@ -335,6 +329,6 @@ def compare_on_answers(world: Path, shown: Shown, models: dict[str, bytes]) -> d
         ),
     }
     for name, model in models.items():
-        scores = onnx_scores(model, answers.schema, rows)
+        scores = answers.ranked_by(model).score(rows).astype(np.float64)
         figures[name] = round(lists_ndcg(judged.answer, judged.chosen, scores), 4)
     return figures

@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +38,25 @@ from recsys_tools.world_advance import Advance, advance
 from recsys_tools.worlds_client import call, candidate_names, said, stage, token_of
 
 
-def _stage(args: argparse.Namespace, prefix: str, model: str) -> None:
-    if not (args.redis_url and args.model_repository):
-        raise ConfigError("stage needs --redis-url and --model-repository")
+@contextmanager
+def _loader(args: argparse.Namespace) -> Iterator[redis.Redis]:
+    """Redis as the loader (its password from RECSYS_REDIS_PASSWORD); its errors as
+    ConfigError naming it."""
     password = os.environ.get("RECSYS_REDIS_PASSWORD") or None
     client = redis.Redis.from_url(args.redis_url, username=args.redis_username, password=password)
     try:
-        report = stage(Path(args.world), client, Path(args.model_repository), prefix, model)
+        yield client
     except redis.RedisError as exc:
         raise ConfigError(f"Redis at {args.redis_url}: {exc}") from None
     finally:
         client.close()
+
+
+def _stage(args: argparse.Namespace, prefix: str, model: str) -> None:
+    if not (args.redis_url and args.model_repository):
+        raise ConfigError("stage needs --redis-url and --model-repository")
+    with _loader(args) as client:
+        report = stage(Path(args.world), client, Path(args.model_repository), prefix, model)
     print(f"staged: {report.said()} under {prefix}:*, model {model} in {args.model_repository}")
     if args.triton_url:
         load_versions(args.triton_url, model, admin_key_env=args.admin_key_env)
@@ -74,14 +84,8 @@ def _advance(args: argparse.Namespace) -> None:
         args.percent,
         args.admin_key_env,
     )
-    password = os.environ.get("RECSYS_REDIS_PASSWORD") or None
-    client = redis.Redis.from_url(args.redis_url, username=args.redis_username, password=password)
-    try:
+    with _loader(args) as client:
         print(advance(plan, client))
-    except redis.RedisError as exc:
-        raise ConfigError(f"Redis at {args.redis_url}: {exc}") from None
-    finally:
-        client.close()
 
 
 def _run(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,8 +33,61 @@ WEIGHT_PRIOR = 5.0
 
 
 @dataclass(frozen=True, slots=True)
+class Totals:
+    """What the features read of the whole part: its time span, its weights, its positives.
+
+    Either engine counts it (this module from a log in memory, the Spark engine as jobs); the
+    formulas below are the one definition of each feature, so both give the same numbers.
+    """
+
+    first_time: int  # 0 for an empty part
+    last_time: int
+    total_positives: int
+    top_user_positives: float
+    top_item_positives: float
+    # The weights' lowest, highest and mean; None where the log has none (or no rows).
+    weights: tuple[float, float, float] | None
+    n_categories: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserTallies:
+    """Per user: rows, positives, first and last time (0 where no rows), the distinct
+    categories their positives span."""
+
+    rows: IntArray
+    positives: FloatArray
+    first: IntArray
+    last: IntArray
+    categories: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class ItemTallies:
+    """Per item: rows, positives, first time (0 where no rows), the sum of weights."""
+
+    rows: IntArray
+    positives: FloatArray
+    first: IntArray
+    weight_sum: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFacts:
+    tallies: ItemTallies
+    items: ItemInfo
+    totals: Totals
+
+
+@dataclass(frozen=True, slots=True)
+class UserFacts:
+    tallies: UserTallies
+    totals: Totals
+
+
+@dataclass(frozen=True, slots=True)
 class Derivation:
-    compute: Callable[[InteractionLog], FloatArray]
+    compute: Callable[[Any], FloatArray]  # ItemFacts or UserFacts
     meaning: str
     scale: str
 
@@ -53,8 +107,7 @@ def _positives_per(index: IntArray, log: InteractionLog, size: int) -> FloatArra
     return counts
 
 
-def _log_scaled(counts: FloatArray) -> FloatArray:
-    top = float(counts.max()) if len(counts) else 0.0
+def _log_scaled(counts: FloatArray, top: float) -> FloatArray:
     scaled: FloatArray = np.log1p(counts) / np.log1p(top) if top > 0 else np.zeros_like(counts)
     return scaled
 
@@ -78,21 +131,79 @@ def _last_time(index: IntArray, times: IntArray, size: int, empty: int) -> IntAr
     return last
 
 
-def _last_timestamp(log: InteractionLog) -> int:
-    return int(log.time.max()) if len(log.time) else 0
+def totals(log: InteractionLog) -> Totals:
+    weights = None
+    if log.weight is not None and len(log.weight):
+        weights = (float(log.weight.min()), float(log.weight.max()), float(log.weight.mean()))
+    users, items = (
+        _positives_per(log.user, log, log.n_users),
+        _positives_per(log.item, log, log.n_items),
+    )
+    return Totals(
+        first_time=int(log.time.min()) if len(log.time) else 0,
+        last_time=int(log.time.max()) if len(log.time) else 0,
+        total_positives=int(log.positive.sum()),
+        top_user_positives=float(users.max()) if len(users) else 0.0,
+        top_item_positives=float(items.max()) if len(items) else 0.0,
+        weights=weights,
+        n_categories=len(log.items.category_names),
+    )
 
 
-def published_at(log: InteractionLog) -> IntArray:
+def item_tallies(log: InteractionLog) -> ItemTallies:
+    weight_sum: FloatArray = np.zeros(log.n_items)
+    if log.weight is not None:
+        weight_sum = np.bincount(log.item, weights=log.weight, minlength=log.n_items).astype(
+            np.float64
+        )
+    return ItemTallies(
+        rows=np.bincount(log.item, minlength=log.n_items),
+        positives=_positives_per(log.item, log, log.n_items),
+        first=_first_time(log.item, log.time, log.n_items, 0),
+        weight_sum=weight_sum,
+    )
+
+
+def _category_breadth_counts(log: InteractionLog) -> FloatArray:
+    items = log.items
+    n_categories = len(items.category_names)
+    if n_categories == 0:
+        return np.zeros(log.n_users)
+    users, item_of = log.user[log.positive], log.item[log.positive]
+    per_row = np.diff(items.category_offsets)[item_of]
+    starts = np.repeat(items.category_offsets[:-1][item_of], per_row)
+    within = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    pairs = np.repeat(users, per_row) * n_categories + items.category_codes[starts + within]
+    distinct: FloatArray = np.bincount(
+        np.unique(pairs) // n_categories, minlength=log.n_users
+    ).astype(np.float64)
+    return distinct
+
+
+def user_tallies(log: InteractionLog) -> UserTallies:
+    return UserTallies(
+        rows=np.bincount(log.user, minlength=log.n_users),
+        positives=_positives_per(log.user, log, log.n_users),
+        first=_first_time(log.user, log.time, log.n_users, 0),
+        last=_last_time(log.user, log.time, log.n_users, 0),
+        categories=_category_breadth_counts(log),
+    )
+
+
+def published_from(tallies: ItemTallies, items: ItemInfo, all_totals: Totals) -> IntArray:
     """The item table's publish time, else the item's first interaction in the log.
 
     An item with neither is taken to be as old as the log: nothing says it is new.
     """
-    oldest = int(log.time.min()) if len(log.time) else 0
-    first = _first_time(log.item, log.time, log.n_items, oldest)
-    if log.items.published is None:
+    first = np.where(tallies.rows > 0, tallies.first, all_totals.first_time).astype(np.int64)
+    if items.published is None:
         return first
-    given = log.items.published
+    given = items.published
     return np.where(given == NO_TIME, first, given)
+
+
+def published_at(log: InteractionLog) -> IntArray:
+    return published_from(item_tallies(log), log.items, totals(log))
 
 
 def popularity(log: InteractionLog) -> npt.NDArray[np.float32]:
@@ -134,42 +245,40 @@ def _item_of_category_entry(items: ItemInfo) -> IntArray:
 # Items
 
 
-def _log_popularity(log: InteractionLog) -> FloatArray:
-    return _log_scaled(_positives_per(log.item, log, log.n_items))
+def _log_popularity(facts: ItemFacts) -> FloatArray:
+    return _log_scaled(facts.tallies.positives, facts.totals.top_item_positives)
 
 
-def _freshness(log: InteractionLog) -> FloatArray:
-    age = float(_last_timestamp(log)) - published_at(log).astype(np.float64)
-    return _decay(age)
+def _freshness(facts: ItemFacts) -> FloatArray:
+    published = published_from(facts.tallies, facts.items, facts.totals)
+    return _decay(float(facts.totals.last_time) - published.astype(np.float64))
 
 
-def _mean_weight(log: InteractionLog) -> FloatArray:
-    if log.weight is None or len(log.weight) == 0:
-        return np.full(log.n_items, 0.5)
-    low, high = float(log.weight.min()), float(log.weight.max())
+def _mean_weight(facts: ItemFacts) -> FloatArray:
+    size = facts.items.size
+    if facts.totals.weights is None:
+        return np.full(size, 0.5)
+    low, high, mean = facts.totals.weights
     if high <= low:
-        return np.full(log.n_items, 0.5)
-    sums = np.bincount(log.item, weights=log.weight, minlength=log.n_items)
-    counts = np.bincount(log.item, minlength=log.n_items)
-    shrunk = (sums + WEIGHT_PRIOR * float(log.weight.mean())) / (counts + WEIGHT_PRIOR)
+        return np.full(size, 0.5)
+    tallies = facts.tallies
+    shrunk = (tallies.weight_sum + WEIGHT_PRIOR * mean) / (tallies.rows + WEIGHT_PRIOR)
     scaled: FloatArray = (shrunk - low) / (high - low)
     return scaled
 
 
-def _category_share(log: InteractionLog) -> FloatArray:
-    items = log.items
+def _category_share(facts: ItemFacts) -> FloatArray:
+    items, total = facts.items, facts.totals.total_positives
     n_categories = len(items.category_names)
-    total = int(log.positive.sum())
     if n_categories == 0 or total == 0:
-        return np.zeros(log.n_items)
+        return np.zeros(items.size)
     # A positive on an item in two categories counts once in each.
-    per_item = _positives_per(log.item, log, log.n_items)
     owners = _item_of_category_entry(items)
     in_category = np.bincount(
-        items.category_codes, weights=per_item[owners], minlength=n_categories
+        items.category_codes, weights=facts.tallies.positives[owners], minlength=n_categories
     )
     share = in_category / total
-    best = np.zeros(log.n_items)
+    best = np.zeros(items.size)
     np.maximum.at(best, owners, share[items.category_codes])
     return best
 
@@ -177,40 +286,29 @@ def _category_share(log: InteractionLog) -> FloatArray:
 # Users
 
 
-def _activity(log: InteractionLog) -> FloatArray:
-    return _log_scaled(_positives_per(log.user, log, log.n_users))
+def _activity(facts: UserFacts) -> FloatArray:
+    return _log_scaled(facts.tallies.positives, facts.totals.top_user_positives)
 
 
-def _tenure(log: InteractionLog) -> FloatArray:
-    if len(log.time) == 0:
-        return np.zeros(log.n_users)
-    span = float(log.time.max() - log.time.min())
-    first = _first_time(log.user, log.time, log.n_users, 0)
-    last = _last_time(log.user, log.time, log.n_users, 0)
+def _tenure(facts: UserFacts) -> FloatArray:
+    span = float(facts.totals.last_time - facts.totals.first_time)
     if span <= 0:
-        return np.zeros(log.n_users)
-    tenure: FloatArray = (last - first).astype(np.float64) / span
+        return np.zeros(len(facts.tallies.rows))
+    tenure: FloatArray = (facts.tallies.last - facts.tallies.first).astype(np.float64) / span
     return tenure
 
 
-def _category_breadth(log: InteractionLog) -> FloatArray:
-    items = log.items
-    n_categories = len(items.category_names)
+def _category_breadth(facts: UserFacts) -> FloatArray:
+    n_categories = facts.totals.n_categories
     if n_categories == 0:
-        return np.zeros(log.n_users)
-    users, item_of = log.user[log.positive], log.item[log.positive]
-    per_row = np.diff(items.category_offsets)[item_of]
-    starts = np.repeat(items.category_offsets[:-1][item_of], per_row)
-    within = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-    pairs = np.repeat(users, per_row) * n_categories + items.category_codes[starts + within]
-    distinct = np.bincount(np.unique(pairs) // n_categories, minlength=log.n_users)
-    breadth: FloatArray = distinct / n_categories
+        return np.zeros(len(facts.tallies.rows))
+    breadth: FloatArray = facts.tallies.categories / n_categories
     return breadth
 
 
-def _recency(log: InteractionLog) -> FloatArray:
-    now = _last_timestamp(log)
-    last = _last_time(log.user, log.time, log.n_users, now)
+def _recency(facts: UserFacts) -> FloatArray:
+    now = facts.totals.last_time
+    last = np.where(facts.tallies.rows > 0, facts.tallies.last, now)
     return _decay((now - last).astype(np.float64))
 
 
@@ -278,18 +376,26 @@ def check_derivable(schema: FeatureSchema) -> None:
 
 
 def _dense(
-    log: InteractionLog, names: tuple[str, ...], registry: Mapping[str, Derivation], rows: int
+    facts: Any, names: tuple[str, ...], registry: Mapping[str, Derivation], rows: int
 ) -> npt.NDArray[np.float32]:
     if not names:
         return np.zeros((rows, 0), dtype=np.float32)
-    return np.stack([registry[name].compute(log) for name in names], axis=1).astype(np.float32)
+    return np.stack([registry[name].compute(facts) for name in names], axis=1).astype(np.float32)
+
+
+def item_dense_from(facts: ItemFacts, schema: FeatureSchema) -> npt.NDArray[np.float32]:
+    check_derivable(schema)
+    return _dense(facts, schema.item_dense, ITEM_FEATURES, facts.items.size)
+
+
+def user_dense_from(facts: UserFacts, schema: FeatureSchema) -> npt.NDArray[np.float32]:
+    check_derivable(schema)
+    return _dense(facts, schema.user_dense, USER_FEATURES, len(facts.tallies.rows))
 
 
 def item_dense(log: InteractionLog, schema: FeatureSchema) -> npt.NDArray[np.float32]:
-    check_derivable(schema)
-    return _dense(log, schema.item_dense, ITEM_FEATURES, log.n_items)
+    return item_dense_from(ItemFacts(item_tallies(log), log.items, totals(log)), schema)
 
 
 def user_dense(log: InteractionLog, schema: FeatureSchema) -> npt.NDArray[np.float32]:
-    check_derivable(schema)
-    return _dense(log, schema.user_dense, USER_FEATURES, log.n_users)
+    return user_dense_from(UserFacts(user_tallies(log), totals(log)), schema)

@@ -7,9 +7,9 @@ LOCK := --generate-hashes --python-version 3.11 --quiet
 # PyTorch's CPU wheels (training only; PyPI's default torch is the multi-GB CUDA build).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup lock demo browser test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
+.PHONY: setup lock demo browser java test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
 
-setup: $(VENV)/.installed $(TRITON_ENV)/.installed
+setup: $(VENV)/.installed $(TRITON_ENV)/.installed java
 
 # Set-up says one line a step; what pip says goes to the log, shown when a step fails.
 SETUP_LOG := var/setup.log
@@ -68,6 +68,15 @@ browser:
 	  mkdir -p var; echo "Installing Debian's Chromium for the browser test (log: $(SETUP_LOG))"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	    >>$(SETUP_LOG) 2>&1 || echo "Chromium could not be installed: the browser test is skipped"; }
+
+# build-world --engine spark runs Spark, which runs on Java (17 or newer): Debian's OpenJDK is
+# installed once where no java is found and this is root with apt-get; elsewhere the Spark
+# engine's tests are skipped and say why.
+java:
+	@command -v java >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || { \
+	  mkdir -p var; echo "Installing Debian's OpenJDK for the Spark engine (log: $(SETUP_LOG))"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; } \
+	    >>$(SETUP_LOG) 2>&1 || echo "Java could not be installed: the Spark engine's tests are skipped"; }
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

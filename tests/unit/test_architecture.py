@@ -20,9 +20,10 @@ FLOORS = ("core", "release", "clients", "pipeline", "process", "ingest", "archiv
 # servers, the world builder, the model tools, tuning, the doctor; the entry points on top.
 TOOL_FLOORS = ("commands", "measure", "localstack", "world", "model", "tune", "doctor", "")
 # The world builder's rooms, from the ground up: storing a world's files, reading an operator's
-# tables, generating data, judging a world, learning one, the recipes that make one whole;
+# tables, generating data, judging a world, learning one, the same learning as Spark jobs,
+# the recipes that make one whole;
 # its command line on top.
-WORLD_FLOORS = ("store", "read", "generate", "judge", "learn", "recipes", "")
+WORLD_FLOORS = ("store", "read", "generate", "judge", "learn", "spark", "recipes", "")
 # Each top-level package, and the folder that holds it.
 PACKAGES = {"app": ROOT, "recsys_tools": ROOT / "tools", "loadtest": ROOT}
 

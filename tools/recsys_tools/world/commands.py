@@ -24,13 +24,21 @@ from recsys_tools.world.learn.ranker.net import NETWORKS
 from recsys_tools.world.read.importer import read_items, read_users
 from recsys_tools.world.read.items import ItemColumns
 from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.recipes.capacity import check_fits, too_big
 from recsys_tools.world.recipes.demo import DEMO, LARGE, DemoSize, build_demo_world
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.catalog import write_catalog
 from recsys_tools.world.store.identity import install_model, model_beside, stamp_world
-from recsys_tools.world.store.redis_loader import RedisUnreachableError, load_world_into_redis
+from recsys_tools.world.store.redis_loader import (
+    WORKERS,
+    RedisUnreachableError,
+    load_world_into_redis,
+)
 from recsys_tools.world.store.reindex import reindex_beside
+
+# The rows the Spark engine gathers on its driver by default (--spark-sample-rows).
+SAMPLE_ROWS = 2_000_000
 
 
 def _build_demo(args: argparse.Namespace) -> None:
@@ -47,7 +55,7 @@ def _build_demo(args: argparse.Namespace) -> None:
 def _build_world(args: argparse.Namespace) -> None:
     schema = load_schema(args.schema or interactions_schema_path())
     recipe = WorldRecipe(
-        interactions=args.interactions,
+        interactions=Path(args.interactions),
         columns=log_columns(args),
         items=args.items,
         item_columns=item_columns(args),
@@ -59,10 +67,35 @@ def _build_world(args: argparse.Namespace) -> None:
         network=args.network,
         regularization=args.als_regularization,
     )
-    report = build_world_from_log(recipe, args.world, schema)
+    if args.engine == "spark":
+        report = _build_on_spark(recipe, args)
+    else:
+        check_fits(recipe.interactions, recipe.columns.layout)
+        try:
+            report = build_world_from_log(recipe, args.world, schema)
+        except MemoryError:
+            raise too_big(recipe.interactions, "it ran out of memory") from None
     print(_evaluation_table(report))
     print(_inputs_table(report["inputs"]))
     print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+
+
+def _build_on_spark(recipe: WorldRecipe, args: argparse.Namespace) -> dict[str, Any]:
+    """The Spark engine, imported only when asked for: the local engine never needs pyspark."""
+    try:
+        from recsys_tools.world.recipes.on_spark import build_world_on_spark
+        from recsys_tools.world.spark.session import SparkSettings, parse_conf
+    except ImportError as exc:
+        raise ConfigError(
+            f"build-world --engine spark needs pyspark ({exc}): pip install "
+            "'recsys-tools[spark]' (make setup installs it)"
+        ) from None
+    if args.spark_sample_rows < 1:
+        raise ConfigError(f"--spark-sample-rows {args.spark_sample_rows}: give at least 1")
+    settings = SparkSettings(args.spark_master, parse_conf(args.spark_conf), args.spark_sample_rows)
+    schema = load_schema(args.schema or interactions_schema_path())
+    # The log as given, not as a Path: hdfs:///logs/ or s3a://bucket/log/ keep their slashes.
+    return build_world_on_spark(recipe, args.interactions, args.world, schema, settings)
 
 
 def item_columns(args: argparse.Namespace) -> ItemColumns:
@@ -196,7 +229,9 @@ def _load_redis(args: argparse.Namespace) -> None:
         raise RedisUnreachableError(
             f"--redis-url {args.redis_url!r}: {exc} (redis://host:port/db or unix:///path)"
         ) from None
-    report = load_world_into_redis(args.world, client, schema, KeySpace(args.prefix))
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    report = load_world_into_redis(args.world, client, schema, KeySpace(args.prefix), args.workers)
     print(json.dumps({"items": report.items, "users": report.users, "seen": report.seen_lists}))
 
 
@@ -273,6 +308,13 @@ def register(commands: Commands) -> None:
     load.add_argument(
         "--cluster", action="store_true", help="--redis-url names one node of a Redis Cluster"
     )
+    load.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        help="threads writing at once (default %(default)s); a load stopped part-way resumes "
+        "where it stopped when run again on the same world",
+    )
     load.set_defaults(run=_load_redis)
 
 
@@ -291,7 +333,7 @@ def _add_build_world(
     built.add_argument("--schema", type=Path, default=None, help="default: the interactions one")
     built.add_argument(
         "--interactions",
-        type=Path,
+        type=str,
         required=True,
         help="the log: CSV, TSV or Parquet, gzipped or not (any name with --interactions-format)",
     )
@@ -332,7 +374,39 @@ def _add_build_world(
         "time, the one whose factors recall best what users went on to like kept",
     )
     built.add_argument("--seed", type=int, default=7)
+    add_engine_flags(built)
     built.set_defaults(run=_build_world)
+
+
+def add_engine_flags(built: argparse.ArgumentParser) -> None:
+    """Where the build runs: in this process, or as Spark jobs on a cluster."""
+    built.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local (the default): the whole log in this process's memory; spark: the heavy "
+        "steps as Spark jobs, for a log past one host (README, Beyond one machine)",
+    )
+    built.add_argument(
+        "--spark-master",
+        default="local[*]",
+        help="with --engine spark: local[*] (the default), spark://HOST:7077, yarn, k8s://...",
+    )
+    built.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, as many as needed (spark.driver.memory=8g, "
+        "spark.executor.memory=16g, ...)",
+    )
+    built.add_argument(
+        "--spark-sample-rows",
+        type=int,
+        default=SAMPLE_ROWS,
+        help="with --engine spark: about this many rows (every row of a sample of users) are "
+        "gathered on the driver to train the ranker and judge the world; default %(default)s",
+    )
 
 
 def add_item_table_flags(built: argparse.ArgumentParser) -> None:

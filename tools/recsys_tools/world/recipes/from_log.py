@@ -31,6 +31,7 @@ from recsys_tools.world.judge.evaluate import Holdout, evaluate, split_holdout
 from recsys_tools.world.learn.derive import check_derivable, item_attributes
 from recsys_tools.world.learn.factorize import foldin_params
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
+from recsys_tools.world.learn.ranker.from_log import ListRanker
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
@@ -109,7 +110,7 @@ def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> Holdo
     return holdout
 
 
-def _regularize(
+def regularize(
     train: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock
 ) -> tuple[WorldRecipe, Choice | None]:
     """The recipe with ALS's regularisation chosen on the train part's own split, if unset."""
@@ -186,6 +187,7 @@ def _report(
     seen: SeenLists,
 ) -> dict[str, Any]:
     return {
+        "engine": {"name": "local"},
         "source": {
             "interactions": str(recipe.interactions),
             "items": None if recipe.items is None else str(recipe.items),
@@ -199,21 +201,23 @@ def _report(
             "regularization": recipe.shrink,
             "chosen_on": None if choice is None else choice.recall,
         },
-        "ranker": {
-            "rows": learnt.ranker.rows,
-            "positives": learnt.ranker.positives,
-            "network": learnt.ranker.network,
-            "blend": learnt.ranker.blend.as_dict(),
-            # Whether the network has any say in the served score (the blend's choice).
-            "network_in_score": learnt.ranker.blend.model != 0,
-            "prerank": dataclasses.asdict(learnt.ranker.prerank),
-        },
+        "ranker": ranker_report(learnt.ranker),
     }
 
 
-def _finish(
-    world: Path, schema: FeatureSchema, recipe: WorldRecipe, report: dict[str, Any]
-) -> None:
+def ranker_report(ranker: ListRanker) -> dict[str, Any]:
+    return {
+        "rows": ranker.rows,
+        "positives": ranker.positives,
+        "network": ranker.network,
+        "blend": ranker.blend.as_dict(),
+        # Whether the network has any say in the served score (the blend's choice).
+        "network_in_score": ranker.blend.model != 0,
+        "prerank": dataclasses.asdict(ranker.prerank),
+    }
+
+
+def finish(world: Path, schema: FeatureSchema, recipe: WorldRecipe, report: dict[str, Any]) -> None:
     """The report beside the world, its manifest, and the stamp that names it whole."""
     (world / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     write_manifest(
@@ -238,7 +242,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
     whole = _read(recipe, clock)
     holdout = _hold_out(whole, recipe, clock)
     train = whole.subset(holdout.train)
-    recipe, choice = _regularize(train, schema, recipe, clock)
+    recipe, choice = regularize(train, schema, recipe, clock)
     judged = _learn_and_judge(train, holdout, schema, recipe, clock)
     recipe, learnt, served = judged.recipe, judged.learnt, train
     if not recipe.keep_holdout:
@@ -249,5 +253,5 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
     log.info("wrote the world to %s %s", world, clock.took("write"))
     report = _report(recipe, judged, learnt, choice, counts(whole, served, users), seen)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
-    _finish(world, schema, recipe, report)
+    finish(world, schema, recipe, report)
     return report

@@ -81,10 +81,13 @@ def user_pools(
         scores = item_vectors @ user_vectors[user]
         top = np.argpartition(-scores, depth - 1)[:depth]
         nearest = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
-        low, high = np.searchsorted(seen, [user * n_items, (user + 1) * n_items])
+        bounds = [user * n_items, (user + 1) * n_items]
+        low, high = np.searchsorted(seen, bounds)
         near = nearby(neighbours, recent.of(user))
         pool = service_pool(nearest, near, seen[low:high] - user * n_items)
-        mine = np.isin(user * n_items + pool, liked)
+        # The user's own slice of the sorted keys: isin over all of them is a sort per user.
+        first, last = np.searchsorted(liked, bounds)
+        mine = np.isin(pool, liked[first:last] - user * n_items)
         if mine.any():
             kept_users.append(user)
             pools.append(pool)

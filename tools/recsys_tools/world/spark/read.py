@@ -227,7 +227,7 @@ def read_spark_log(
         items = _log_items(item_vocabulary)
         item_vocabulary.unpersist()
     users, n_users = _first_seen(kept, "user_id", "u")
-    rows = _timed(kept.join(users, "user_id"), columns, source)
+    rows = _times(kept.join(users, "user_id").select("u", "i", "t", "w", "r"), columns, source)
     positive = sf.lit(True)
     if columns.weight is not None and columns.min_weight is not None:
         positive = sf.col("w") >= sf.lit(columns.min_weight)
@@ -268,10 +268,6 @@ def read_spark_log(
         int(summary["items"]),
         int(summary["liked"]),
     )
-
-
-def _timed(frame: DataFrame, columns: LogColumns, source: str) -> DataFrame:
-    return _times(frame.select("u", "i", "t", "w", "r"), columns, source)
 
 
 def user_ids(log: SparkLog, users: DataFrame | None = None) -> StrArray:

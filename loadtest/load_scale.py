@@ -90,7 +90,7 @@ def main() -> None:
     results = []
     try:
         for workers in [int(n) for n in args.workers.split(",")]:
-            client.flushall()
+            client.flushall(asynchronous=True)
             started = time.perf_counter()
             report = load_world_into_redis(world, client, schema, KeySpace("recsys"), workers)
             seconds = time.perf_counter() - started

@@ -44,7 +44,6 @@ def test_a_log_past_the_limit_is_refused_naming_the_spark_engine(
 ) -> None:
     log = _log(tmp_path)
     monkeypatch.setattr(capacity, "memory_limit", lambda: (2**30, "its address-space limit"))
-    monkeypatch.setattr(capacity, "BASE_BYTES", 0)
     monkeypatch.setattr(capacity, "BYTES_PER_ROW", 2**30 // 1000)  # 20,000 rows: about 20 GiB
     with pytest.raises(ConfigError) as refused:
         check_fits(log, FileLayout())

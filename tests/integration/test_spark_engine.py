@@ -64,7 +64,7 @@ class Built:
     spark: Path
 
 
-def _build(built: Built | None, ratings: Path, movies: Path, world: Path, *extra: str) -> str:
+def _build(ratings: Path, movies: Path, world: Path, *extra: str) -> str:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         build_movie_world(ratings, movies, world, *extra)
@@ -76,8 +76,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     folder = tmp_path_factory.mktemp("spark")
     ratings, movies, rated = write_movie_log(folder)
     local, spark = folder / "local", folder / "spark"
-    _build(None, ratings, movies, local)
-    _build(None, ratings, movies, spark, "--engine", "spark", "--spark-master", "local[2]", *SMALL)
+    _build(ratings, movies, local)
+    _build(ratings, movies, spark, "--engine", "spark", "--spark-master", "local[2]", *SMALL)
     return Built(folder, ratings, movies, rated, local, spark)
 
 
@@ -135,7 +135,6 @@ def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Pat
     processes, url = start_spark_cluster(tmp_path / "cluster", workers=2)
     try:
         _build(
-            None,
             built.ratings,
             built.movies,
             tmp_path / "world",

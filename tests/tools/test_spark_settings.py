@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from recsys_tools.world.spark.session import _local_defaults, _mapped, parse_conf
+from recsys_tools.world.spark.session import (
+    _executor_python,
+    _local_defaults,
+    _mapped,
+    _python_for_tasks,
+    parse_conf,
+)
 
 from app.core.errors import ConfigError
 
@@ -36,7 +43,37 @@ def test_a_tasks_config_error_keeps_its_message_other_failures_name_the_job() ->
     wrapped = RuntimeError(
         "Job aborted\nTraceback...\napp.core.errors.ConfigError: log.csv: 'x' is bad\n\tat org"
     )
-    assert str(_mapped(wrapped)) == "log.csv: 'x' is bad"
-    assert str(_mapped(RuntimeError("Java heap space\nmore"))) == (
+    assert str(_mapped(wrapped, "/venv/bin/python")) == "log.csv: 'x' is bad"
+    assert str(_mapped(RuntimeError("Java heap space\nmore"), "/venv/bin/python")) == (
         "a Spark job failed: Java heap space"
     )
+
+
+def test_a_task_without_the_tools_names_its_interpreter_and_the_setting() -> None:
+    wrapped = RuntimeError(
+        "An exception was thrown from the Python worker:\nTraceback...\n"
+        "ModuleNotFoundError: No module named 'recsys_tools'\n SQLSTATE: 38000"
+    )
+    message = str(_mapped(wrapped, "/usr/bin/python3"))
+    assert "/usr/bin/python3" in message
+    assert "'recsys_tools'" in message
+    assert "spark.pyspark.python" in message
+    assert "\n" not in message
+
+
+def test_tasks_run_this_interpreter_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pyspark starts its tasks with PYSPARK_PYTHON, else `python3` on PATH: a build run
+    # without its virtualenv on PATH must still hand the tasks the tools' interpreter.
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert _executor_python({}) == sys.executable
+    assert _executor_python({"spark.pyspark.python": "/opt/py"}) == "/opt/py"
+    with _python_for_tasks(sys.executable):
+        assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert "PYSPARK_PYTHON" not in os.environ
+    monkeypatch.setenv("PYSPARK_PYTHON", "/srv/py")
+    assert _executor_python({}) == "/srv/py"
+    with _python_for_tasks("/opt/py"):
+        assert os.environ["PYSPARK_PYTHON"] == "/opt/py"
+    assert os.environ["PYSPARK_PYTHON"] == "/srv/py"

@@ -33,6 +33,7 @@ DEFAULTS = {
 }
 # What a ConfigError raised inside a Python task looks like once Spark has wrapped it.
 _CONFIG_ERROR = re.compile(r"ConfigError: (.+)")
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +88,14 @@ def spark_session(settings: SparkSettings) -> Iterator[SparkSession]:
     """A session on `settings.master`; stopped on the way out, whatever happened."""
     _check_java()
     builder = SparkSession.builder.master(settings.master).appName("recsys build-world")
-    # Executors run this interpreter, which has the tools installed: a cluster's workers must
-    # have the same environment at the same path (README, Beyond one machine).
-    options = {
-        **DEFAULTS,
-        **_local_defaults(settings.master),
-        "spark.pyspark.python": sys.executable,
-        **dict(settings.conf),
-    }
+    options = {**DEFAULTS, **_local_defaults(settings.master), **dict(settings.conf)}
+    python = _executor_python(options)
+    options["spark.pyspark.python"] = python
     for key, value in options.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with _python_for_tasks(python):
+            spark = builder.getOrCreate()
     except Exception as exc:  # py4j and the JVM launcher raise plain exceptions
         raise SparkJobError(
             f"could not start Spark on --spark-master {settings.master}: {_first_line(exc)}"
@@ -115,9 +112,32 @@ def spark_session(settings: SparkSettings) -> Iterator[SparkSession]:
     except ConfigError:
         raise
     except Exception as exc:
-        raise _mapped(exc) from None
+        raise _mapped(exc, python) from None
     finally:
         spark.stop()
+
+
+def _executor_python(options: dict[str, str]) -> str:
+    """The interpreter the tasks run: --spark-conf spark.pyspark.python, else PYSPARK_PYTHON,
+    else this one, which has the tools installed. A cluster's workers must have that
+    environment at that path (README, Beyond one machine)."""
+    return options.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
+@contextmanager
+def _python_for_tasks(python: str) -> Iterator[None]:
+    """pyspark reads the tasks' interpreter from PYSPARK_PYTHON when its context starts, not
+    from spark.pyspark.python (only spark-submit maps one to the other); without it the
+    tasks run whatever `python3` is first on PATH, which need not have the tools."""
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = python
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
 
 
 def _first_line(exc: BaseException) -> str:
@@ -125,10 +145,19 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _mapped(exc: Exception) -> ConfigError:
-    """A task's ConfigError (a bad time in the log, say) keeps its message; any other
-    failure names the job's first line."""
-    found = _CONFIG_ERROR.search(str(exc))
+def _mapped(exc: Exception, python: str) -> ConfigError:
+    """A task's ConfigError (a bad time in the log, say) keeps its message; a task whose
+    interpreter lacks the tools names that interpreter; any other failure names the job's
+    first line."""
+    text = str(exc)
+    found = _CONFIG_ERROR.search(text)
     if found is not None:
         return ConfigError(found.group(1).strip())
+    missing = _MISSING_MODULE.search(text)
+    if missing is not None:
+        return SparkJobError(
+            f"Spark's tasks run {python}, which lacks the module {missing.group(1)!r}: install "
+            "recsys-tools[spark] there, or name an interpreter that has it with "
+            "--spark-conf spark.pyspark.python=PATH"
+        )
     return SparkJobError(f"a Spark job failed: {_first_line(exc)}")

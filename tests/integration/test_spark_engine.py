@@ -3,7 +3,9 @@
 the Spark-built world served by a real Redis and a real Triton.
 
 Parity: the same log gives the same items, users, seen lists, positives and dense features,
-to the bit; the factors differ (MLlib's ALS is not the local one) but must rank as well.
+to the bit; the factors solve the same objective from the same start (the local solver
+takes conjugate-gradient steps, the Spark one solves exactly), so they point the same way
+and rank as well.
 """
 
 from __future__ import annotations
@@ -118,8 +120,14 @@ def test_the_factors_rank_as_well(built: Built) -> None:
         theirs = local["evaluation"]["stages"][stage]["recall@10"]
         # Generous on 120 users; the benchmark holds them within 5% on real data.
         assert mine >= 0.75 * theirs, (stage, mine, theirs)
-    with np.load(built.spark / ITEMS_FILE) as items:
-        assert np.abs(items["embeddings"]).sum() > 0
+    # One objective from one seeded start: the factors point the same way, item by item.
+    with np.load(built.spark / ITEMS_FILE) as mine, np.load(built.local / ITEMS_FILE) as theirs:
+        first, second = mine["embeddings"], theirs["embeddings"]
+    lengths = np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)
+    learnt = lengths > 0
+    assert learnt.sum() > 0
+    cosines = np.sum(first * second, axis=1)[learnt] / lengths[learnt]
+    assert np.median(cosines) > 0.95, np.median(cosines)
 
 
 def test_the_report_says_which_engine_built_it(built: Built) -> None:

@@ -2,8 +2,8 @@
 (a master and two workers started here by Spark's own launch classes, stopped by pid), and
 the Spark-built world served by a real Redis and a real Triton.
 
-Parity: the same log gives the same items, users, seen lists, positives and dense features,
-to the bit; the factors solve the same objective from the same start (the local solver
+Parity: the same log gives the same items, users, seen lists, positives, dense features and
+neighbours, to the bit; the factors solve the same objective from the same start (the local solver
 takes conjugate-gradient steps, the Spark one solves exactly), so they point the same way
 and rank as well.
 """
@@ -35,6 +35,7 @@ from recsys_tools.localstack.spark_cluster import start_spark_cluster
 
 from app.release.catalog import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.release.foldin import FOLDIN_FILE
+from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.world import SERVED_FILES, read_stamp, verify_files, world_schema
 from tests.integration.conftest import in_process_settings, serving
 from tests.integration.movie_log import build_movie_world, write_movie_log
@@ -53,6 +54,7 @@ EXACT = {
     SEEN_FILE: ("user_ids", "offsets", "item_ids"),
     POSITIVES_FILE: ("user_ids", "offsets", "item_ids"),
     FOLDIN_FILE: ("idf", "max_user_positives", "k1", "b"),
+    NEIGHBOURS_FILE: ("positions", "similarity"),
 }
 
 

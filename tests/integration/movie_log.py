@@ -1,12 +1,26 @@
-"""A ratings log laid out as public rating sets are, written here, and its world built."""
+"""A ratings log laid out as public rating sets are, written here, its world built, and that
+world served by a real Redis and a real Triton."""
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from recsys_tools.cli import main
+from recsys_tools.demo import StackOptions, prepare_model_repository
+from recsys_tools.localstack import (
+    ManagedProcess,
+    default_triton_env,
+    project_root,
+    start_redis,
+    start_triton,
+)
+
+from app.release.world import world_schema
 
 START = 1_500_000_000
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War"]
@@ -67,3 +81,35 @@ def build_movie_world(ratings: Path, movies: Path, world: Path, *extra: str) -> 
         ]
     )
     assert code == 0
+
+
+@dataclass(frozen=True)
+class Stack:
+    redis_url: str
+    triton_url: str
+    repository: Path  # the model repository Triton serves, with the world's model
+
+
+@contextmanager
+def served_world(world: Path, folder: Path) -> Iterator[Stack]:
+    """A Redis loaded with `world` by load-redis and a Triton serving its model, stopped by
+    pid on the way out."""
+    options = StackOptions(world, project_root() / "model_repository", folder / "run")
+    repository = prepare_model_repository(options, world_schema(world, None).model_name)
+    started: list[ManagedProcess] = []
+    try:
+        redis_process, redis_url = start_redis(folder / "redis")
+        started.append(redis_process)
+        assert main(["load-redis", "--world", str(world), "--redis-url", redis_url]) == 0
+        triton, triton_url = start_triton(
+            default_triton_env(),
+            repository,
+            folder / "triton",
+            ["ranking_model"],
+            model_control=True,
+        )
+        started.append(triton)
+        yield Stack(redis_url, triton_url, repository)
+    finally:
+        for process in reversed(started):
+            process.stop()

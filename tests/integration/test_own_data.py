@@ -19,19 +19,11 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton_grpc
 from recsys_tools.cli import main
-from recsys_tools.demo import StackOptions, prepare_model_repository
-from recsys_tools.localstack import (
-    ManagedProcess,
-    default_triton_env,
-    project_root,
-    start_redis,
-    start_triton,
-)
 
 from app.core.settings import Settings
-from app.release.world import read_stamp, world_schema
+from app.release.world import read_stamp
 from tests.integration.conftest import in_process_settings, serving
-from tests.integration.movie_log import build_movie_world, write_movie_log
+from tests.integration.movie_log import build_movie_world, served_world, write_movie_log
 
 pytestmark = pytest.mark.integration
 
@@ -60,28 +52,18 @@ def movies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Movies]:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         build_movie_world(ratings, table, world)
-    options = StackOptions(world, project_root() / "model_repository", folder / "run")
-    repository = prepare_model_repository(options, world_schema(world, None).model_name)
-    started: list[ManagedProcess] = []
-    try:
-        redis_process, redis_url = start_redis(folder / "redis")
-        started.append(redis_process)
-        assert main(["load-redis", "--world", str(world), "--redis-url", redis_url]) == 0
-        triton, triton_url = start_triton(
-            default_triton_env(),
-            repository,
-            folder / "triton",
-            ["ranking_model"],
-            model_control=True,
-        )
-        started.append(triton)
+    with served_world(world, folder) as stack:
         ids = {row["movieId"] for row in csv.DictReader(table.open())}
         yield Movies(
-            folder, world, rated, ids, redis_url, triton_url, repository, printed.getvalue()
+            folder,
+            world,
+            rated,
+            ids,
+            stack.redis_url,
+            stack.triton_url,
+            stack.repository,
+            printed.getvalue(),
         )
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 async def test_answers_hold_unseen_catalog_ids_as_given(movies: Movies) -> None:

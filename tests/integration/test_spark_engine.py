@@ -23,22 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 from recsys_tools.cli import main
-from recsys_tools.demo import StackOptions, prepare_model_repository
-from recsys_tools.localstack import (
-    ManagedProcess,
-    default_triton_env,
-    project_root,
-    start_redis,
-    start_triton,
-)
 from recsys_tools.localstack.spark_cluster import start_spark_cluster
 
 from app.release.catalog import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.release.foldin import FOLDIN_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
-from app.release.world import SERVED_FILES, read_stamp, verify_files, world_schema
+from app.release.world import SERVED_FILES, read_stamp, verify_files
 from tests.integration.conftest import in_process_settings, serving
-from tests.integration.movie_log import build_movie_world, write_movie_log
+from tests.integration.movie_log import build_movie_world, served_world, write_movie_log
 
 JAVA = bool(shutil.which("java") or os.environ.get("JAVA_HOME"))
 pytestmark = [
@@ -197,25 +189,12 @@ def test_an_unreadable_time_fails_with_the_flag_that_fixes_it(
 @pytest.fixture(scope="module")
 def served(built: Built) -> Iterator[dict[str, Any]]:
     folder = built.folder / "serving"
-    options = StackOptions(built.spark, project_root() / "model_repository", folder / "run")
-    repository = prepare_model_repository(options, world_schema(built.spark, None).model_name)
-    started: list[ManagedProcess] = []
-    try:
-        redis_process, redis_url = start_redis(folder / "redis")
-        started.append(redis_process)
-        assert main(["load-redis", "--world", str(built.spark), "--redis-url", redis_url]) == 0
-        triton, triton_url = start_triton(
-            default_triton_env(),
-            repository,
-            folder / "triton",
-            ["ranking_model"],
-            model_control=True,
-        )
-        started.append(triton)
-        yield {"artifacts_dir": built.spark, "redis_url": redis_url, "triton_url": triton_url}
-    finally:
-        for process in reversed(started):
-            process.stop()
+    with served_world(built.spark, folder) as stack:
+        yield {
+            "artifacts_dir": built.spark,
+            "redis_url": stack.redis_url,
+            "triton_url": stack.triton_url,
+        }
 
 
 async def test_the_spark_world_serves(built: Built, served: dict[str, Any]) -> None:

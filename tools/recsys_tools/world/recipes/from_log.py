@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -131,30 +132,29 @@ def regularize(
 
 
 @dataclass(frozen=True, slots=True)
-class _Judged:
+class Judged:
     """What was learnt on the train part and how it did, with the inputs chosen."""
 
-    learnt: Learnt
-    evaluation: dict[str, Any]
     weighed: Weighed[Learnt]
     recipe: WorldRecipe  # with the inputs left out
 
 
-def _learn_and_judge(
+def judge_inputs(
     train: InteractionLog,
-    holdout: Holdout,
-    schema: FeatureSchema,
     recipe: WorldRecipe,
     clock: Clock,
-) -> _Judged:
-    first_recipe = recipe
+    learn_first: Callable[[WorldRecipe], Learnt],
+    learn_again: Callable[[WorldRecipe], Learnt],
+    judge: Callable[[Learnt], dict[str, Any]],
+) -> Judged:
+    """Learnt as the recipe says (without the item table's features when off) and judged,
+    then learnt again without each input compared; both engines keep what this keeps."""
+    first = recipe
     if recipe.item_features == "off":
-        first_recipe = replace(recipe, without=recipe.without | {ITEM_TABLE})
-    learnt = learn(train, schema, first_recipe, clock, "train")
+        first = replace(recipe, without=recipe.without | {ITEM_TABLE})
+    learnt = learn_first(first)
     with clock.step("evaluate"):
-        evaluation = evaluate(
-            train, holdout, learnt.served(), schema, recipe.index_factory, recipe.seed
-        )
+        evaluation = judge(learnt)
     log.info(
         "evaluated %s users %s: %s",
         f"{evaluation['users_evaluated']:,}",
@@ -164,23 +164,41 @@ def _learn_and_judge(
     # Each comparison trains the shape the first training kept: the inputs differ, not it.
     kept = replace(recipe, network=learnt.ranker.network["kind"])
 
-    def learn_again(without: frozenset[str]) -> tuple[Learnt, Any]:
-        again = learn(train, schema, replace(kept, without=without), clock, "compare")
-        served = again.served()
-        return again, evaluate(train, holdout, served, schema, recipe.index_factory, recipe.seed)
+    def again(without: frozenset[str]) -> tuple[Learnt, Any]:
+        other = learn_again(replace(kept, without=without))
+        return other, judge(other)
 
     with clock.step("inputs"):
         weighed = weigh_inputs(
-            train, (learnt, evaluation), learn_again, recipe.item_features, recipe.compare_inputs
+            train, (learnt, evaluation), again, recipe.item_features, recipe.compare_inputs
         )
-    return _Judged(
-        weighed.learnt, weighed.evaluation, weighed, replace(recipe, without=weighed.without)
+    return Judged(weighed, replace(recipe, without=weighed.without))
+
+
+def _learn_and_judge(
+    train: InteractionLog,
+    holdout: Holdout,
+    schema: FeatureSchema,
+    recipe: WorldRecipe,
+    clock: Clock,
+) -> Judged:
+    def judge(learnt: Learnt) -> dict[str, Any]:
+        served = learnt.served()
+        return evaluate(train, holdout, served, schema, recipe.index_factory, recipe.seed)
+
+    return judge_inputs(
+        train,
+        recipe,
+        clock,
+        lambda chosen: learn(train, schema, chosen, clock, "train"),
+        lambda chosen: learn(train, schema, chosen, clock, "compare"),
+        judge,
     )
 
 
 def _report(
     recipe: WorldRecipe,
-    judged: _Judged,
+    judged: Judged,
     learnt: Learnt,
     choice: Choice | None,
     counted: dict[str, Any],
@@ -194,7 +212,7 @@ def _report(
         },
         "served": "train part" if recipe.keep_holdout else "all interactions",
         "counts": counted,
-        "evaluation": judged.evaluation,
+        "evaluation": judged.weighed.evaluation,
         "inputs": judged.weighed.report,
         "histories": histories(seen),
         "als": {
@@ -244,7 +262,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
     train = whole.subset(holdout.train)
     recipe, choice = regularize(train, schema, recipe, clock)
     judged = _learn_and_judge(train, holdout, schema, recipe, clock)
-    recipe, learnt, served = judged.recipe, judged.learnt, train
+    recipe, learnt, served = judged.recipe, judged.weighed.learnt, train
     if not recipe.keep_holdout:
         served = whole
         learnt = learn(whole, schema, recipe, clock, "all")

@@ -11,7 +11,6 @@ are the local engine's, written by the same functions and stamped the same way.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -28,7 +27,6 @@ from app.release.item_prior import save_item_prior
 from app.release.neighbours import Neighbours, save_neighbours
 from app.release.prerank import save_prerank
 from app.release.schema import FeatureSchema
-from recsys_tools.world.judge.ablation import ITEM_TABLE, weigh_inputs
 from recsys_tools.world.judge.evaluate import Holdout, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import (
     ItemFacts,
@@ -42,12 +40,18 @@ from recsys_tools.world.learn.derive import (
 )
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
-from recsys_tools.world.learn.ranker.from_log import train_list_ranker
+from recsys_tools.world.learn.ranker.from_log import Known, train_list_ranker
 from recsys_tools.world.learn.regularization import Choice
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import FLAGS, StrArray
-from recsys_tools.world.recipes.from_log import finish, ranker_report, regularize
+from recsys_tools.world.recipes.from_log import (
+    Judged,
+    finish,
+    judge_inputs,
+    ranker_report,
+    regularize,
+)
 from recsys_tools.world.recipes.learnt import Learnt
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
@@ -89,10 +93,16 @@ class _Learnt:
     served_users: np.ndarray  # indexes of the users with positives
     positives: int
 
+    def known_for(self, users: np.ndarray) -> Known:
+        """What this part taught, as the ranker's lists see it for these users (their
+        indexes in the whole log, in the sample's user order)."""
+        embeddings = Embeddings(self.embeddings.users[users], self.embeddings.items)
+        return Known(embeddings, self.user_dense[users], self.item_dense, self.neighbours)
+
     def with_ranker(
-        self, sample: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe
+        self, sample: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, known: Known
     ) -> Learnt:
-        ranker = train_list_ranker(sample, schema, recipe.training())
+        ranker = train_list_ranker(sample, schema, recipe.training(), known)
         return Learnt(
             self.embeddings,
             self.user_dense,
@@ -224,10 +234,7 @@ def _write(
 @dataclass(frozen=True, slots=True)
 class _Judged:
     heavy: _Learnt  # learnt from the train part
-    learnt: Learnt  # with the ranker the comparison kept
-    evaluation: dict[str, Any]
-    inputs: dict[str, Any]
-    recipe: WorldRecipe  # with the inputs left out
+    outcome: Judged  # with the ranker the comparison kept
 
 
 def _judge(
@@ -236,47 +243,35 @@ def _judge(
     """Learnt from the train part and judged on the sampled users' held-out items, as
     build_world_from_log judges; each input compared trains only the ranker again."""
     sample_train = sample.log.subset(sample.holdout.train)
-    first_recipe = recipe
-    if recipe.item_features == "off":
-        first_recipe = replace(recipe, without=recipe.without | {ITEM_TABLE})
     heavy = _learn(train, schema, recipe, clock, "train")
+    # The ranker's lists are pooled and featured from every user's early part of the train
+    # part, as the served world is from every user's rows, not from the sample's alone
+    # (its counts a fraction of the log's, its factors from a fraction of the users).
+    early_rows = with_later(train.rows, recipe.holdout_share).filter("not later").drop("later")
+    known = _learn(Part(train.log, early_rows), schema, recipe, clock, "early").known_for(
+        sample.users
+    )
 
-    def judged(learnt: Learnt) -> dict[str, Any]:
+    def first(chosen: WorldRecipe) -> Learnt:
+        with clock.step("train.ranker"):
+            return heavy.with_ranker(sample_train, schema, chosen, known)
+
+    def judge(learnt: Learnt) -> dict[str, Any]:
         served = _served_model(learnt, sample.users)
         return evaluate(
             sample_train, sample.holdout, served, schema, recipe.index_factory, recipe.seed
         )
 
-    with clock.step("train.ranker"):
-        learnt = heavy.with_ranker(sample_train, schema, first_recipe)
-    with clock.step("evaluate"):
-        evaluation = judged(learnt)
-    log.info(
-        "evaluated %s sampled users %s: %s",
-        f"{evaluation['users_evaluated']:,}",
-        clock.took("evaluate"),
-        json.dumps(evaluation["methods"]),
-    )
-    kept = replace(recipe, network=learnt.ranker.network["kind"])
-
-    def learn_again(without: frozenset[str]) -> tuple[Learnt, Any]:
-        again = heavy.with_ranker(sample_train, schema, replace(kept, without=without))
-        return again, judged(again)
-
-    with clock.step("inputs"):
-        weighed = weigh_inputs(
-            sample_train,
-            (learnt, evaluation),
-            learn_again,
-            recipe.item_features,
-            recipe.compare_inputs,
-        )
     return _Judged(
         heavy,
-        weighed.learnt,
-        weighed.evaluation,
-        weighed.report,
-        replace(recipe, without=weighed.without),
+        judge_inputs(
+            sample_train,
+            recipe,
+            clock,
+            first,
+            lambda chosen: heavy.with_ranker(sample_train, schema, chosen, known),
+            judge,
+        ),
     )
 
 
@@ -318,8 +313,8 @@ def _report(
             "categories": len(whole_log.items.category_names),
             "served_positives": learnt.positives,
         },
-        "evaluation": judged.evaluation,
-        "inputs": judged.inputs,
+        "evaluation": judged.outcome.weighed.evaluation,
+        "inputs": judged.outcome.weighed.report,
         "histories": {"users": written["seen_users"], "longest": written["longest"]},
         "als": {
             "regularization": recipe.shrink,
@@ -354,17 +349,19 @@ def build_world_on_spark(
         )
         sample = _sample(whole_log, recipe, settings, clock)
         with clock.step("holdout"):
-            marked = with_later(whole_log, recipe.holdout_share)
+            marked = with_later(whole_log.rows, recipe.holdout_share)
             train = Part(whole_log, marked.filter("not later").drop("later").cache())
         recipe, choice = regularize(sample.log.subset(sample.holdout.train), schema, recipe, clock)
         judged = _judge(train, sample, schema, recipe, clock)
-        recipe = judged.recipe
+        recipe = judged.outcome.recipe
         if recipe.keep_holdout:
-            learnt, whole = judged.heavy, judged.learnt
+            learnt, whole = judged.heavy, judged.outcome.weighed.learnt
         else:
             learnt = _learn(Part(whole_log, whole_log.rows), schema, recipe, clock, "all")
             with clock.step("all.ranker"):
-                whole = learnt.with_ranker(sample.log, schema, recipe)
+                # Each sampled user's early part of all their rows is the train part.
+                known = judged.heavy.known_for(sample.users)
+                whole = learnt.with_ranker(sample.log, schema, recipe, known)
         with clock.step("write"):
             written = _write(world, schema, recipe, learnt, whole, ids)
         log.info("wrote the world to %s %s", world, clock.took("write"))

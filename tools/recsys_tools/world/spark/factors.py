@@ -56,8 +56,8 @@ def solve_keys(
     """Each key's least-squares factors against the other side's `factors`: the implicit
     ALS step, (YtY + lambda I + Yt (C - I) Y) x = Yt C p, with p 1 on every row given."""
     dim = factors.shape[1]
-    other = factors.astype(np.float64)
-    base = other.T @ other + regularization * np.eye(dim)
+    # YtY as implicit forms it (float32); each key's own rows in float64.
+    base = (factors.T @ factors).astype(np.float64) + regularization * np.eye(dim)
     order = np.argsort(keys, kind="stable")
     keys, others, confidence = keys[order], others[order], confidence[order]
     unique, starts = np.unique(keys, return_index=True)
@@ -69,7 +69,7 @@ def solve_keys(
         rhs = np.empty((last - first, dim))
         for slot, key in enumerate(range(first, last)):
             rows = slice(bounds[key], bounds[key + 1])
-            chosen, weight = other[others[rows]], confidence[rows]
+            chosen, weight = factors[others[rows]].astype(np.float64), confidence[rows]
             lhs[slot] += chosen.T @ (chosen * (weight - 1.0)[:, None])
             rhs[slot] = weight @ chosen
         solved[first:last] = np.linalg.solve(lhs, rhs[..., None])[..., 0]
@@ -125,9 +125,9 @@ def factorize_on_spark(
 ) -> Embeddings:
     """Factors of size `dim` from rows (u, i, c); users and items without positives get zero
     vectors."""
-    parts = max(confidence.sparkSession.sparkContext.defaultParallelism, 2)
-    by_user = confidence.repartition(parts, "u").persist(StorageLevel.MEMORY_AND_DISK)
-    by_item = confidence.repartition(parts, "i").persist(StorageLevel.MEMORY_AND_DISK)
+    # Split into spark.sql.shuffle.partitions: the operator's size for a partition.
+    by_user = confidence.repartition("u").persist(StorageLevel.MEMORY_AND_DISK)
+    by_item = confidence.repartition("i").persist(StorageLevel.MEMORY_AND_DISK)
     try:
         users, items = start_factors(n_users, n_items, dim, seed)
         for _ in range(ITERATIONS):

@@ -37,7 +37,7 @@ class Part:
     rows: DataFrame
 
 
-def with_later(log: SparkLog, share: float) -> DataFrame:
+def with_later(rows: DataFrame, share: float) -> DataFrame:
     """The rows with `later`: judge/split.later_rows, each user's rows past their first
     floor((1 - share) * rows), in time then file order, at least one kept earlier."""
 
@@ -49,7 +49,7 @@ def with_later(log: SparkLog, share: float) -> DataFrame:
     keep = sf.greatest(
         sf.floor(sf.lit(1 - share) * sf.count("*").over(whole) + sf.lit(1e-9)), sf.lit(1)
     )
-    return log.rows.withColumn("later", rank >= keep)
+    return rows.withColumn("later", rank >= keep)
 
 
 def _dense_column(frame: DataFrame, key: str, column: str, size: int, fill: Any) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.pipeline.signals import sequence_columns
+from app.release.neighbours import Neighbours
 from app.release.prerank import PrerankWeights
 from app.release.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
@@ -30,7 +31,7 @@ from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.judge.served_view import latest_positives
 from recsys_tools.world.learn.blend import Blend, blended_onnx, choose_blend, recall_scores
 from recsys_tools.world.learn.derive import category_codes, item_dense, user_dense
-from recsys_tools.world.learn.factorize import factorize
+from recsys_tools.world.learn.factorize import Embeddings, factorize
 from recsys_tools.world.learn.neighbours import positive_neighbours
 from recsys_tools.world.learn.prerank import (
     Pools,
@@ -88,6 +89,29 @@ class ListRanker:
 
 
 @dataclass(frozen=True, slots=True)
+class Known:
+    """What the service knows of the catalog and of each of the part's users at the moment
+    of their targets, learnt from the early part of every history (each user's first
+    1 - holdout_share): the factors and dense features (rows by the part's users) and the
+    neighbours. A build that trains on a sample of users learns them from every user's
+    early part, so the lists are pooled and featured as the served world's will be."""
+
+    embeddings: Embeddings
+    user_dense: FloatArray
+    item_dense: FloatArray
+    neighbours: Neighbours
+
+
+def known_from(early: InteractionLog, schema: FeatureSchema, training: ListTraining) -> Known:
+    return Known(
+        factorize(early, schema.embedding_dim, training.seed, training.shrink),
+        user_dense(early, schema),
+        item_dense(early, schema),
+        positive_neighbours(early),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class _Lists:
     """The two halves' candidate lists, and their packed rows."""
 
@@ -99,13 +123,17 @@ class _Lists:
     liked: BoolArray  # the part's rows the network is taught to find
 
 
-def _candidate_lists(part: InteractionLog, schema: FeatureSchema, training: ListTraining) -> _Lists:
+def _candidate_lists(
+    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known | None
+) -> _Lists:
     """Each user's pool rebuilt from their past, cut by pre-rank to the rows the model scores."""
     split = split_holdout(part, training.holdout_share)
     early = part.subset(split.train)
-    embeddings = factorize(early, schema.embedding_dim, training.seed, training.shrink)
-    user_blobs = np.concatenate([embeddings.users, user_dense(early, schema)], axis=1)
-    item_blobs = np.concatenate([embeddings.items, item_dense(early, schema)], axis=1)
+    if known is None:
+        known = known_from(early, schema, training)
+    embeddings = known.embeddings
+    user_blobs = np.concatenate([embeddings.users, known.user_dense], axis=1)
+    item_blobs = np.concatenate([embeddings.items, known.item_dense], axis=1)
     # Items the user already had before are filtered as seen when serving: not targets.
     before = np.unique(early.user * part.n_items + early.item)
     targets = ~split.train & ~np.isin(part.user * part.n_items + part.item, before)
@@ -115,7 +143,7 @@ def _candidate_lists(part: InteractionLog, schema: FeatureSchema, training: List
     blending, learning = _user_halves(part, liked, rng)
     # What the service knows of each user at the moment of their targets: their latest
     # positives before it, and the neighbours learnt from the early part.
-    neighbours, recent = positive_neighbours(early), latest_positives(early)
+    neighbours, recent = known.neighbours, latest_positives(early)
     categories = category_codes(part.items)
     first_target = np.full(part.n_users, part.time.max(), dtype=np.int64)
     np.minimum.at(first_target, part.user[targets], part.time[targets])
@@ -146,10 +174,12 @@ def _candidate_lists(part: InteractionLog, schema: FeatureSchema, training: List
 
 
 def train_list_ranker(
-    part: InteractionLog, schema: FeatureSchema, training: ListTraining
+    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known | None = None
 ) -> ListRanker:
-    """The network learnt on the learning users' lists, blended on the blending users'."""
-    lists = _candidate_lists(part, schema, training)
+    """The network learnt on the learning users' lists, blended on the blending users'; what
+    the lists are pooled and featured from is learnt from the part's early rows unless
+    `known` is given."""
+    lists = _candidate_lists(part, schema, training, known)
     listed = lists.listed
     model = fit_ranker(
         lists.taught_rows,

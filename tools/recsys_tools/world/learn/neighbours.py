@@ -11,6 +11,7 @@ with it too.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import scipy.sparse as sp
 
 from app.release.neighbours import Neighbours
@@ -59,12 +60,25 @@ def item_neighbours(
         begin, end = indptr[row], indptr[row + 1]
         if begin == end:
             continue
-        others = indices[begin:end]
-        scores = counts[begin:end] / (norms[row] * norms[others] + SHRINK)
-        top = np.argsort(-scores, kind="stable")[:k]
-        positions[row, : len(top)] = others[top]
-        similarity[row, : len(top)] = scores[top]
+        chosen, scores = closest(indices[begin:end], counts[begin:end], norms[row], norms, k)
+        positions[row, : len(chosen)] = chosen
+        similarity[row, : len(chosen)] = scores
     return Neighbours(positions, similarity)
+
+
+def closest(
+    others: npt.NDArray[np.int32],
+    counts: npt.NDArray[np.float32],
+    norm: np.float32,
+    norms: npt.NDArray[np.float32],
+    k: int,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+    """One item's `k` closest among the `others` it co-occurs with (`counts` times): cosine
+    with SHRINK, in float32, ties to the lower index (`others` sorted). Both engines rank
+    with it, so they pick the same neighbours."""
+    scores = counts / (norm * norms[others] + SHRINK)
+    top = np.argsort(-scores, kind="stable")[:k]
+    return others[top], scores[top]
 
 
 def positive_neighbours(part: InteractionLog) -> Neighbours:

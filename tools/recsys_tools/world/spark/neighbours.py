@@ -24,7 +24,7 @@ from pyspark.sql import Window
 from pyspark.sql import functions as sf
 
 from app.release.neighbours import Neighbours
-from recsys_tools.world.learn.neighbours import HISTORY, NEIGHBOURS_K, SHRINK
+from recsys_tools.world.learn.neighbours import HISTORY, NEIGHBOURS_K, closest
 from recsys_tools.world.spark.tables import Part
 
 # Kept (user, item) rows per slice of users: a slice's product holds at most this many
@@ -80,14 +80,12 @@ def _top(
     )
     together.sum_duplicates()
     lengths = norms.value
-    found: list[tuple[npt.NDArray[np.int64], ...]] = []
+    found: list[tuple[np.ndarray, ...]] = []
     indptr, indices, counts = together.indptr, together.indices, together.data
     for row in np.flatnonzero(np.diff(indptr)).tolist():
         begin, end = indptr[row], indptr[row + 1]
-        others = indices[begin:end]
-        scores = counts[begin:end] / (lengths[row] * lengths[others] + SHRINK)
-        best = np.argsort(-scores, kind="stable")[:k]
-        found.append((np.full(len(best), row), np.arange(len(best)), others[best], scores[best]))
+        chosen, scores = closest(indices[begin:end], counts[begin:end], lengths[row], lengths, k)
+        found.append((np.full(len(chosen), row), np.arange(len(chosen)), chosen, scores))
     if not found:
         return
     columns = [np.concatenate(part) for part in zip(*found, strict=True)]

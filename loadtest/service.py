@@ -7,19 +7,27 @@ stopped the way production stops it: SIGTERM, then a kill if it does not exit in
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from recsys_tools.demo import LocalStack, local_stack, stack_options
-from recsys_tools.localstack import free_port
+from recsys_tools.localstack import PortLease, lease_ports
+from recsys_tools.localstack.ports import ATTEMPTS, collided
+
+log = logging.getLogger("loadtest")
+
+
+class ApiExitedError(RuntimeError):
+    """The API process ended before it was ready; the message ends with its log."""
 
 
 @dataclass
@@ -27,6 +35,10 @@ class ApiProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    # Where the port was leased here: its lease (released by stop()) and how to start the
+    # same API on another port, should something else have taken this one.
+    lease: PortLease | None = None
+    spawn: Callable[[int], subprocess.Popen[bytes]] | None = None
 
     @property
     def url(self) -> str:
@@ -48,11 +60,35 @@ class ApiProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Return once /readyz answers 200; on a port found taken (one leased here), start it
+        again on another."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                self._wait_ready(timeout_s)
+                return
+            except ApiExitedError as exc:
+                if self.spawn is None or attempt == ATTEMPTS or not collided(exc, [self.port]):
+                    raise
+                self._move()
+
+    def _move(self) -> None:
+        """Start again on a newly leased port, this one's lease released."""
+        assert self.spawn is not None
+        if self.lease is not None:
+            self.lease.release()
+        (self.lease,) = lease_ports()
+        log.warning(
+            "the API found its port %d taken: starting it on %d", self.port, self.lease.port
+        )
+        self.port = self.lease.port
+        self.process = self.spawn(self.port)
+
+    def _wait_ready(self, timeout_s: float) -> None:
         give_up = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=2.0) as client:
             while time.monotonic() < give_up:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"the API exited during start-up:\n{self.log_tail()}")
+                    raise ApiExitedError(f"the API exited during start-up:\n{self.log_tail()}")
                 try:
                     if client.get("/readyz").status_code == 200:
                         return
@@ -73,6 +109,9 @@ class ApiProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait(timeout=5.0)
+        finally:
+            if self.lease is not None:
+                self.lease.release()
 
 
 @contextmanager
@@ -114,16 +153,27 @@ def start_api(
     checkout: Path | None = None,
 ) -> ApiProcess:
     """`python -m app` with RECSYS_* settings from `env` and command-line `args`; returns
-    once it is spawned. `checkout`: run the app of that tree instead (its root, as cwd)."""
-    chosen = port or free_port()
+    once it is spawned, on `port` or else on a leased one. `checkout`: run the app of that
+    tree instead (its root, as cwd)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app", "--log-level", "warning", *args],
-            env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=checkout,
-        )
-    return ApiProcess(process, chosen, log_path)
+
+    def spawn(chosen: int) -> subprocess.Popen[bytes]:
+        with log_path.open("wb") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", "app", "--log-level", "warning", *args],
+                env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=checkout,
+            )
+
+    if port is not None:
+        return ApiProcess(spawn(port), port, log_path)
+    (lease,) = lease_ports()
+    try:
+        process = spawn(lease.port)
+    except BaseException:
+        lease.release()
+        raise
+    return ApiProcess(process, lease.port, log_path, lease, spawn)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from recsys_tools.localstack import free_port
+from recsys_tools.localstack import leased_port
 
 from app.release.catalog import MANIFEST_FILE
 from loadtest.bench import (
@@ -115,7 +115,8 @@ def test_triton_alone_is_measured_by_perf_analyzer(stack: Stack) -> None:
 
 
 def test_a_perf_analyzer_run_that_measures_nothing_says_why() -> None:
-    alone = triton_alone(f"127.0.0.1:{free_port()}", "ranking_model", 100, 1, interval_ms=500)
+    with leased_port() as port:
+        alone = triton_alone(f"127.0.0.1:{port}", "ranking_model", 100, 1, interval_ms=500)
     assert alone["points"] == []
     assert alone["triton_alone_max_rate_at_p99"] is None
     assert alone["error"]

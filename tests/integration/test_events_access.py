@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 from pydantic import SecretStr
-from recsys_tools.localstack import ManagedProcess, free_port, start_ingest
+from recsys_tools.localstack import ManagedProcess, start_ingest
 
 from app.core.callers import entry
 from app.core.errors import ConfigError
@@ -134,11 +134,9 @@ async def test_only_an_answer_the_service_gave_is_credited(
     stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
     url = own_redis[1]
-    port = free_port()
-    settings_of_consumer = _ingest_settings(stack, url, RECSYS_INGEST_METRICS_PORT=str(port))
-    consumer = start_ingest(settings_of_consumer, tmp_path / "ingest")
+    consumer = start_ingest(_ingest_settings(stack, url), tmp_path / "ingest", metrics=True)
     try:
-        await _credits_only_what_was_given(stack, url, port)
+        await _credits_only_what_was_given(stack, url, consumer.ports["metrics"])
     finally:
         consumer.stop()
 

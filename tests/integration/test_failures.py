@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from recsys_tools.localstack import free_port, start_redis
+from recsys_tools.localstack import leased_port, start_redis
 
 from app.clients.feature_store import WORLD_ID_FIELD
 from app.core.errors import ConfigError, SchemaError, UnreachableError
@@ -55,9 +55,11 @@ async def test_start_up_refuses_a_missing_world(stack: Stack, tmp_path: Path) ->
 
 
 async def test_start_up_gives_up_on_an_absent_triton(stack: Stack) -> None:
-    settings = stack.settings(triton_url=f"127.0.0.1:{free_port()}", startup_timeout_s=1.0)
-    with pytest.raises(UnreachableError, match=r"did not serve a ready model.*RECSYS_TRITON_URL"):
-        await start_services(settings, ServiceMetrics())
+    with leased_port() as port:
+        settings = stack.settings(triton_url=f"127.0.0.1:{port}", startup_timeout_s=1.0)
+        absent = r"did not serve a ready model.*RECSYS_TRITON_URL"
+        with pytest.raises(UnreachableError, match=absent):
+            await start_services(settings, ServiceMetrics())
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import redis
-from recsys_tools.localstack import ManagedProcess, free_port, start_ingest
+from recsys_tools.localstack import ManagedProcess, start_ingest
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from recsys_tools.world.store.files import load_items
 
@@ -64,9 +64,9 @@ class _Consumer:
     """A recsys-ingest process with its metrics on a port of its own."""
 
     def __init__(self, stack: Stack, url: str, folder: Path, **extra: str) -> None:
-        self.port = free_port()
-        settings = _ingest_settings(stack, url, RECSYS_INGEST_METRICS_PORT=str(self.port), **extra)
-        self.process: ManagedProcess = start_ingest(settings, folder)
+        settings = _ingest_settings(stack, url, **extra)
+        self.process: ManagedProcess = start_ingest(settings, folder, metrics=True)
+        self.port = self.process.ports["metrics"]
 
     def metrics(self) -> dict[str, float]:
         return metric_samples(httpx.get(f"http://127.0.0.1:{self.port}/metrics").text)

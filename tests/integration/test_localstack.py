@@ -16,9 +16,7 @@ import redis
 import tritonclient.grpc as triton_grpc
 from recsys_tools.localstack import (
     ManagedProcess,
-    TritonPorts,
     default_triton_env,
-    free_port,
     group_alive,
     start_redis,
     start_triton,
@@ -107,15 +105,14 @@ def _is_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
 
 
 @pytest.fixture(scope="module")
-def own_triton(
-    stack: Stack, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ManagedProcess, TritonPorts]]:
+def own_triton(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     """A Triton of this module's own on the stack's model repository, every port enabled."""
-    ports = TritonPorts(grpc=free_port(), http=free_port(), metrics=free_port())
     workdir = tmp_path_factory.mktemp("own-triton")
-    process, _ = start_triton(default_triton_env(), stack.model_repository, workdir, [MODEL], ports)
+    process, _ = start_triton(
+        default_triton_env(), stack.model_repository, workdir, [MODEL], http=True, metrics=True
+    )
     try:
-        yield process, ports
+        yield process
     finally:
         process.stop()
 
@@ -139,20 +136,16 @@ def _wait_for_listener(port: int) -> set[ipaddress.IPv4Address | ipaddress.IPv6A
     return addresses
 
 
-def test_triton_listens_on_loopback_only(own_triton: tuple[ManagedProcess, TritonPorts]) -> None:
-    _, ports = own_triton
-    for port in (ports.grpc, ports.http, ports.metrics):
-        assert port is not None
+def test_triton_listens_on_loopback_only(own_triton: ManagedProcess) -> None:
+    assert set(own_triton.ports) == {"grpc", "http", "metrics"}
+    for port in own_triton.ports.values():
         addresses = _wait_for_listener(port)
         assert addresses, f"nothing listens on {port}"
         assert all(_is_loopback(a) for a in addresses), addresses
 
 
-def test_triton_refuses_model_control_by_default(
-    own_triton: tuple[ManagedProcess, TritonPorts],
-) -> None:
-    _, ports = own_triton
-    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+def test_triton_refuses_model_control_by_default(own_triton: ManagedProcess) -> None:
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{own_triton.ports['grpc']}")
     try:
         with pytest.raises(InferenceServerException, match="explicit model load / unload"):
             client.unload_model(MODEL)
@@ -161,11 +154,9 @@ def test_triton_refuses_model_control_by_default(
         client.close()
 
 
-def test_triton_restarts_on_the_same_port(
-    own_triton: tuple[ManagedProcess, TritonPorts],
-) -> None:
-    process, ports = own_triton
-    url = f"127.0.0.1:{ports.grpc}"
+def test_triton_restarts_on_the_same_port(own_triton: ManagedProcess) -> None:
+    process = own_triton
+    url = f"127.0.0.1:{process.ports['grpc']}"
     before = _scores(url)
     old_pid = process.pid
     process.restart()
@@ -174,10 +165,8 @@ def test_triton_restarts_on_the_same_port(
     np.testing.assert_array_equal(_scores(url), before)
 
 
-def test_stopping_a_frozen_triton_leaves_nothing_running(
-    own_triton: tuple[ManagedProcess, TritonPorts],
-) -> None:
-    process, _ = own_triton
+def test_stopping_a_frozen_triton_leaves_nothing_running(own_triton: ManagedProcess) -> None:
+    process = own_triton
     pgid = process.pid
     process.freeze()
     process.stop()

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,12 @@ from typing import Any
 import httpx
 import pytest
 from recsys_tools.localstack import (
-    TritonPorts,
+    Launch,
+    ManagedProcess,
     default_triton_env,
-    free_port,
     start_archive,
     start_ingest,
+    start_managed_on_ports,
     start_triton,
 )
 
@@ -43,8 +43,9 @@ PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 REQUESTS = 400
 NUM_ITEMS = 10
 BUDGET_S = 0.100
-# How long Prometheus may take to scrape, evaluate and show what the traffic did.
-SETTLE_S = 15.0
+# How long Prometheus may take to scrape, evaluate and show what the traffic did (it applies
+# its first targets about 5 s after its start).
+SETTLE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,14 @@ def prometheus_config(
 
 @dataclass
 class Prometheus:
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
+    process: ManagedProcess
 
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.process.ports['web']}"
+
+    def log_tail(self) -> str:
+        return self.process.log_tail()
 
     def get(self, path: str, **params: str) -> Any:
         response = httpx.get(f"{self.url}{path}", params=params, timeout=5.0)
@@ -149,41 +151,28 @@ def running_prometheus(binary: Path, config: str, workdir: Path) -> Iterator[Pro
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "prometheus.yml"
     config_path.write_text(config)
-    port = free_port()
-    log_path = workdir / "prometheus.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                str(binary),
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+
+    def launch(ports: Mapping[str, int]) -> Launch:
+        argv = (
+            str(binary),
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{ports['web']}",
+            "--log.level=warn",
         )
-    prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
+        ready = lambda: _ready(f"http://127.0.0.1:{ports['web']}")  # noqa: E731
+        return Launch(argv, dict(os.environ), ready, ready_timeout_s=20.0)
+
+    process = start_managed_on_ports("prometheus", ["web"], launch, workdir / "prometheus.log")
     try:
-        wait_until(lambda: _ready(prometheus), 20.0, "Prometheus ready", prometheus.log_tail)
-        yield prometheus
+        yield Prometheus(process)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10.0)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=5.0)
+        process.stop()
 
 
-def _ready(prometheus: Prometheus) -> bool:
-    if prometheus.process.poll() is not None:
-        raise RuntimeError(f"Prometheus exited:\n{prometheus.log_tail()}")
+def _ready(url: str) -> bool:
     try:
-        return httpx.get(f"{prometheus.url}/-/ready", timeout=1.0).status_code == 200
+        return httpx.get(f"{url}/-/ready", timeout=1.0).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -199,14 +188,14 @@ def wait_until(
 
 
 @contextmanager
-def api_on(stack: Stack, triton_url: str, workdir: Path, port: int) -> Iterator[ApiProcess]:
+def api_on(stack: Stack, triton_url: str, workdir: Path) -> Iterator[ApiProcess]:
     env = {
         "RECSYS_REDIS_URL": stack.redis_url,
         "RECSYS_TRITON_URL": triton_url,
         "RECSYS_ARTIFACTS_DIR": str(stack.world),
         "RECSYS_REQUEST_BUDGET_MS": str(BUDGET_S * 1000),
     }
-    api = start_api(env, workdir / "api.log", port=port)
+    api = start_api(env, workdir / "api.log")
     try:
         api.wait_ready()
         yield api
@@ -233,49 +222,40 @@ def send_traffic(api: ApiProcess) -> int:
 def test_prometheus_scrapes_the_service_and_triton(
     stack: Stack, tools: PrometheusTools, tmp_path: Path
 ) -> None:
-    triton_ports = TritonPorts(grpc=free_port(), metrics=free_port())
-    api_port, ingest_port, archive_port = free_port(), free_port(), free_port()
-    config = prometheus_config(
-        PROMETHEUS_DIR / "rules",
-        api=f"127.0.0.1:{api_port}",
-        triton_metrics=f"127.0.0.1:{triton_ports.metrics}",
-        ingest=f"127.0.0.1:{ingest_port}",
-        archive=f"127.0.0.1:{archive_port}",
-    )
     model = stack.schema.model_name
     triton_count = f'sum(nv_inference_request_success{{job="triton", model="{model}"}})'
     served = 'sum(recsys_requests_total{job="recsys-api", outcome=~"ok|degraded"})'
     rank_p99 = 'job_stage:recsys_stage_duration_seconds:p99_rate1m{stage="rank"}'
 
     with ExitStack() as running:
-        # Prometheus first: it starts scraping a few seconds after its start (it applies
-        # target changes every 5 s), meanwhile Triton and the API start.
-        prometheus = running.enter_context(
-            running_prometheus(tools.prometheus, config, tmp_path / "prometheus")
-        )
+        # Prometheus last, its targets the ports every server has bound.
         triton, triton_url = start_triton(
-            default_triton_env(),
-            stack.model_repository,
-            tmp_path / "triton",
-            [model],
-            ports=triton_ports,
+            default_triton_env(), stack.model_repository, tmp_path / "triton", [model], metrics=True
         )
         running.callback(triton.stop)
-        api = running.enter_context(api_on(stack, triton_url, tmp_path / "api", api_port))
+        api = running.enter_context(api_on(stack, triton_url, tmp_path / "api"))
         ingest_settings = {
             "RECSYS_REDIS_URL": stack.redis_url,
             "RECSYS_ARTIFACTS_DIR": str(stack.world),
-            "RECSYS_INGEST_METRICS_PORT": str(ingest_port),
         }
-        consumer = start_ingest(ingest_settings, tmp_path / "ingest")
+        consumer = start_ingest(ingest_settings, tmp_path / "ingest", metrics=True)
         running.callback(consumer.stop)
         archive_settings = {
             "RECSYS_REDIS_URL": stack.redis_url,
             "RECSYS_ARCHIVE_URI": str(tmp_path / "archived"),
-            "RECSYS_ARCHIVE_METRICS_PORT": str(archive_port),
         }
-        archive = start_archive(archive_settings, tmp_path / "archive")
+        archive = start_archive(archive_settings, tmp_path / "archive", metrics=True)
         running.callback(archive.stop)
+        config = prometheus_config(
+            PROMETHEUS_DIR / "rules",
+            api=f"127.0.0.1:{api.port}",
+            triton_metrics=f"127.0.0.1:{triton.ports['metrics']}",
+            ingest=f"127.0.0.1:{consumer.ports['metrics']}",
+            archive=f"127.0.0.1:{archive.ports['metrics']}",
+        )
+        prometheus = running.enter_context(
+            running_prometheus(tools.prometheus, config, tmp_path / "prometheus")
+        )
 
         def context() -> str:
             targets = prometheus.get("/api/v1/targets")["activeTargets"]

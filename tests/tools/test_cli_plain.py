@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from recsys_tools.localstack import lease_ports, leased_port
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.release.schema import load_schema
@@ -51,15 +52,15 @@ def _assert_one_plain_line(output: str, *expected: str) -> None:
     assert len(lines) == 1, output
 
 
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+@pytest.fixture
+def unused_port() -> Iterator[int]:
+    """A port nothing listens on, none of the project's servers may take, while the test runs."""
+    with leased_port() as port:
+        yield port
 
 
-def test_load_redis_with_an_unreachable_url(world: Path) -> None:
-    url = f"redis://127.0.0.1:{_unused_port()}/0"
+def test_load_redis_with_an_unreachable_url(world: Path, unused_port: int) -> None:
+    url = f"redis://127.0.0.1:{unused_port}/0"
     code, output = _run([*RECSYS, "load-redis", "--world", str(world), "--redis-url", url])
     assert code == 2
     _assert_one_plain_line(output, "cannot reach Redis", "--redis-url")
@@ -95,10 +96,10 @@ def test_a_missing_world(tmp_path: Path) -> None:
     _assert_one_plain_line(output, "is missing", "recsys build-world")
 
 
-def test_serve_without_redis(world: Path) -> None:
+def test_serve_without_redis(world: Path, unused_port: int) -> None:
     env = _env(
         artifacts_dir=str(world),
-        redis_url=f"redis://127.0.0.1:{_unused_port()}/0",
+        redis_url=f"redis://127.0.0.1:{unused_port}/0",
         startup_timeout_s="1",
     )
     code, output = _run(SERVE, env)
@@ -108,11 +109,12 @@ def test_serve_without_redis(world: Path) -> None:
 
 @pytest.fixture
 def serve_waiting_for_redis(world: Path) -> Iterator[subprocess.Popen[str]]:
+    leases = lease_ports(2)
     env = _env(
         artifacts_dir=str(world),
-        redis_url=f"redis://127.0.0.1:{_unused_port()}/0",
+        redis_url=f"redis://127.0.0.1:{leases[0].port}/0",
         startup_timeout_s="60",
-        port=str(_unused_port()),
+        port=str(leases[1].port),
     )
     process = subprocess.Popen(
         SERVE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -123,6 +125,8 @@ def serve_waiting_for_redis(world: Path) -> Iterator[subprocess.Popen[str]]:
         if process.poll() is None:
             process.kill()
         process.wait()
+        for lease in leases:
+            lease.release()
 
 
 def _wait_for_line(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
@@ -161,11 +165,13 @@ def test_build_world_with_a_wrong_column(tmp_path: Path) -> None:
     _assert_one_plain_line(output, "user_id", "--user-col")
 
 
-def test_the_demo_never_overwrites_a_world_it_did_not_build(tmp_path: Path) -> None:
+def test_the_demo_never_overwrites_a_world_it_did_not_build(
+    tmp_path: Path, unused_port: int
+) -> None:
     world = tmp_path / "mine"
     world.mkdir()
     (world / "items.npz").write_bytes(b"not the demo's")
-    code, output = _run([*RECSYS, "demo", "--world", str(world), "--port", str(_unused_port())])
+    code, output = _run([*RECSYS, "demo", "--world", str(world), "--port", str(unused_port)])
     assert code == 2
     _assert_one_plain_line(output, "not a complete world", "left alone")
     assert sorted(p.name for p in world.iterdir()) == ["items.npz"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recsys_tools.localstack import leased_port
 
 from loadtest.openloop import (
     CONNECT,
@@ -155,13 +155,6 @@ BODIES = [b'{"user_id":"u1"}']
 
 def load(url: str, **options: Any) -> Load:
     return dataclasses.replace(Load(url, BODIES), **options)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # Schedule, parsing and summaries, without any server.
@@ -406,8 +399,8 @@ async def test_a_closed_connection_is_a_reset_and_is_replaced(serve: Serve) -> N
 
 
 async def test_nothing_listening_is_a_connect_error() -> None:
-    url = f"http://127.0.0.1:{free_port()}/recommend"
-    result = await run(load(url), rate=100, duration_s=0.05)
+    with leased_port() as port:
+        result = await run(load(f"http://127.0.0.1:{port}/recommend"), rate=100, duration_s=0.05)
     assert len(result.records) == 5
     assert {(r.status, r.error, r.sent) for r in result.records} == {(0, CONNECT, -1.0)}
 

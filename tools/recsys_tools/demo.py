@@ -39,9 +39,7 @@ from app.release.world import world_schema
 from recsys_tools.demo_screen import answer_table, demo_logging, said_answer, said_training
 from recsys_tools.localstack import (
     ManagedProcess,
-    TritonPorts,
     default_triton_env,
-    free_port,
     project_root,
     start_ingest,
     start_redis,
@@ -180,13 +178,12 @@ def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalSt
         report = load_world_into_redis(options.world, client, schema, KeySpace("recsys"))
         client.close()
         log.info("Redis (pid %d) holds %s.", redis_process.pid, report.said())
-        ports = TritonPorts(grpc=free_port(), metrics=free_port())
         triton_process, triton_url = start_triton(
             default_triton_env(),
             repository,
             options.run_dir / "triton",
             [schema.model_name],
-            ports,
+            metrics=True,
         )
         started.append(triton_process)
         log.info(
@@ -194,7 +191,7 @@ def local_stack(options: StackOptions, ingest: bool = False) -> Iterator[LocalSt
             triton_process.pid,
             schema.model_name,
             triton_url,
-            ports.metrics,
+            triton_process.ports["metrics"],
         )
         settings = load_settings(
             redis_url=redis_url, triton_url=triton_url, artifacts_dir=options.world

@@ -30,7 +30,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,16 +51,15 @@ from recsys_tools.localstack import (
     Launch,
     ManagedProcess,
     default_triton_env,
-    free_port,
     project_root,
     start_archive,
     start_ingest,
+    start_managed_on_ports,
     start_redis,
     start_triton,
     unapplied,
     unarchived,
 )
-from recsys_tools.localstack.processes import start_managed
 from recsys_tools.outcomes import TYPES
 from recsys_tools.retrain import RetrainPlan, retrain
 from recsys_tools.world.generate.drift import DAY, DailyDrift, DailyShape, daily_drift
@@ -135,19 +134,24 @@ class Api:
 
 
 def _start_api(env: dict[str, str], folder: Path) -> Api:
-    port, token = free_port(), secrets.token_hex(16)
-    url = f"http://127.0.0.1:{port}"
+    token = secrets.token_hex(16)
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def launch(ports: Mapping[str, int]) -> Launch:
+        url = f"http://127.0.0.1:{ports['http']}"
 
-    full = {**os.environ, **env, "RECSYS_PORT": str(port), "RECSYS_ADMIN_TOKEN": token}
-    argv = (sys.executable, "-m", "app", "--log-level", "warning")
-    launch = Launch(argv, full, ready, ready_timeout_s=120.0)
-    return Api(start_managed("recsys-api", launch, folder / "api.log"), url, token)
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        port = str(ports["http"])
+        full = {**os.environ, **env, "RECSYS_PORT": port, "RECSYS_ADMIN_TOKEN": token}
+        argv = (sys.executable, "-m", "app", "--log-level", "warning")
+        return Launch(argv, full, ready, ready_timeout_s=120.0)
+
+    process = start_managed_on_ports("recsys-api", ["http"], launch, folder / "api.log")
+    return Api(process, f"http://127.0.0.1:{process.ports['http']}", token)
 
 
 def _settled(client: redis.Redis, keys: KeySpace, processes: list[ManagedProcess]) -> None:

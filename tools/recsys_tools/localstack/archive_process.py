@@ -20,13 +20,25 @@ NICENESS = 10
 
 
 def start_archive(
-    settings: Mapping[str, str], workdir: Path, niceness: int = NICENESS
+    settings: Mapping[str, str],
+    workdir: Path,
+    niceness: int = NICENESS,
+    *,
+    metrics: bool = False,
 ) -> ManagedProcess:
-    """`python -m app.archive.cli` with these RECSYS_* variables; returns once it reads."""
+    """`python -m app.archive.cli` with these RECSYS_* variables; returns once it reads.
+
+    With `metrics`, it serves its metrics on a port of its own, its `ports["metrics"]`.
+    """
     env = {**os.environ, "RECSYS_ARCHIVE_METRICS_PORT": "0", **settings}
-    log_path = workdir / "archive.log"
     return start_logging_module(
-        "recsys-archive", "app.archive.cli", READY_LINE, env, log_path, niceness
+        "recsys-archive",
+        "app.archive.cli",
+        READY_LINE,
+        env,
+        workdir / "archive.log",
+        niceness,
+        metrics_setting="RECSYS_ARCHIVE_METRICS_PORT" if metrics else None,
     )
 
 

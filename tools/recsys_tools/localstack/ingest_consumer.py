@@ -19,13 +19,25 @@ NICENESS = 10
 
 
 def start_ingest(
-    settings: Mapping[str, str], workdir: Path, niceness: int = NICENESS
+    settings: Mapping[str, str],
+    workdir: Path,
+    niceness: int = NICENESS,
+    *,
+    metrics: bool = False,
 ) -> ManagedProcess:
-    """`python -m app.ingest.cli` with these RECSYS_* variables; returns once it consumes."""
+    """`python -m app.ingest.cli` with these RECSYS_* variables; returns once it consumes.
+
+    With `metrics`, it serves its metrics on a port of its own, its `ports["metrics"]`.
+    """
     env = {**os.environ, "RECSYS_INGEST_METRICS_PORT": "0", **settings}
-    log_path = workdir / "ingest.log"
     return start_logging_module(
-        "recsys-ingest", "app.ingest.cli", READY_LINE, env, log_path, niceness
+        "recsys-ingest",
+        "app.ingest.cli",
+        READY_LINE,
+        env,
+        workdir / "ingest.log",
+        niceness,
+        metrics_setting="RECSYS_INGEST_METRICS_PORT" if metrics else None,
     )
 
 

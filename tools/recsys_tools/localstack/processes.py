@@ -6,22 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.errors import RecsysError
+from recsys_tools.localstack.ports import PortLease, start_on_ports
 
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0
 # Bounds each readiness probe, so a frozen server reads as "not ready" instead of hanging.
 PROBE_TIMEOUT_S = 1.0
-LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +39,10 @@ class ManagedProcess:
     process: subprocess.Popen[bytes]
     log_path: Path
     launch: Launch | None = None
+    # The TCP ports it listens on, by name, and their leases: held until stop(), so a
+    # restart in place finds its ports as it left them.
+    ports: Mapping[str, int] = field(default_factory=dict)
+    leases: list[PortLease] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -113,6 +116,8 @@ class ManagedProcess:
                 continue
             if _reap_group(self.pid, wait_s):
                 break
+        for lease in self.leases:
+            lease.release()
 
 
 def group_alive(pgid: int) -> bool:
@@ -162,13 +167,6 @@ def _reap_group(pgid: int, wait_s: float) -> bool:
     return not group_alive(pgid)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def popen(launch: Launch, log_path: Path, append: bool = False) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # A restart appends, so the log still shows what the server said before it was killed.
@@ -194,10 +192,44 @@ def start_managed(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
     return managed
 
 
-def start_logging_module(
-    name: str, module: str, ready_line: str, env: Mapping[str, str], log_path: Path, niceness: int
+def start_managed_on_ports(
+    name: str,
+    names: Sequence[str],
+    launch_for: Callable[[Mapping[str, int]], Launch],
+    log_path: Path,
+    *,
+    offsets: Sequence[int] = (0,),
 ) -> ManagedProcess:
-    """`python -m module` at `niceness` with `env`; returns once its log says `ready_line`."""
+    """The server on leased ports, one per name in `names` (with `offsets`, a group per
+    name: the name's port and the ports at those offsets from it); started again on others
+    while one was taken. The ports stay leased until the server is stopped."""
+
+    def start(ports: list[int]) -> ManagedProcess:
+        named = dict(zip(names, ports[:: len(offsets)], strict=True))
+        managed = start_managed(name, launch_for(named), log_path)
+        managed.ports = named
+        return managed
+
+    managed, leases = start_on_ports(name, len(names), start, offsets=offsets)
+    managed.leases = leases
+    return managed
+
+
+def start_logging_module(
+    name: str,
+    module: str,
+    ready_line: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    niceness: int,
+    *,
+    metrics_setting: str | None = None,
+) -> ManagedProcess:
+    """`python -m module` at `niceness` with `env`; returns once its log says `ready_line`.
+
+    With `metrics_setting` (the variable naming its metrics port), it serves its metrics on a
+    leased port, its `ports["metrics"]`.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def ready() -> bool:
@@ -206,8 +238,14 @@ def start_logging_module(
         except OSError:
             return False
 
-    argv = ("nice", "-n", str(niceness), sys.executable, "-m", module)
-    return start_managed(name, Launch(argv, dict(env), ready, ready_timeout_s=60.0), log_path)
+    def launch(ports: Mapping[str, int]) -> Launch:
+        argv = ("nice", "-n", str(niceness), sys.executable, "-m", module)
+        full = {**env, **({metrics_setting: str(ports["metrics"])} if metrics_setting else {})}
+        return Launch(argv, full, ready, ready_timeout_s=60.0)
+
+    if metrics_setting is None:
+        return start_managed(name, launch({}), log_path)
+    return start_managed_on_ports(name, ["metrics"], launch, log_path)
 
 
 def wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:
@@ -253,7 +291,3 @@ def _interrupts_noted() -> Iterator[list[int]]:
 def project_root() -> Path:
     """The checkout holding this package (for the default .venv-triton and model_repository)."""
     return Path(__file__).resolve().parents[3]
-
-
-def default_triton_env() -> Path:
-    return Path(os.environ.get("RECSYS_TRITON_ENV", project_root() / ".venv-triton"))

@@ -3,56 +3,56 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
-from recsys_tools.localstack.processes import LOOPBACK, Launch, ManagedProcess, start_managed
+from recsys_tools.localstack.ports import LOOPBACK
+from recsys_tools.localstack.processes import (
+    Launch,
+    ManagedProcess,
+    start_managed_on_ports,
+)
 from recsys_tools.localstack.redis_server import find_redis_server, redis_answers
 
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
+# A node's cluster bus listens this far above its port, on a port of its own to lease.
+BUS_OFFSET = 10_000
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (10,000 above it, so at most 65535) is free too."""
-    for _ in range(100):
-        port = random.randint(20_000, 55_000)
-        if _port_free(port) and _port_free(port + 10_000):
-            return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
+def _start_node(server: str, workdir: Path, number: int) -> ManagedProcess:
+    home = workdir / f"node-{number}"
+    home.mkdir(parents=True, exist_ok=True)
+
+    def launch(ports: Mapping[str, int]) -> Launch:
+        port = ports["redis"]
+        argv = (
+            server,
+            *("--port", str(port), "--bind", LOOPBACK, "--protected-mode", "yes"),
+            *("--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf")),
+            *("--save", "", "--appendonly", "no", "--dir", str(home)),
+        )
+        return Launch(argv, dict(os.environ), partial(redis_answers, port), 10.0)
+
+    return start_managed_on_ports(
+        f"redis-cluster-{number}", ["redis"], launch, home / "redis.log", offsets=(0, BUS_OFFSET)
+    )
 
 
 def start_redis_cluster(workdir: Path, nodes: int = 3) -> tuple[list[ManagedProcess], str]:
     """A throwaway Redis Cluster of `nodes` masters on loopback TCP; returns one node's URL.
 
     A cluster cannot live on unix sockets (its nodes announce host:port to each other), so
-    its nodes listen on 127.0.0.1 only. The slots are spread by `redis-cli --cluster create`.
+    its nodes listen on 127.0.0.1 only, each on a leased port and its bus port. The slots are
+    spread by `redis-cli --cluster create`.
     """
     server = find_redis_server()
-    ports = [_cluster_port() for _ in range(nodes)]
     started: list[ManagedProcess] = []
     try:
-        for port in ports:
-            home = workdir / str(port)
-            home.mkdir(parents=True, exist_ok=True)
-            argv = (
-                server,
-                *("--port", str(port), "--bind", LOOPBACK, "--protected-mode", "yes"),
-                *("--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf")),
-                *("--save", "", "--appendonly", "no", "--dir", str(home)),
-            )
-            launch = Launch(argv, dict(os.environ), partial(redis_answers, port), 10.0)
-            started.append(start_managed(f"redis-cluster-{port}", launch, home / "redis.log"))
+        for number in range(nodes):
+            started.append(_start_node(server, workdir, number))
+        ports = [process.ports["redis"] for process in started]
         cli = str(Path(server).with_name("redis-cli"))
         subprocess.run(
             [
@@ -85,6 +85,3 @@ def _wait_cluster_ok(cli: str, ports: list[int], timeout_s: float = 20.0) -> Non
             return
         time.sleep(0.1)
     raise RuntimeError(f"the Redis Cluster on {ports} never reached cluster_state:ok")
-
-
-# Triton --------------------------------------------------------------------------------------

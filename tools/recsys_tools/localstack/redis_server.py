@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.errors import ConfigError
+from recsys_tools.localstack.ports import LOOPBACK
 from recsys_tools.localstack.processes import (
-    LOOPBACK,
     PROBE_TIMEOUT_S,
     Launch,
     ManagedProcess,

@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
 from app.core.errors import ConfigError
+from recsys_tools.localstack.ports import LOOPBACK
 from recsys_tools.localstack.processes import (
-    LOOPBACK,
     Launch,
     ManagedProcess,
-    free_port,
     start_managed,
 )
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 START_TIMEOUT_S = 90.0
+# Every port is 0: each process binds one the kernel gives it, so none can be taken between
+# choosing and binding; the master's is read back from what it logs.
+MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 
 
 def spark_home() -> Path:
@@ -61,24 +64,17 @@ def start_spark_cluster(
     """A master and `workers` workers of `cores` cores and `memory` each; returns them (the
     master first) and the master's spark:// URL once every worker has registered."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"spark://{LOOPBACK}:{port}"
     log_path = workdir / "master.log"
-    master_args = [MASTER_CLASS, "--host", LOOPBACK, "--port", str(port)]
-    master_args += ["--webui-port", str(free_port())]
+    master_args = [MASTER_CLASS, "--host", LOOPBACK, "--port", "0", "--webui-port", "0"]
     started = [
         start_managed("spark-master", _launch(master_args, log_path, "ALIVE", workdir), log_path)
     ]
     try:
+        url = _master_url(log_path)
         for number in range(workers):
             worker_log = workdir / f"worker-{number}.log"
             args = [WORKER_CLASS, "--host", LOOPBACK, "--cores", str(cores), "--memory", memory]
-            args += [
-                "--webui-port",
-                str(free_port()),
-                "--work-dir",
-                str(workdir / f"work-{number}"),
-            ]
+            args += ["--webui-port", "0", "--work-dir", str(workdir / f"work-{number}")]
             launch = _launch(
                 [*args, url], worker_log, "Successfully registered with master", workdir
             )
@@ -88,3 +84,10 @@ def start_spark_cluster(
             process.stop()
         raise
     return started, url
+
+
+def _master_url(log_path: Path) -> str:
+    found = MASTER_URL.search(log_path.read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"the Spark master's log names no URL: {log_path}")
+    return found.group(1)

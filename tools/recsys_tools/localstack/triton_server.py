@@ -5,21 +5,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import tritonclient.grpc as triton_grpc
 
 from app.core.errors import ConfigError
+from recsys_tools.localstack.ports import LOOPBACK
 from recsys_tools.localstack.processes import (
-    LOOPBACK,
     PROBE_TIMEOUT_S,
     Launch,
     ManagedProcess,
-    free_port,
     project_root,
-    start_managed,
+    start_managed_on_ports,
 )
 
 
@@ -90,13 +89,6 @@ def _triton_env(install: TritonInstall) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True, slots=True)
-class TritonPorts:
-    grpc: int
-    http: int | None = None
-    metrics: int | None = None
-
-
 def triton_models_ready(url: str, models: Sequence[str]) -> bool:
     """Whether Triton at url serves and every one of models is ready."""
     # A fresh channel per probe: one kept across a restart would sit in reconnect backoff.
@@ -116,7 +108,7 @@ def _triton_argv(
     model_repository: Path,
     backends: Path,
     models: Sequence[str],
-    ports: TritonPorts,
+    ports: Mapping[str, int],
     model_control: bool,
 ) -> tuple[str, ...]:
     argv = [
@@ -124,7 +116,7 @@ def _triton_argv(
         f"--model-repository={model_repository.resolve()}",
         f"--backend-directory={backends}",
         f"--grpc-address={LOOPBACK}",
-        f"--grpc-port={ports.grpc}",
+        f"--grpc-port={ports['grpc']}",
         "--exit-timeout-secs=5",
         "--log-verbose=0",
     ]
@@ -134,12 +126,12 @@ def _triton_argv(
         argv += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
     else:
         argv += ["--model-control-mode=none"]
-    if ports.http:
-        argv += [f"--http-address={LOOPBACK}", f"--http-port={ports.http}"]
+    if "http" in ports:
+        argv += [f"--http-address={LOOPBACK}", f"--http-port={ports['http']}"]
     else:
         argv += ["--allow-http=false"]
-    if ports.metrics:
-        argv += [f"--metrics-address={LOOPBACK}", f"--metrics-port={ports.metrics}"]
+    if "metrics" in ports:
+        argv += [f"--metrics-address={LOOPBACK}", f"--metrics-port={ports['metrics']}"]
     else:
         argv += ["--allow-metrics=false"]
     return tuple(argv)
@@ -150,30 +142,35 @@ def start_triton(
     model_repository: Path,
     workdir: Path,
     models: list[str],
-    ports: TritonPorts | None = None,
     timeout_s: float = 90.0,
     *,
+    http: bool = False,
+    metrics: bool = False,
     model_control: bool = False,
     extra: Sequence[str] = (),
 ) -> tuple[ManagedProcess, str]:
     """tritonserver on the CPU, on loopback; returns its gRPC address once `models` are ready.
 
-    Without model control every model in the repository loads at start and `models` only
-    names what to wait for; with `model_control=True` only `models` load, and clients may
-    load and unload models (for tests that need it). `extra` are more of tritonserver's
-    options (`--grpc-restricted-protocol=...`, say).
+    It serves gRPC, and HTTP and metrics when asked, each on a leased port: the process's
+    `ports` name them ("grpc", "http", "metrics"). Without model control every model in the
+    repository loads at start and `models` only names what to wait for; with
+    `model_control=True` only `models` load, and clients may load and unload models (for
+    tests that need it). `extra` are more of tritonserver's options
+    (`--grpc-restricted-protocol=...`, say).
     """
     install = find_triton(env)
-    chosen = ports or TritonPorts(grpc=free_port())
     backends = _backend_directory(install, workdir)
-    argv = (
-        *_triton_argv(install, model_repository, backends, models, chosen, model_control),
-        *extra,
-    )
-    url = f"{LOOPBACK}:{chosen.grpc}"
     names = tuple(models)
-    launch = Launch(argv, _triton_env(install), lambda: triton_models_ready(url, names), timeout_s)
-    return start_managed("tritonserver", launch, workdir / "triton.log"), url
+    endpoints = ["grpc", *(["http"] if http else []), *(["metrics"] if metrics else [])]
+
+    def launch(ports: Mapping[str, int]) -> Launch:
+        argv = _triton_argv(install, model_repository, backends, names, ports, model_control)
+        url = f"{LOOPBACK}:{ports['grpc']}"
+        ready = lambda: triton_models_ready(url, names)  # noqa: E731
+        return Launch((*argv, *extra), _triton_env(install), ready, timeout_s)
+
+    process = start_managed_on_ports("tritonserver", endpoints, launch, workdir / "triton.log")
+    return process, f"{LOOPBACK}:{process.ports['grpc']}"
 
 
 def default_triton_env() -> Path:

@@ -1,0 +1,68 @@
+"""A process that takes ports from the kernel's ephemeral range as fast as they come free.
+
+It holds `count` sockets bound to port 0 (the kernel's choice, as any server asking for port 0
+gets) and keeps binding: each round closes its oldest and binds as many again, so a port that
+another process chose and released is soon bound here. Beside that, a thread keeps opening
+and closing outgoing connections to a listener of its own. Run as a script: it prints
+"holding N" once it holds its share, and runs until it is killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import resource
+import socket
+import sys
+import threading
+
+ROUND = 100
+
+
+def _connections(target: tuple[str, int]) -> None:
+    while True:
+        with socket.socket() as out:
+            try:
+                out.connect(target)
+            except OSError:
+                continue
+
+
+def _accept(server: socket.socket) -> None:
+    while True:
+        conn, _ = server.accept()
+        conn.close()
+
+
+def hog(count: int) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1024)
+    threading.Thread(target=_accept, args=(server,), daemon=True).start()
+    threading.Thread(target=_connections, args=(server.getsockname(),), daemon=True).start()
+    held: collections.deque[socket.socket] = collections.deque()
+    said = False
+    while True:
+        full = len(held) >= count
+        if not full:
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", 0))
+                held.append(sock)
+                continue
+            except OSError:  # the range is full before the count
+                sock.close()
+        if not said:
+            print(f"holding {len(held)}", flush=True)
+            said = True
+        _close(held, ROUND)
+
+
+def _close(held: collections.deque[socket.socket], count: int) -> None:
+    for _ in range(min(count, len(held))):
+        held.popleft().close()
+
+
+if __name__ == "__main__":
+    hog(int(sys.argv[1]))

@@ -7,7 +7,6 @@ are the operator's tools (`recsys`, in the recsys-tools package), not part of th
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
@@ -17,6 +16,7 @@ from collections.abc import MutableMapping
 from types import FrameType
 from typing import Any
 
+from app.core.binding import bind_error, in_use
 from app.core.errors import ConfigError, RecsysError
 from app.core.log_setup import configure_logging
 
@@ -70,16 +70,13 @@ def _supervisor() -> type[Any]:
 
 def ensure_port_free(host: str, port: int) -> None:
     """Refuse a busy port before anything is loaded, rather than after."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            cause = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
-            raise ConfigError(
-                f"port {port} on {host} {cause}: stop what holds it, or choose another port "
-                "(RECSYS_PORT, or --port)"
-            ) from None
+    error = bind_error(host, port)
+    if error is not None:
+        cause = "is in use" if in_use(error) else f"cannot be bound ({error})"
+        raise ConfigError(
+            f"port {port} on {host} {cause}: stop what holds it, or choose another port "
+            "(RECSYS_PORT, or --port)"
+        )
 
 
 def serve(workers: int | None = None, log_level: str = "info", access_log: bool = False) -> None:

@@ -37,9 +37,7 @@ def _start(stack: LocalStack, checkout: Path, log_path: Path) -> ApiProcess:
         "RECSYS_TRITON_URL": stack.settings.triton_url,
         "RECSYS_ARTIFACTS_DIR": str(stack.settings.artifacts_dir.resolve()),
     }
-    api = start_api(env, log_path, checkout=checkout.resolve())
-    api.wait_ready()
-    return api
+    return start_api(env, log_path, checkout=checkout.resolve())
 
 
 async def api_cpu_ms(api: ApiProcess, bodies: list[bytes], rate: float, duration_s: float) -> float:

@@ -7,27 +7,19 @@ stopped the way production stops it: SIGTERM, then a kill if it does not exit in
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from recsys_tools.demo import LocalStack, local_stack, stack_options
-from recsys_tools.localstack import PortLease, lease_ports
-from recsys_tools.localstack.ports import ATTEMPTS, collided
-
-log = logging.getLogger("loadtest")
-
-
-class ApiExitedError(RuntimeError):
-    """The API process ended before it was ready; the message ends with its log."""
+from recsys_tools.localstack import PortLease, start_on_ports
 
 
 @dataclass
@@ -35,10 +27,7 @@ class ApiProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
-    # Where the port was leased here: its lease (released by stop()) and how to start the
-    # same API on another port, should something else have taken this one.
-    lease: PortLease | None = None
-    spawn: Callable[[int], subprocess.Popen[bytes]] | None = None
+    lease: PortLease | None = None  # its port's, where start_api leased it: released by stop()
 
     @property
     def url(self) -> str:
@@ -60,35 +49,11 @@ class ApiProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Return once /readyz answers 200; on a port found taken (one leased here), start it
-        again on another."""
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                self._wait_ready(timeout_s)
-                return
-            except ApiExitedError as exc:
-                if self.spawn is None or attempt == ATTEMPTS or not collided(exc, [self.port]):
-                    raise
-                self._move()
-
-    def _move(self) -> None:
-        """Start again on a newly leased port, this one's lease released."""
-        assert self.spawn is not None
-        if self.lease is not None:
-            self.lease.release()
-        (self.lease,) = lease_ports()
-        log.warning(
-            "the API found its port %d taken: starting it on %d", self.port, self.lease.port
-        )
-        self.port = self.lease.port
-        self.process = self.spawn(self.port)
-
-    def _wait_ready(self, timeout_s: float) -> None:
         give_up = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=2.0) as client:
             while time.monotonic() < give_up:
                 if self.process.poll() is not None:
-                    raise ApiExitedError(f"the API exited during start-up:\n{self.log_tail()}")
+                    raise RuntimeError(f"the API exited during start-up:\n{self.log_tail()}")
                 try:
                     if client.get("/readyz").status_code == 200:
                         return
@@ -110,7 +75,7 @@ class ApiProcess:
             self.process.kill()
             return self.process.wait(timeout=5.0)
         finally:
-            if self.lease is not None:
+            if self.lease is not None and self.process.poll() is not None:
                 self.lease.release()
 
 
@@ -139,7 +104,6 @@ def api_on(stack: LocalStack, log_path: Path, **settings: str) -> Iterator[ApiPr
     }
     api = start_api(env, log_path)
     try:
-        api.wait_ready()
         yield api
     finally:
         api.stop()
@@ -148,32 +112,46 @@ def api_on(stack: LocalStack, log_path: Path, **settings: str) -> Iterator[ApiPr
 def start_api(
     env: dict[str, str],
     log_path: Path,
-    port: int | None = None,
+    args: Sequence[str] = (),
+    checkout: Path | None = None,
+    ready_timeout_s: float = 60.0,
+) -> ApiProcess:
+    """`python -m app` with RECSYS_* settings from `env` and command-line `args`, on a
+    leased port (on another where that one was taken); returns once it is ready.
+    `checkout`: run the app of that tree instead (its root, as cwd)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+
+    def start(ports: list[int]) -> ApiProcess:
+        api = spawn_api(env, log_path, ports[0], args, checkout)
+        try:
+            api.wait_ready(ready_timeout_s)
+        except BaseException:
+            api.stop()
+            raise
+        return api
+
+    api, (lease,) = start_on_ports("recsys-api", 1, start)
+    api.lease = lease
+    return api
+
+
+def spawn_api(
+    env: dict[str, str],
+    log_path: Path,
+    port: int,
     args: Sequence[str] = (),
     checkout: Path | None = None,
 ) -> ApiProcess:
-    """`python -m app` with RECSYS_* settings from `env` and command-line `args`; returns
-    once it is spawned, on `port` or else on a leased one. `checkout`: run the app of that
-    tree instead (its root, as cwd)."""
+    """The API spawned on `port`, not waited for (its log appended to)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def spawn(chosen: int) -> subprocess.Popen[bytes]:
-        with log_path.open("wb") as log_file:
-            return subprocess.Popen(
-                [sys.executable, "-m", "app", "--log-level", "warning", *args],
-                env={**os.environ, **env, "RECSYS_PORT": str(chosen)},
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=checkout,
-            )
-
-    if port is not None:
-        return ApiProcess(spawn(port), port, log_path)
-    (lease,) = lease_ports()
-    try:
-        process = spawn(lease.port)
-    except BaseException:
-        lease.release()
-        raise
-    return ApiProcess(process, lease.port, log_path, lease, spawn)
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "--log-level", "warning", *args],
+            env={**os.environ, **env, "RECSYS_PORT": str(port)},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=checkout,
+        )
+    return ApiProcess(process, port, log_path)

@@ -145,7 +145,6 @@ def measure(folder: Path, rate: float) -> dict[str, Any]:
             }
             api = start_api(env, folder / "api.log")
             try:
-                api.wait_ready()
                 figures = asyncio.run(_measure(api, world_b, rate))
             finally:
                 api.stop()

@@ -14,6 +14,7 @@ import resource
 import socket
 import sys
 import threading
+import time
 
 ROUND = 100
 
@@ -46,7 +47,11 @@ def hog(count: int) -> None:
     while True:
         full = len(held) >= count
         if not full:
-            sock = socket.socket()
+            try:
+                sock = socket.socket()
+            except OSError:  # out of files before the count: hold what it has
+                count = len(held)
+                continue
             try:
                 sock.bind(("127.0.0.1", 0))
                 held.append(sock)
@@ -62,6 +67,7 @@ def hog(count: int) -> None:
 def _close(held: collections.deque[socket.socket], count: int) -> None:
     for _ in range(min(count, len(held))):
         held.popleft().close()
+    time.sleep(0.001)  # a round a millisecond takes a released port soon enough
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ def api(stack: Stack, tmp_path: Path) -> Iterator[ApiProcess]:
     }
     process = start_api(env, tmp_path / "api.log")
     try:
-        process.wait_ready()
         yield process
     finally:
         process.stop()

@@ -67,7 +67,6 @@ def api_process(
     }
     api = start_api(env, workdir / "api.log", args=args)
     try:
-        api.wait_ready()
         yield api
     finally:
         api.stop()

@@ -21,6 +21,7 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
+from recsys_tools.localstack.ports import ephemeral_range
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tritonclient.utils import InferenceServerException
@@ -136,8 +137,10 @@ def _wait_for_listener(port: int) -> set[ipaddress.IPv4Address | ipaddress.IPv6A
     return addresses
 
 
-def test_triton_listens_on_loopback_only(own_triton: ManagedProcess) -> None:
+def test_triton_listens_on_loopback_only_on_leased_ports(own_triton: ManagedProcess) -> None:
     assert set(own_triton.ports) == {"grpc", "http", "metrics"}
+    low, high = ephemeral_range()  # where ports the kernel hands out can be taken by chance
+    assert not [port for port in own_triton.ports.values() if low <= port <= high]
     for port in own_triton.ports.values():
         addresses = _wait_for_listener(port)
         assert addresses, f"nothing listens on {port}"

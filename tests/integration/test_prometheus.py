@@ -197,7 +197,6 @@ def api_on(stack: Stack, triton_url: str, workdir: Path) -> Iterator[ApiProcess]
     }
     api = start_api(env, workdir / "api.log")
     try:
-        api.wait_ready()
         yield api
     finally:
         api.stop()

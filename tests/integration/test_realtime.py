@@ -429,7 +429,6 @@ async def test_a_burst_of_events_leaves_recommend_in_budget_and_drains(
     }
     api = start_api(env, tmp_path / "api.log")
     try:
-        api.wait_ready()
         recommend = Load(f"{api.url}/recommend", demo_bodies(SMALL_WORLD.users, 10), timeout_s=2.0)
         batches = [
             json.dumps(

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recsys_tools.localstack import ManagedProcess
+from recsys_tools.localstack import ManagedProcess, leased_port
 
 from app.process.workers import METRICS_DIR_ENV
-from loadtest.service import ApiProcess, start_api
+from loadtest.service import ApiProcess, spawn_api
 from tests.integration.conftest import PLAIN_RULES, Stack, metric_samples
 from tests.integration.test_faults import api_process
 
@@ -145,9 +145,19 @@ def _until_logged(api: ApiProcess, text: str, processes: int = 1, timeout_s: flo
 
 # A reload signal while the service starts (systemctl reload, or another worker's /admin
 # call) once killed the process it reached: SIGUSR1's default action, before the handler.
+@pytest.fixture
+def api_port() -> Iterator[int]:
+    with leased_port() as port:
+        yield port
+
+
 @pytest.mark.parametrize("workers", [1, WORKERS])
 def test_a_reload_signal_during_start_up_is_kept_for_after_it(
-    stack: Stack, own_triton: tuple[ManagedProcess, str], tmp_path: Path, workers: int
+    stack: Stack,
+    own_triton: tuple[ManagedProcess, str],
+    tmp_path: Path,
+    workers: int,
+    api_port: int,
 ) -> None:
     triton, url = own_triton
     triton.kill()  # start-up waits for it: time to signal the service mid-start
@@ -160,7 +170,7 @@ def test_a_reload_signal_during_start_up_is_kept_for_after_it(
         "RECSYS_RULES_FILE": str(rules),
         "RECSYS_WORKERS": str(workers),
     }
-    api = start_api(env, tmp_path / "api.log")
+    api = spawn_api(env, tmp_path / "api.log", api_port)  # not waited for: signalled mid-start
     try:
         # Every worker has read the rules (a worker that read the changed file reloads to no
         # change, which is not counted as applied): the change must come by the reload missed.

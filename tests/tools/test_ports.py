@@ -3,16 +3,17 @@ start whose port was taken made again on others (recsys_tools.localstack.ports).
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from recsys_tools.localstack import ports
+from recsys_tools.localstack import Launch, ports, start_managed_on_ports
 from recsys_tools.localstack.ports import (
     LOOPBACK,
-    PortLease,
     candidate_ports,
     collided,
     ephemeral_range,
@@ -21,6 +22,8 @@ from recsys_tools.localstack.ports import (
     reserved_ports,
     start_on_ports,
 )
+
+from tests.squat import squatted_port, squatting_first_lease
 
 # Tries to lock the port's file as another process would: prints "held" or "free".
 OTHER_PROCESS = """
@@ -134,14 +137,18 @@ def test_a_group_leases_each_port_at_its_offset() -> None:
             lease.release()
 
 
-def test_a_refusal_is_a_collision_when_the_log_or_the_port_says_so() -> None:
+def test_a_refusal_is_a_collision_when_a_line_names_the_port_or_the_port_is_held() -> None:
     with socket.socket() as bound:
         bound.bind((LOOPBACK, 0))
         held = bound.getsockname()[1]
         assert collided(RuntimeError("x"), [held])
-    assert collided(RuntimeError("bind: address already in use"), [])
-    assert collided(RuntimeError("port 1 on 127.0.0.1 is in use: stop what holds it"), [])
-    assert not collided(RuntimeError("the model failed to load"), [])
+    said = "started\nlisten tcp 127.0.0.1:23456: bind: address already in use\nbye"
+    assert collided(RuntimeError(said), [23456])
+    assert collided(RuntimeError("port 23456 on 127.0.0.1 is in use: stop what holds it"), [23456])
+    # In use, but not one of its ports: another fault, not tried again on others.
+    assert not collided(RuntimeError(said), [23457])
+    assert not collided(RuntimeError("too many common timeouts already in use"), [23457])
+    assert not collided(RuntimeError("the model failed to load"), [23457])
 
 
 class _Server:
@@ -161,16 +168,6 @@ class _Server:
 def test_a_start_whose_port_was_taken_goes_again_on_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    squatter: list[socket.socket] = []
-    lease = ports.lease_ports
-
-    def draw(count: int = 1, *, offsets: tuple[int, ...] = (0,)) -> list[PortLease]:
-        leases = lease(count, offsets=offsets)
-        if not squatter:
-            squatter.append(_Server(leases[-1].port).sock)  # the group's last port
-        return leases
-
-    monkeypatch.setattr(ports, "lease_ports", draw)
     tries: list[list[int]] = []
 
     def start(chosen: list[int]) -> list[_Server]:
@@ -185,18 +182,56 @@ def test_a_start_whose_port_was_taken_goes_again_on_others(
             raise
         return servers
 
-    try:
+    with squatting_first_lease(monkeypatch) as squatter:
         servers, leases = start_on_ports("toy", 1, start, offsets=(0, 1))
         assert len(tries) == 2
-        assert squatter[0].getsockname()[1] == tries[0][1]
+        assert squatted_port(squatter) == tries[0][1]  # the group's last port
         assert [s.port for s in servers] == [lease.port for lease in leases] == tries[1]
         assert not set(tries[0]) & set(tries[1])
         for server in servers:
             server.sock.close()
         for held in leases:
             held.release()
-    finally:
-        squatter[0].close()
+
+
+# A server that says what a real one says when its port is taken, then exits.
+TOY_SERVER = """
+import socket, sys, time
+sock = socket.socket()
+try:
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError as exc:
+    print(f"bind 127.0.0.1:{sys.argv[1]}: {exc}", flush=True)
+    sys.exit(1)
+sock.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_managed_server_moves_off_a_taken_port_and_releases_its_own_when_stopped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, locks: Path
+) -> None:
+    log_path = tmp_path / "toy.log"
+
+    def launch(named: Mapping[str, int]) -> Launch:
+        argv = (sys.executable, "-c", TOY_SERVER, str(named["toy"]))
+        ready = lambda: "listening" in log_path.read_text()  # noqa: E731
+        return Launch(argv, dict(os.environ), ready, ready_timeout_s=30.0)
+
+    with squatting_first_lease(monkeypatch) as squatter:
+        server = start_managed_on_ports("toy", ["toy"], launch, log_path)
+        try:
+            taken = squatted_port(squatter)
+            assert server.ports["toy"] != taken
+            assert f"bind 127.0.0.1:{taken}: [Errno 98] Address already in use" in (
+                log_path.read_text()
+            )
+            assert _seen_by_another_process(locks, server.ports["toy"]) == "held"
+            assert _seen_by_another_process(locks, taken) == "free"
+        finally:
+            server.stop()
+    assert _seen_by_another_process(locks, server.ports["toy"]) == "free"
 
 
 def test_a_start_that_fails_otherwise_is_not_tried_again() -> None:
@@ -216,8 +251,24 @@ def test_a_port_taken_every_time_gives_up_after_the_attempts() -> None:
 
     def start(chosen: list[int]) -> None:
         tries.append(chosen)
-        raise RuntimeError("Address already in use")
+        raise RuntimeError(f"bind 127.0.0.1:{chosen[0]}: Address already in use")
 
     with pytest.raises(RuntimeError, match="already in use"):
         start_on_ports("toy", 1, start, attempts=3)
     assert len(tries) == 3
+
+
+def test_a_lock_folder_that_is_a_link_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "recsys-ports"
+    link.symlink_to(elsewhere)
+    monkeypatch.setenv("RECSYS_PORT_LOCKS", str(link))
+    (lease,) = lease_ports()
+    try:
+        assert not list(elsewhere.iterdir())
+        assert (tmp_path / f"recsys-ports-{os.getuid()}" / str(lease.port)).is_file()
+    finally:
+        lease.release()

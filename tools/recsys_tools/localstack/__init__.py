@@ -2,8 +2,8 @@
 
 Each is started in a session of its own and stopped by its pid (and that session's process
 group, which holds Triton's Python-backend stubs), so nothing outlives its owner. Both listen
-on loopback only: Redis on a unix socket, Triton's ports on 127.0.0.1. Every TCP port a
-server here listens on is leased (ports.py): drawn outside the kernel's ephemeral range and
+on loopback only: Redis on a unix socket, Triton's ports on 127.0.0.1. Every TCP port chosen
+for a server here is leased (ports.py): drawn outside the kernel's ephemeral range and
 held until the server stops, and a server whose port is taken anyway starts on another.
 
 A ManagedProcess keeps how it was launched, so integration tests can inject the faults a

@@ -30,7 +30,7 @@ def start_archive(
 
     With `metrics`, it serves its metrics on a port of its own, its `ports["metrics"]`.
     """
-    env = {**os.environ, "RECSYS_ARCHIVE_METRICS_PORT": "0", **settings}
+    env = {**os.environ, **settings}
     return start_logging_module(
         "recsys-archive",
         "app.archive.cli",
@@ -38,7 +38,8 @@ def start_archive(
         env,
         workdir / "archive.log",
         niceness,
-        metrics_setting="RECSYS_ARCHIVE_METRICS_PORT" if metrics else None,
+        metrics_setting="RECSYS_ARCHIVE_METRICS_PORT",
+        metrics=metrics,
     )
 
 

@@ -29,7 +29,7 @@ def start_ingest(
 
     With `metrics`, it serves its metrics on a port of its own, its `ports["metrics"]`.
     """
-    env = {**os.environ, "RECSYS_INGEST_METRICS_PORT": "0", **settings}
+    env = {**os.environ, **settings}
     return start_logging_module(
         "recsys-ingest",
         "app.ingest.cli",
@@ -37,7 +37,8 @@ def start_ingest(
         env,
         workdir / "ingest.log",
         niceness,
-        metrics_setting="RECSYS_INGEST_METRICS_PORT" if metrics else None,
+        metrics_setting="RECSYS_INGEST_METRICS_PORT",
+        metrics=metrics,
     )
 
 

@@ -4,6 +4,7 @@ restarted in place and stopped by pid, so nothing outlives its owner."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from app.core.errors import RecsysError
 from recsys_tools.localstack.ports import PortLease, start_on_ports
 
+log = logging.getLogger("recsys.localstack")
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0
 # Bounds each readiness probe, so a frozen server reads as "not ready" instead of hanging.
@@ -100,24 +102,37 @@ class ManagedProcess:
         try:
             wait_for(self, launch.ready, launch.ready_timeout_s)
         except BaseException:
-            self.stop()
+            self._halt()  # its ports stay leased: the owner stops it, or starts it again
             raise
 
     def stop(self) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+        """SIGTERM the process group, then SIGKILL whatever is left after a grace period;
+        its ports are released once nothing of the group is left to hold them."""
+        try:
+            gone = self._halt()
+        finally:
+            if not group_alive(self.pid):
+                for lease in self.leases:
+                    lease.release()
+        if not gone:
+            log.warning(
+                "%s (group %d) outlived SIGKILL: its ports stay leased", self.name, self.pid
+            )
+
+    def _halt(self) -> bool:
+        """SIGTERM the group, then SIGKILL; whether none of it is left."""
         for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
             # A frozen process would hold the SIGTERM pending for ever: let it run first.
             self._signal(signal.SIGCONT)
             if not self._signal(sig):
-                break
+                return True
             try:
                 self.process.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 continue
             if _reap_group(self.pid, wait_s):
-                break
-        for lease in self.leases:
-            lease.release()
+                return True
+        return not group_alive(self.pid)
 
 
 def group_alive(pgid: int) -> bool:
@@ -185,32 +200,38 @@ class ServerStartError(RecsysError):
     """A local server exited or never became ready; the message ends with its log."""
 
 
-def start_managed(name: str, launch: Launch, log_path: Path) -> ManagedProcess:
+def start_managed(
+    name: str, launch: Launch, log_path: Path, append: bool = False
+) -> ManagedProcess:
     """Spawn the server and return once launch.ready() holds (stopping it if it never does)."""
-    managed = ManagedProcess(name, popen(launch, log_path), log_path, launch)
+    managed = ManagedProcess(name, popen(launch, log_path, append), log_path, launch)
     managed.await_ready(launch)
     return managed
 
 
 def start_managed_on_ports(
     name: str,
-    names: Sequence[str],
+    port_names: Sequence[str],
     launch_for: Callable[[Mapping[str, int]], Launch],
     log_path: Path,
     *,
     offsets: Sequence[int] = (0,),
 ) -> ManagedProcess:
-    """The server on leased ports, one per name in `names` (with `offsets`, a group per
-    name: the name's port and the ports at those offsets from it); started again on others
-    while one was taken. The ports stay leased until the server is stopped."""
+    """The server on leased ports, one per name in `port_names` (with `offsets`, a group per
+    name: its port and the ports at those offsets from it, 0 among them); started again on
+    others while one was taken. The ports stay leased until the server is stopped."""
 
     def start(ports: list[int]) -> ManagedProcess:
-        named = dict(zip(names, ports[:: len(offsets)], strict=True))
-        managed = start_managed(name, launch_for(named), log_path)
+        named = dict(zip(port_names, ports[:: len(offsets)], strict=True))
+        # Appended: the log shows why a try on other ports was needed.
+        managed = start_managed(name, launch_for(named), log_path, append=True)
         managed.ports = named
         return managed
 
-    managed, leases = start_on_ports(name, len(names), start, offsets=offsets)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+
+    managed, leases = start_on_ports(name, len(port_names), start, offsets=offsets)
     managed.leases = leases
     return managed
 
@@ -223,12 +244,13 @@ def start_logging_module(
     log_path: Path,
     niceness: int,
     *,
-    metrics_setting: str | None = None,
+    metrics_setting: str,
+    metrics: bool = False,
 ) -> ManagedProcess:
     """`python -m module` at `niceness` with `env`; returns once its log says `ready_line`.
 
-    With `metrics_setting` (the variable naming its metrics port), it serves its metrics on a
-    leased port, its `ports["metrics"]`.
+    `metrics_setting` names the variable of its metrics port: 0 (none served), or with
+    `metrics` a leased port, its `ports["metrics"]`.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -240,12 +262,10 @@ def start_logging_module(
 
     def launch(ports: Mapping[str, int]) -> Launch:
         argv = ("nice", "-n", str(niceness), sys.executable, "-m", module)
-        full = {**env, **({metrics_setting: str(ports["metrics"])} if metrics_setting else {})}
+        full = {**env, metrics_setting: str(ports.get("metrics", 0))}
         return Launch(argv, full, ready, ready_timeout_s=60.0)
 
-    if metrics_setting is None:
-        return start_managed(name, launch({}), log_path)
-    return start_managed_on_ports(name, ["metrics"], launch, log_path)
+    return start_managed_on_ports(name, ["metrics"] if metrics else [], launch, log_path)
 
 
 def wait_for(managed: ManagedProcess, ready: Callable[[], bool], timeout_s: float) -> None:

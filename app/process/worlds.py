@@ -187,18 +187,30 @@ class Worlds:
         return report
 
     async def _started(self, ref: WorldRef | None, action: WorldChange) -> tuple[Services, int]:
-        settings = world_settings(self.base, ref)
-        said = ref.said() if ref is not None else str(settings.artifacts_dir)
+        said = ref.said() if ref is not None else str(self.base.artifacts_dir)
         try:
+            settings = world_settings(self.base, ref)
             memory = await asyncio.to_thread(
                 checked_memory, settings, self.base.world_memory_reserve
             )
             services = await self.start(settings)
         except RecsysError as exc:
-            self.metrics.world_change_count[(action, ReloadOutcome.REFUSED)].inc()
-            log.error("world %s refused: %s", said, exc)
-            raise WorldRefusedError(f"world {said} refused: {exc}") from None
+            raise self._refused(said, action, str(exc)) from None
+        except Exception as exc:
+            # A candidate's files come from a retrain job: one a reader fails on in its own
+            # way (a library's error, not one of ours) refuses the candidate, and the stable
+            # world serves on, rather than the worker failing at every start. A stable world
+            # is no candidate: the same error there is a fault to see, not to serve around.
+            if action is not WorldChange.LOAD:
+                raise
+            log.exception("world %s failed to start", said)
+            raise self._refused(said, action, f"{type(exc).__name__}: {exc}") from None
         return services, memory
+
+    def _refused(self, said: str, action: WorldChange, why: str) -> WorldRefusedError:
+        self.metrics.world_change_count[(action, ReloadOutcome.REFUSED)].inc()
+        log.error("world %s refused: %s", said, why)
+        return WorldRefusedError(f"world {said} refused: {why}")
 
     async def _load(self, ref: WorldRef, percent: float) -> None:
         """The candidate started and checked, then swapped in for the one before, if any."""

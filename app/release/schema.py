@@ -1,20 +1,42 @@
 """The feature schema: one declared layout of the ranking model's input row.
 
 The same file drives the packer, the model export and the start-up check against Triton's
-model metadata, so the three can never silently disagree.
+model metadata, so the three can never silently disagree. The shape its model's name must
+have is the one a world's id has too (NAME), held here for the service and the tools alike.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.core.errors import SchemaError
+from app.core.errors import ConfigError, SchemaError
+
+# The one shape of a world's id and of a model's name, here and in the tools. Both become
+# directory names (the worlds directory's, Triton's model repository's) and text inside a
+# config.pbtxt, and a retrain job writes them while the job that installs them holds Triton's
+# admin key: no separator, dot, quote, backslash or newline can get through.
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NAME_RULE = "letters, digits, '_' and '-', at most 64 characters"
+
+
+def is_name(value: object) -> TypeGuard[str]:
+    """Whether `value` is a world id or a model name (fullmatch: `$` would let a newline by)."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None
+
+
+def checked_name(value: object, where: str) -> str:
+    """`value` when it is a name; ConfigError saying `where` it came from otherwise."""
+    if not is_name(value):
+        raise ConfigError(f"{where} is {value!r}: a name is {NAME_RULE}")
+    return value
+
 
 BlockName = Literal[
     "user_embedding",
@@ -47,6 +69,14 @@ class _ModelIO(BaseModel):
     output: str = Field(min_length=1)
     datatype: Literal["FP32"] = "FP32"
     score: ScoreScale = "probability"
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        # A model directory and a config.pbtxt line are made of it (recsys install-model).
+        if not is_name(value):
+            raise ValueError(f"{value!r} is not a model name: {NAME_RULE}")
+        return value
 
 
 class _DenseFeature(BaseModel):
@@ -222,7 +252,7 @@ def load_schema(path: Path | None = None) -> FeatureSchema:
         return parse_schema(ref.read_text(encoding="utf-8"), "app/defaults/feature_schema.json")
     try:
         raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"cannot read feature schema {path}: {exc}") from exc
     return parse_schema(raw, str(path))
 

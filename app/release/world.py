@@ -29,7 +29,7 @@ from app.release.catalog import (
 from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
-from app.release.schema import FeatureSchema, load_schema
+from app.release.schema import FeatureSchema, checked_name, load_schema
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,16 @@ def read_stamp(world: Path) -> WorldStamp | None:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not readable JSON ({exc}): rebuild the world") from exc
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a JSON object: rebuild the world")
     world_id = manifest.get("world_id")
-    if not isinstance(world_id, str) or not world_id:
+    if world_id is None or world_id == "":
         return None
+    # The id names directories and goes into Triton's config text (recsys release world).
+    world_id = checked_name(world_id, f"{path}: world_id")
     digests = manifest.get("files", {})
+    if not isinstance(digests, dict):
+        raise ConfigError(f"{path}: files must map each file's name to its digest")
     return WorldStamp(world_id, {str(k): str(v) for k, v in digests.items()})
 
 
@@ -91,7 +97,11 @@ def verify_files(world: Path, stamp: WorldStamp, names: tuple[str, ...] = SERVED
         path = world / name
         if expected is None or not path.is_file():
             continue
-        if file_digest(path) != expected:
+        try:
+            digest = file_digest(path)
+        except OSError as exc:
+            raise ConfigError(f"{path} cannot be read ({exc}): restore the file") from exc
+        if digest != expected:
             raise ConfigError(
                 f"{path} does not belong to world {stamp.world_id} (it changed after the "
                 "world was built): rebuild the world, or restore the file"

@@ -33,6 +33,7 @@ from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.release.plan import in_share
+from app.release.schema import checked_name
 
 _SALT = "world:"
 _KEYS = {"artifacts_dir", "key_prefix", "model_name"}
@@ -83,8 +84,8 @@ def _ref(table: object, name: str, path: Path) -> WorldRef:
         raise ConfigError(f"{path}: [{name}] artifacts_dir must name the world's directory")
     if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
         raise ConfigError(f"{path}: [{name}] key_prefix must be a Redis key prefix, no braces")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise ConfigError(f"{path}: [{name}] model_name must be a Triton model's name")
+    if model is not None:
+        model = checked_name(model, f"{path}: [{name}] model_name")
     return WorldRef(Path(artifacts), prefix, model)
 
 
@@ -143,6 +144,9 @@ def world_settings(base: Settings, ref: WorldRef | None) -> Settings:
     """
     if ref is None:
         return base
+    if ref.model_name is not None:
+        # The file's names are checked as it is read; /admin's come this way too.
+        checked_name(ref.model_name, f"world {ref.artifacts_dir}'s model_name")
     return base.model_copy(
         update={
             "artifacts_dir": ref.artifacts_dir,

@@ -67,6 +67,10 @@ def next_world(
     if not link.exists():
         return None, f"no world accepted by a retrain yet ({link} is missing)"
     world = link.resolve()
+    # The retrain writes its worlds under --worlds; a link that leads elsewhere would have
+    # this job, which holds the loader's password and Triton's key, stage whatever is there.
+    if not world.is_relative_to(worlds.resolve()):
+        raise ConfigError(f"{link} leads to {world}, outside {worlds}: not a world a retrain wrote")
     stamp = read_stamp(world)
     if stamp is None:
         raise ConfigError(f"{world} carries no world id: not a world a retrain accepted")

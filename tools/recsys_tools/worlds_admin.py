@@ -33,6 +33,7 @@ from typing import Any
 import redis
 
 from app.core.errors import ConfigError, UnreachableError
+from app.release.schema import checked_name
 from recsys_tools.model.load import load_versions
 from recsys_tools.world_advance import Advance, advance
 from recsys_tools.worlds_client import call, candidate_names, said, stage, token_of
@@ -101,6 +102,7 @@ def _run(args: argparse.Namespace) -> None:
         named = (args.prefix, args.model)
         prefix, model = named if all(named) else candidate_names(Path(args.world))
         prefix, model = args.prefix or prefix, args.model or model
+        checked_name(model, "--model")  # a model directory is named by it
         if args.action == "stage":
             try:
                 _stage(args, prefix, model)

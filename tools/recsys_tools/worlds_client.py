@@ -14,6 +14,7 @@ import redis
 
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
+from app.release.schema import checked_name, is_name
 from app.release.world import read_stamp, world_schema
 from recsys_tools.world.store.identity import install_model, model_beside
 from recsys_tools.world.store.redis_loader import LoadReport, load_world_into_redis
@@ -65,14 +66,19 @@ def candidate_names(world: Path) -> tuple[str, str]:
     stamp = read_stamp(world)
     if stamp is None:
         raise ConfigError(f"{world} carries no world id: name --prefix and --model")
-    model = world_schema(world, None).model_name
-    return f"recsys-{stamp.world_id}", f"{model}_{stamp.world_id.replace('-', '_')}"
+    # Both parts were checked as read (the manifest's id, the schema's model name); joined,
+    # they may outgrow a name.
+    model = f"{world_schema(world, None).model_name}_{stamp.world_id.replace('-', '_')}"
+    if not is_name(model):
+        raise ConfigError(f"{world}'s default model name {model!r} is too long: name --model")
+    return f"recsys-{stamp.world_id}", model
 
 
 def stage(
     world: Path, client: redis.Redis, repository: Path, prefix: str, model: str
 ) -> LoadReport:
     """The world's keys under `prefix`, its model in `repository` under `model`."""
+    checked_name(model, "the model's name")  # before any key is written
     schema = world_schema(world, None)
     report = load_world_into_redis(world, client, schema, KeySpace(prefix))
     model_beside(repository, schema.model_name, model)

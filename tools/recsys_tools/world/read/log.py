@@ -108,13 +108,23 @@ def _item_index(column: pa.ChunkedArray, items: ItemInfo | None) -> tuple[ItemIn
     return items, np.asarray(found.to_numpy(), dtype=np.int64)
 
 
-def _weights(table: pa.Table, columns: LogColumns) -> FloatArray | None:
+def _weights(path: Path, table: pa.Table, columns: LogColumns) -> FloatArray | None:
+    """The weight column, NaN where blank (its row is dropped, and counted). An infinite one
+    is refused: it is a value the file says, and ALS and the mean weight would meet it as a
+    NaN far from here, in a library's traceback."""
     if columns.weight is None:
         return None
     values = table.column(columns.weight).combine_chunks()
     weights: FloatArray = np.asarray(
         pc.fill_null(values, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64
     )
+    infinite = np.flatnonzero(np.isinf(weights))
+    if len(infinite):
+        raise ConfigError(
+            f"{path.name}: {columns.weight!r} is infinite in {len(infinite):,} of its rows (the "
+            f"first, data row {infinite[0] + 1:,}, holds {weights[infinite[0]]:g}); a weight "
+            "must be a finite number: fix those rows or drop them"
+        )
     return weights
 
 
@@ -159,7 +169,7 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
     if rows_read == 0:
         raise ConfigError(f"{path.name} has no rows; give {FLAGS['log']} a log with interactions")
     no_id = missing_ids(table.column(columns.user)) | missing_ids(table.column(columns.item))
-    weights = _weights(table, columns)
+    weights = _weights(path, table, columns)
     no_weight = np.zeros(rows_read, bool) if weights is None else np.isnan(weights)
     known = _in_catalog(table.column(columns.item), items)
     dropped = {

@@ -30,7 +30,7 @@ from app.release.foldin import FOLDIN_FILE
 from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
 from app.release.prerank import PRERANK_FILE
-from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema
+from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name
 from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
 from recsys_tools.world.store.files import write_manifest
 
@@ -88,13 +88,19 @@ _PARAMETER_BLOCK = re.compile(
 
 
 def with_world_parameter(config: str, world_id: str) -> str:
-    """The Triton config text with its world_id parameter set; comments and order are kept."""
+    """The Triton config text with its world_id parameter set; comments and order are kept.
+
+    The operator's config is edited as text, not rebuilt from protobuf, so that its comments
+    stay: the id is put in only once it is a name (letters, digits, `_`, `-`), which no quote,
+    backslash or newline can break out of."""
+    world_id = checked_name(world_id, "the world's id")
     block = (
         f'parameters: {{\n  key: "{WORLD_ID_PARAMETER}"\n'
         f'  value: {{ string_value: "{world_id}" }}\n}}'
     )
     if _PARAMETER_BLOCK.search(config):
-        return _PARAMETER_BLOCK.sub(block, config, count=1)
+        # A function, not a template: re.sub reads backslashes in a template.
+        return _PARAMETER_BLOCK.sub(lambda _: block, config, count=1)
     return config.rstrip("\n") + "\n" + block + "\n"
 
 
@@ -143,6 +149,20 @@ def _onnx_outputs(path: Path) -> list[str]:
     return [output.name for output in onnx.load(str(path), load_external_data=False).graph.output]
 
 
+def inside(root: Path, path: Path) -> Path:
+    """`path`, once it is sure to lie under `root` with links and `..` followed: a name the
+    pattern let by, or a link planted in the repository, still writes nothing elsewhere."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ConfigError(f"{path} lies outside {root}: nothing is written there")
+    return path
+
+
+def model_directory(model_repository: Path, model_name: str) -> Path:
+    """The model's directory in the repository; its name checked, and the directory inside."""
+    name = checked_name(model_name, "the model's name")
+    return inside(model_repository, model_repository / name)
+
+
 def install_model(world: Path, model_repository: Path, model_name: str, version: int = 1) -> Path:
     """Copy the world's model into a version (1 unless told) of its Triton model directory,
     under its id.
@@ -150,28 +170,30 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
     The model directory's config.pbtxt must exist (the local one is model_repository/ in the
     checkout, the GPU one deploy/triton/gpu/); it gets the world's id as a parameter.
     """
+    directory = model_directory(model_repository, model_name)
     source = world / MODEL_FILE
     if not source.is_file():
         raise ConfigError(
             f"{world} has no {MODEL_FILE}: build the world with a ranker (recsys build-world) "
             "or put one there"
         )
-    config = model_repository / model_name / CONFIG_FILE
+    config = inside(model_repository, directory / CONFIG_FILE)
     if not config.is_file():
         raise ConfigError(
             f"{config} is missing: copy a model config there first (model_repository/ for "
             "the local CPU Triton, deploy/triton/gpu/ for a GPU)"
         )
-    target = model_repository / model_name / str(version) / MODEL_FILE
+    target = inside(model_repository, directory / str(version) / MODEL_FILE)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Each file replaced whole: a Triton polling the repository, or a crash, never meets a
     # half-copied model or a half-written config.
     copy_atomically(source, target)
     # A Python-backend model (the local CPU one) runs code beside the ONNX file: a new
     # version gets the code version 1 runs.
-    for code in (model_repository / model_name / "1").glob("*.py"):
-        if not (target.parent / code.name).exists():
-            copy_atomically(code, target.parent / code.name)
+    for code in (directory / "1").glob("*.py"):
+        copy = inside(model_repository, target.parent / code.name)
+        if not copy.exists():
+            copy_atomically(code, copy)
     schema = world_schema(world, None)
     original = config.read_text()
     text = with_input_width(original, schema.input_name, schema.width)
@@ -187,10 +209,13 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
 def model_beside(model_repository: Path, source_name: str, model_name: str) -> None:
     """A model directory `model_name` made from `source_name`'s configuration and code, for a
     second world's model served beside the first; nothing done where it exists already."""
-    target = model_repository / model_name / CONFIG_FILE
+    # Both names go into the config's `name:` line as text: as names (checked here) no
+    # quote or newline can add a field of its own.
+    directory = model_directory(model_repository, model_name)
+    source = model_directory(model_repository, source_name)
+    target = inside(model_repository, directory / CONFIG_FILE)
     if target.is_file():
         return
-    source = model_repository / source_name
     if not (source / CONFIG_FILE).is_file():
         raise ConfigError(
             f"{source / CONFIG_FILE} is missing: install the first world's model there first, "
@@ -200,7 +225,8 @@ def model_beside(model_repository: Path, source_name: str, model_name: str) -> N
     named = f'name: "{source_name}"'
     if named not in config:
         raise ConfigError(f"{source / CONFIG_FILE} has no line {named}")
-    (target.parent / "1").mkdir(parents=True, exist_ok=True)
+    code_directory = inside(model_repository, directory / "1")
+    code_directory.mkdir(parents=True, exist_ok=True)
     for code in (source / "1").glob("*.py"):
-        copy_atomically(code, target.parent / "1" / code.name)
+        copy_atomically(code, inside(model_repository, code_directory / code.name))
     write_atomically(target, config.replace(named, f'name: "{model_name}"').encode())

@@ -32,7 +32,7 @@ import pyarrow as pa
 import redis
 from recsys_tools.localstack import start_ingest, unapplied
 from recsys_tools.replay import Row, replay
-from recsys_tools.retrain import RetrainPlan, archive_rows, base_rows, hit_at_k, retrain
+from recsys_tools.retrain import RetrainPlan, archive_rows, as_of, base_rows, hit_at_k, retrain
 from recsys_tools.world.generate.drift import DAY, START, DailyDrift, DailyShape, daily_drift
 from recsys_tools.world.judge.answers import Moment, WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path
@@ -40,7 +40,7 @@ from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
-from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind
+from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore
 from app.release.keyspace import KeySpace
 from app.release.schema import load_schema
@@ -192,6 +192,8 @@ def measure(
         worlds=folder / "worlds",
         window_days=7,
         seed=seed,
+        # The run as on the day judged: the log's days are long past.
+        now_s=as_of(day_of(drift.next_day_start * 1000), time.time()),
     )
     report = retrain(plan)
     # What the users had before the day judged: the archive's clicks too, as the retrain

@@ -58,6 +58,7 @@ async def archive(settings: Settings, stop: asyncio.Event) -> None:
             metrics,
             feeds,
             cadence,
+            settings.archive_max_future_s,
         )
         await archiver.join()
         log.info(

@@ -9,6 +9,10 @@ acknowledgement writes those rows twice; every read of the archive keeps each ro
 (by event id, by answer id). A store that refuses a write (a full disk, an unreachable
 bucket) keeps the rows in hand and is tried again at the next interval; while they wait, no
 more is read than twice a write's worth, and the streams hold the rest (up to their caps).
+
+So that no row can hold the writes up, each is checked as it is read (quarantine.py): one the
+tables cannot hold, or stamped ahead of this process's clock by more than `max_future_s`, is
+written apart with the same write, counted, and acknowledged with the rest.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from app.archive.quarantine import Quarantined, table_of
 from app.archive.rows import Kind, Rows, day_of
 from app.archive.store import ArchiveStore
 from app.clients.archive_stream import ArchiveStream, lost_group
@@ -27,6 +32,7 @@ from app.core.archive_metrics import ArchiveMetrics
 log = logging.getLogger("recsys.archive")
 RETRY_S = 1.0
 TICK_S = 0.1
+SAID = 5  # entries a line names of the rows a write kept apart
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +58,20 @@ class _Gathered:
         self.oldest_ms: int | None = None
 
     def __len__(self) -> int:
-        return sum(len(rows) for rows in self.rows.values())
+        # Rows kept apart too: a flood of them waits in memory like any other.
+        return sum(len(rows) + len(rows.quarantined) for rows in self.rows.values())
 
     @property
     def empty(self) -> bool:
         return not any(self.entries.values())
 
-    def add(self, source: Source, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+    def add(
+        self, source: Source, entries: list[tuple[bytes, dict[bytes, bytes]]], latest_ms: int
+    ) -> None:
         rows = self.rows[source.kind]
         for entry_id, fields in entries:
             if fields:  # an entry trimmed while pending has none: nothing left to keep
-                rows.add_entry(entry_id, fields)
+                rows.add_entry(source.stream, entry_id, fields, latest_ms)
         self.entries.setdefault(source.stream, []).extend(entry_id for entry_id, _ in entries)
         first_ms = int(entries[0][0].split(b"-", 1)[0])
         self.oldest_ms = first_ms if self.oldest_ms is None else min(self.oldest_ms, first_ms)
@@ -73,6 +82,7 @@ class _Gathered:
             for name, values in rows.columns.items():
                 self.rows[kind].columns[name].extend(values)
             self.rows[kind].malformed += rows.malformed
+            self.rows[kind].quarantined.extend(rows.quarantined)
         for stream, ids in later.entries.items():
             self.entries.setdefault(stream, []).extend(ids)
         if later.oldest_ms is not None:
@@ -87,12 +97,16 @@ class Archiver:
         metrics: ArchiveMetrics,
         sources: list[Source],
         cadence: Cadence,
+        max_future_s: float,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._stream = stream
         self._store = store
         self._metrics = metrics
         self._sources = sources
         self._cadence = cadence
+        self._max_future_ms = int(max_future_s * 1000)
+        self._clock = clock
         self._gathered = _Gathered()
         self._unacked: dict[str, list[bytes]] = {}
         self._late_s = 0.0
@@ -151,12 +165,13 @@ class Archiver:
                     continue
                 after = entries[-1][0].decode()
             if entries:
-                self._late_s = max(0.0, time.time() - int(entries[0][0].split(b"-")[0]) / 1e3)
-                self._gathered.add(source, entries)
+                now_ms = int(self._clock() * 1000)
+                self._late_s = max(0.0, now_ms / 1e3 - int(entries[0][0].split(b"-")[0]) / 1e3)
+                self._gathered.add(source, entries, now_ms + self._max_future_ms)
 
     def _show_lag(self) -> None:
         oldest = self._gathered.oldest_ms
-        waiting = 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000.0)
+        waiting = 0.0 if oldest is None else max(0.0, self._clock() - oldest / 1000.0)
         self._metrics.lag.set(max(waiting, self._late_s if oldest is not None else 0.0))
         self._metrics.buffered.set(len(self._gathered))
 
@@ -185,14 +200,37 @@ class Archiver:
         for kind, rows in taken.rows.items():
             self._metrics.row_count[kind.value].inc(len(rows))
             self._metrics.malformed_count[kind.value].inc(rows.malformed)
+            self._kept_apart(kind, rows.quarantined)
         for stream, ids in taken.entries.items():
             self._unacked.setdefault(stream, []).extend(ids)
         await self._ack_left_over()
 
     def _write(self, gathered: _Gathered) -> None:
+        now_ms = int(self._clock() * 1000)
         for kind, rows in gathered.rows.items():
             if len(rows):
                 self._store.write(kind, rows.table())
+            if rows.quarantined:
+                apart = table_of(rows.quarantined, now_ms)
+                self._store.write_quarantined(kind, apart, day_of(now_ms))
+
+    def _kept_apart(self, kind: Kind, quarantined: list[Quarantined]) -> None:
+        """Counted, and said once a write for each reason, with the first few entries."""
+        by_reason: dict[str, list[Quarantined]] = {}
+        for each in quarantined:
+            by_reason.setdefault(each.reason.value, []).append(each)
+        for reason, kept in by_reason.items():
+            self._metrics.quarantine_count[kind.value, reason].inc(len(kept))
+            named = ", ".join(f"{q.stream} {q.entry}" for q in kept[:SAID])
+            log.warning(
+                "archive: %d %s rows kept apart (%s) under %s/quarantine, not archived: %s%s",
+                len(kept),
+                kind.value,
+                reason,
+                self._store.uri,
+                named,
+                "" if len(kept) <= SAID else f" and {len(kept) - SAID} more",
+            )
 
     async def _ack_left_over(self) -> None:
         """Acknowledge what is written; what Redis does not take now is tried at the next
@@ -207,7 +245,7 @@ class Archiver:
 
     async def compact_past_days(self) -> None:
         """Each day before today merged into one file, once it has more than one."""
-        today = day_of(int(time.time() * 1000))
+        today = day_of(int(self._clock() * 1000))
         for kind in Kind:
             for day in await asyncio.to_thread(self._store.days, kind):
                 if day >= today:

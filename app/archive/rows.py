@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from app.archive.quarantine import Quarantined, checks_of, raw_of, unfit
 from app.clients.answer_log import ANSWERS_FIELD
-from app.core.events import MalformedEventError, decode_entry
+from app.core.archive_metrics import Unfit
+from app.core.events import EVENTS_FIELD, from_json
 
 DAY_MS = 86_400_000
 
@@ -56,6 +58,12 @@ ANSWERS_SCHEMA = pa.schema(
     ]
 )
 SCHEMAS = {Kind.EVENTS: EVENTS_SCHEMA, Kind.ANSWERS: ANSWERS_SCHEMA}
+FIELDS = {Kind.EVENTS: EVENTS_FIELD, Kind.ANSWERS: ANSWERS_FIELD}
+# Each column a row brings checked against its type; `entry` is the stream's id, made here.
+CHECKS = {
+    kind: checks_of(schema.remove(schema.get_field_index("entry")))
+    for kind, schema in SCHEMAS.items()
+}
 # What makes a row the same row when it is archived twice (a flush retried, a kill between
 # writing a file and acknowledging its entries).
 UNIQUE_BY = {Kind.EVENTS: ("user_id", "event_id"), Kind.ANSWERS: ("answer_id",)}
@@ -63,11 +71,13 @@ UNIQUE_BY = {Kind.EVENTS: ("user_id", "event_id"), Kind.ANSWERS: ("answer_id",)}
 
 @dataclass(slots=True)
 class Rows:
-    """Rows of one kind gathered column by column, until written."""
+    """Rows of one kind gathered column by column, until written; beside them, what could
+    not be read (counted) and what read but does not fit its table (kept apart)."""
 
     kind: Kind
     columns: dict[str, list[Any]] = field(default_factory=dict)
     malformed: int = 0
+    quarantined: list[Quarantined] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.columns = {name: [] for name in SCHEMAS[self.kind].names}
@@ -75,52 +85,59 @@ class Rows:
     def __len__(self) -> int:
         return len(self.columns["ts_ms"])
 
-    def add_entry(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        if self.kind is Kind.EVENTS:
-            self._add_events(entry_id.decode(), fields)
-        else:
-            self._add_answers(entry_id.decode(), fields)
-
-    def _add_events(self, entry: str, fields: dict[bytes, bytes]) -> None:
+    def add_entry(
+        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], latest_ms: int
+    ) -> None:
+        """The entry's rows, each checked on its own: one that does not fit is kept apart and
+        the rest are gathered. `latest_ms`: the latest time a row may carry."""
+        entry = entry_id.decode()
         try:
-            events = decode_entry(fields)
-        except MalformedEventError:
+            batch = _batch(fields.get(FIELDS[self.kind]))
+        except (ValueError, TypeError, RecursionError):  # JSON nested past the parser's depth
             self.malformed += 1
             return
-        columns = self.columns
-        for event in events:
-            if isinstance(event, MalformedEventError):
-                self.malformed += 1
-                continue
-            columns["event_id"].append(event.event_id)
-            columns["user_id"].append(event.user_id)
-            columns["item_id"].append(event.item_id)
-            columns["type"].append(event.type.value)
-            columns["ts_ms"].append(event.ts_ms)
-            columns["value"].append(event.value)
-            columns["answer_id"].append(event.answer_id)
-            columns["entry"].append(entry)
-
-    def _add_answers(self, entry: str, fields: dict[bytes, bytes]) -> None:
-        try:
-            answers = json.loads(fields[ANSWERS_FIELD])
-            if not isinstance(answers, list):
-                raise TypeError("answers is not a list")
-        except (KeyError, ValueError, TypeError):
-            self.malformed += 1
-            return
-        for answer in answers:
+        read = _event_row if self.kind is Kind.EVENTS else _answer_row
+        checks, columns = CHECKS[self.kind], self.columns
+        for raw in batch:
             try:
-                row = _answer_row(answer)
+                row = read(raw)
+                found = unfit(row, checks, latest_ms)
+            except ArithmeticError:  # a number no float or int64 holds: it fits no column
+                found = Unfit.OUT_OF_RANGE
             except (KeyError, ValueError, TypeError):
                 self.malformed += 1
                 continue
+            if found is not None:
+                self.quarantined.append(Quarantined(stream, entry, found, raw_of(raw)))
+                continue
             for name, value in row.items():
-                self.columns[name].append(value)
-            self.columns["entry"].append(entry)
+                columns[name].append(value)
+            columns["entry"].append(entry)
 
     def table(self) -> pa.Table:
         return pa.table(self.columns, schema=SCHEMAS[self.kind])
+
+
+def _batch(body: bytes | None) -> list[Any]:
+    if body is None:
+        raise ValueError("the entry has no field of its kind")
+    batch = json.loads(body)
+    if not isinstance(batch, list):
+        raise TypeError("the entry's field is not a list")
+    return batch
+
+
+def _event_row(raw: Any) -> dict[str, Any]:
+    event = from_json(raw)
+    return {
+        "event_id": event.event_id,
+        "user_id": event.user_id,
+        "item_id": event.item_id,
+        "type": event.type.value,
+        "ts_ms": event.ts_ms,
+        "value": event.value,
+        "answer_id": event.answer_id,
+    }
 
 
 def _answer_row(raw: Any) -> dict[str, Any]:

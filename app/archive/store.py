@@ -6,6 +6,15 @@ fsynced, renamed, and its folder fsynced; on an object store (s3://, gs://...) t
 appears only once whole. Readers skip hidden names, so a write killed half-way leaves nothing
 they read, and a row written twice (a write whose acknowledgement was lost) is read once:
 every read keeps each row's first copy (rows.unique_rows).
+
+On a local disk the files are the archive's user's alone: folders 0700, files 0600. They hold
+every user's ids and what each did, and everything that reads them (the retrain, the judge,
+the archive's compaction) runs as that same user, so no group needs them; an operator reads
+them as that user or as root. Folders made before are left as they are. On an object store
+the bucket's policy decides.
+
+Rows kept apart (quarantine.py) go to `{root}/quarantine/{kind}/date={day}/`, the day the
+archive kept them by its own clock; no read of the archive's tables sees them.
 """
 
 from __future__ import annotations
@@ -19,9 +28,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from app.archive.quarantine import QUARANTINE_SCHEMA
 from app.archive.rows import SCHEMAS, Kind, by_day, unique_rows
 
 COMPACTED = "day.parquet"
+QUARANTINE = "quarantine"
+FOLDER_MODE = 0o700
+FILE_MODE = 0o600
 
 
 class ArchiveStore:
@@ -46,16 +59,40 @@ class ArchiveStore:
             written += self._put(self._day_dir(kind, day), name, rows)
         return written
 
+    def write_quarantined(self, kind: Kind, table: pa.Table, day: str) -> int:
+        """Rows kept apart (quarantine.QUARANTINE_SCHEMA), as one part of the day given."""
+        folder = f"{self._root}/{QUARANTINE}/{kind.value}/date={day}"
+        name = f"part-{int(time.time() * 1000)}-{secrets.token_hex(4)}.parquet"
+        return self._put(folder, name, table)
+
+    def quarantined(self, kind: Kind) -> pa.Table:
+        """Every row of this kind kept apart, in the order kept."""
+        selector = pafs.FileSelector(
+            f"{self._root}/{QUARANTINE}/{kind.value}", allow_not_found=True, recursive=True
+        )
+        paths = sorted(
+            info.path
+            for info in self._fs.get_file_info(selector)
+            if info.type == pafs.FileType.File
+            and info.base_name.endswith(".parquet")
+            and not info.base_name.startswith(".")
+        )
+        schema = QUARANTINE_SCHEMA
+        tables = [pq.read_table(path, filesystem=self._fs, schema=schema) for path in paths]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
     def _put(self, folder: str, name: str, table: pa.Table) -> int:
         if not self._local:
             self._fs.create_dir(folder, recursive=True)
             with self._fs.open_output_stream(f"{folder}/{name}") as out:
                 pq.write_table(table, out, compression="zstd")
             return int(self._fs.get_file_info(f"{folder}/{name}").size)
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        _private_folders(Path(folder))
         hidden = Path(folder) / f".{name}.tmp"
         try:
-            with open(hidden, "wb") as out:
+            # Made 0600 (the umask may take bits away, never add them); the rename keeps it.
+            descriptor = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            with open(descriptor, "wb") as out:
                 pq.write_table(table, out, compression="zstd")
                 out.flush()
                 os.fsync(out.fileno())
@@ -125,3 +162,17 @@ class ArchiveStore:
             if not path.endswith("/" + COMPACTED):
                 self._fs.delete_file(path)
         return len(paths), table.num_rows
+
+
+def _private_folders(folder: Path) -> None:
+    """The folder and each missing one above it made 0700; those there already left alone."""
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for each in reversed(missing):
+        try:
+            os.mkdir(each, FOLDER_MODE)
+        except FileExistsError:  # made meanwhile (a compaction beside the archive)
+            continue
+        os.chmod(each, FOLDER_MODE)  # mkdir's mode went through the umask: 0700 whatever it is

@@ -8,6 +8,10 @@ from pydantic import Field
 
 from app.core.realtime_settings import RealtimeSettings, seconds
 
+# How far two hosts' clocks may disagree: NTP keeps them within milliseconds; a minute is
+# room for a host whose sync lapsed, not for one whose clock was set days ahead.
+CLOCK_SKEW_S = 60.0
+
 
 class ArchiveSettings(RealtimeSettings):
     answer_log_sample: float = Field(
@@ -61,3 +65,10 @@ class ArchiveSettings(RealtimeSettings):
     @property
     def answer_log_flush_s(self) -> float:
         return seconds(self.answer_log_flush_ms)
+
+    @property
+    def archive_max_future_s(self) -> float:
+        """How far ahead of the archive's clock a row may be stamped and still be archived:
+        what the API accepts ahead of its own clock (RECSYS_EVENT_MAX_FUTURE_MS, as this
+        process reads it), and the skew between the two hosts."""
+        return seconds(self.event_max_future_ms) + CLOCK_SKEW_S

@@ -5,13 +5,16 @@ read back from its Parquet files."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from recsys_tools.localstack import (
@@ -22,8 +25,9 @@ from recsys_tools.localstack import (
     unarchived,
 )
 from recsys_tools.localstack.ingest_consumer import group_behind
+from redis.typing import EncodableT, FieldT
 
-from app.archive.rows import Kind
+from app.archive.rows import Kind, day_of
 from app.archive.store import COMPACTED, ArchiveStore
 from app.clients.archive_stream import ARCHIVE_GROUP
 from app.clients.event_log import EventLog
@@ -228,3 +232,71 @@ def test_the_archive_rejoins_a_restarted_redis_and_keeps_archiving(
     finally:
         archive.stop()
     assert store.read(Kind.EVENTS).num_rows == 2000
+
+
+def _raw_events(*events: dict[str, object]) -> dict[FieldT, EncodableT]:
+    # As a hostile or broken writer would leave them: json.dumps keeps \ud800 an escape.
+    return {"events": json.dumps(list(events))}
+
+
+def _entry_id(added: object) -> str:
+    assert isinstance(added, bytes)
+    return added.decode()
+
+
+def test_poison_rows_are_kept_apart_and_the_rows_after_them_archived(
+    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+) -> None:
+    url = own_redis[1]
+    root = tmp_path / "archive"
+    now = int(time.time() * 1000)
+    event = {"u": "u1", "i": "i1", "t": "click", "ts": now}
+    client = redis.Redis.from_url(url)
+    try:
+        answer = {"a": "a1", "ts": now, "u": "u1", "p": "home", "v": "stable", "m": "3"}
+        answer |= {"w": "w1", "d": False, "i": ["i1"], "s": [1e39]}
+        written: list[tuple[str, dict[FieldT, EncodableT]]] = [
+            (KEYS.events(0), _raw_events({**event, "e": "p1", "ts": 2**63})),
+            (KEYS.events(0), _raw_events({**event, "e": "p2", "u": "u\ud800"})),
+            (KEYS.events(1), _raw_events({**event, "e": "p3", "ts": now + 86_400_000})),
+            (KEYS.shown, {"answers": json.dumps([answer])}),
+        ]
+        poison = [(stream, _entry_id(client.xadd(stream, fields))) for stream, fields in written]
+    finally:
+        client.close()
+    asyncio.run(_append(url, [_batch(n * 100, 100) for n in range(10)]))
+    archive = start_archive(_settings(url, root), tmp_path / "archive-run", metrics=True)
+    try:
+        _archived(url, archive)  # every entry acknowledged: nothing retried for ever
+        exposed = metric_samples(
+            httpx.get(f"http://127.0.0.1:{archive.ports['metrics']}/metrics", timeout=5.0).text
+        )
+        assert "kept apart" in archive.log_tail(200)
+        assert archive.running()
+    finally:
+        archive.stop()
+    store = ArchiveStore(str(root))
+    assert store.read(Kind.EVENTS).num_rows == 1000
+    assert store.days(Kind.EVENTS) == sorted({day_of(now), day_of(int(time.time() * 1000))})
+    apart = {
+        (row["stream"], row["entry"]): row
+        for kind in Kind
+        for row in store.quarantined(kind).to_pylist()
+    }
+    assert set(apart) == set(poison)
+    reasons = [apart[entry]["reason"] for entry in poison]
+    assert reasons == ["out_of_range", "not_unicode", "future", "out_of_range"]
+    assert json.loads(apart[poison[1]]["raw"])["u"] == "u\ud800"
+    for kind, reason, count in (
+        ("events", "out_of_range", 1),
+        ("events", "not_unicode", 1),
+        ("events", "future", 1),
+        ("answers", "out_of_range", 1),
+        ("answers", "future", 0),
+    ):
+        assert exposed[f"recsys_archive_quarantined_total{{kind={kind},reason={reason}}}"] == count
+    assert exposed["recsys_archive_writes_total{outcome=failed}"] == 0
+    assert exposed["recsys_archive_rows_total{kind=events}"] == 1000
+    # Readable by the archive's user alone.
+    for path in root.rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path

@@ -2,7 +2,9 @@
 log and an archive (ratings, and the answers the serving world gave with the clicks on them),
 judged against the world serving; accepted, refused, and killed in the middle of its build,
 with the world serving untouched throughout; the ranker learnt from the answers compared with
-the one learnt from candidate lists, and shipped when asked."""
+the one learnt from candidate lists, and shipped when asked. The generated days are in the
+past: each run is told the day after them as its today (--today), and the archive also holds
+a row of that day and one stamped decades on, which the window leaves out."""
 
 from __future__ import annotations
 
@@ -14,16 +16,20 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
+import pyarrow as pa
 import pytest
 from recsys_tools.retrain import CANDIDATE_LINK, STATE_FILE
-from recsys_tools.world.generate.drift import DailyShape, daily_drift
+from recsys_tools.world.generate.drift import DAY, START, DailyShape, daily_drift
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.identity import STAMPED_FILES
 
+from app.archive.rows import EVENTS_SCHEMA, Kind, day_of
+from app.archive.store import ArchiveStore
 from app.release.catalog import MODEL_FILE
 from app.release.schema import load_schema
 from app.release.world import WORLD_ID_PARAMETER, read_stamp, verify_files
@@ -32,6 +38,12 @@ from loadtest.retrain_drift import write_answers, write_archive
 SHAPE = DailyShape(groups=8, items_per_group=40, users=300, history_days=10, later_days=4)
 # Generous: a small build takes seconds here; a slow, busy machine may take far longer.
 STEP_WITHIN_S = 180.0
+# The generated days are START's 24 hours, not UTC days: the later ones end inside the UTC
+# day judged on, and the runs' today is the UTC day after it.
+JUDGED = day_of((START + (SHAPE.history_days + SHAPE.later_days) * DAY - 1) * 1000)
+TODAY = str(np.datetime64(JUDGED, "D") + 1)
+TODAY_MS = int(np.datetime64(TODAY, "ms").astype(np.int64))
+FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01: one API host's clock, or one hostile row
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +59,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     write_archive(root / "archive", drift.later)
     write_answers(root / "archive", world, drift, 3)
+    later = [
+        {
+            "event_id": f"later-{n}",
+            "user_id": "u1",
+            "item_id": "i1",
+            "type": "click",
+            "ts_ms": ts_ms,
+            "value": None,
+            "answer_id": None,
+            "entry": "0-0",
+        }
+        for n, ts_ms in enumerate([TODAY_MS + 60_000, FAR_FUTURE_MS])
+    ]
+    ArchiveStore(str(root / "archive")).write(
+        Kind.EVENTS, pa.Table.from_pylist(later, schema=EVENTS_SCHEMA)
+    )
     return base, world, root / "archive"
 
 
@@ -56,7 +84,8 @@ def _argv(served: tuple[Path, Path, Path], worlds: Path, *more: str) -> list[str
         str(Path(sys.executable).parent / "recsys"), "retrain",
         "--interactions", str(base), "--weight-col", "rating", "--min-weight", "4",
         "--archive", str(archive), "--serving", str(world), "--worlds", str(worlds),
-        "--network", "mlp", "--metrics-file", str(worlds.parent / "retrain.prom"), *more,
+        "--network", "mlp", "--metrics-file", str(worlds.parent / "retrain.prom"),
+        "--today", TODAY, *more,
     ]  # fmt: skip
 
 
@@ -79,6 +108,11 @@ def test_a_better_world_is_accepted_as_the_candidate(
     report = json.loads((candidate / "retrain.json").read_text())
     assert report["outcome"] == "accepted"
     assert report["rows"]["archive"] > 0
+    # The window and the day judged follow the run's today, not the archive's newest row.
+    assert report["held_out_day"] == JUDGED
+    assert report["window"]["last"] == JUDGED
+    assert report["left_out"]["today"]["archive"] == 1
+    assert report["left_out"]["future"] == {"base": 0, "archive": 1, "answers": 0}
     assert set(report["seconds"]) == {
         "gather",
         "split",

@@ -21,6 +21,7 @@ from app.pipeline.types import RankedItem
 
 DAY_MS = 86_400_000
 MONDAY_MS = 1_764_547_200_000  # 2025-12-01T00:00:00Z
+ANY_TIME_MS = 2**63 - 1  # rows of any time fit: these tests are not about the clock
 
 
 def _events(n: int, start_ms: int = MONDAY_MS, step_ms: int = 1000) -> list[Event]:
@@ -32,15 +33,16 @@ def _events(n: int, start_ms: int = MONDAY_MS, step_ms: int = 1000) -> list[Even
 
 def _rows(events: Sequence[Event], entry: bytes = b"1-0") -> Rows:
     rows = Rows(Kind.EVENTS)
-    rows.add_entry(entry, {k.encode(): v.encode() for k, v in encode_entry(events).items()})
+    fields = {k.encode(): v.encode() for k, v in encode_entry(events).items()}
+    rows.add_entry("events:0", entry, fields, ANY_TIME_MS)
     return rows
 
 
 def test_an_events_entry_becomes_one_row_an_event_and_bad_ones_are_counted() -> None:
     events = [*_events(3), Event("r1", "u1", "i1", EventType.RATING, MONDAY_MS, 4.5, "a" * 32)]
     rows = _rows(events)
-    rows.add_entry(b"2-0", {b"events": b"not json"})
-    rows.add_entry(b"3-0", {b"events": b'[{"t": "teleport"}]'})
+    rows.add_entry("events:0", b"2-0", {b"events": b"not json"}, ANY_TIME_MS)
+    rows.add_entry("events:0", b"3-0", {b"events": b'[{"t": "teleport"}]'}, ANY_TIME_MS)
     table = rows.table()
     assert table.num_rows == 4
     assert rows.malformed == 2
@@ -55,8 +57,8 @@ def test_an_answer_entry_keeps_the_items_in_the_order_shown_with_their_scores() 
     shown = Shown("a" * 32, MONDAY_MS, "u1", "home", "stable", "3", "w1", False, items)
     fields = {k.encode(): v.encode() for k, v in encode_answers([shown]).items()}
     rows = Rows(Kind.ANSWERS)
-    rows.add_entry(b"5-0", fields)
-    rows.add_entry(b"6-0", {b"answers": b'[{"a": "x"}]'})
+    rows.add_entry("answers", b"5-0", fields, ANY_TIME_MS)
+    rows.add_entry("answers", b"6-0", {b"answers": b'[{"a": "x"}]'}, ANY_TIME_MS)
     row = rows.table().to_pylist()
     assert rows.malformed == 1
     assert len(row) == 1
@@ -159,6 +161,8 @@ async def test_nothing_is_acknowledged_until_its_file_is_written(tmp_path: Path)
         metrics,
         [Source("events:0", Kind.EVENTS)],
         Cadence(flush_s=3600.0, flush_rows=10_000, compact_every_s=3600.0),
+        max_future_s=300.0,
+        clock=lambda: MONDAY_MS / 1000,
     )
     stop = asyncio.Event()
     running = asyncio.create_task(archiver.run(stop))

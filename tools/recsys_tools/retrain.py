@@ -3,8 +3,14 @@
 One run, each step said as it starts and timed:
 1. gather: the base log, and the archive's events over the window (a rating keeps its value,
    a click, like or purchase counts as a positive at the log's --min-weight, a dislike below
-   it; impressions are not interactions), and the answers it logged;
-2. split: the latest day of the two together is held out; the rest is what the world learns;
+   it; impressions are not interactions), and the answers it logged. The window is the
+   --window-days whole UTC days before today, by the clock of the machine running the retrain
+   (--today names another day, to run a past day's retrain again): never by the newest row
+   or folder, which one API host whose clock ran ahead, or one row stamped years on, would
+   carry into the future until that date came. Nothing stamped from today on is used (today
+   is not over); what is stamped after now is counted in the report (`left_out`);
+2. split: the latest day of the two together is held out (yesterday, when it has rows); the
+   rest is what the world learns;
 3. build: `build-world` on the rest, into a hidden folder of --worlds, renamed to its world id
    once whole; its ranker learns from each user's own candidates that they did not go on to
    like (sampled negatives);
@@ -100,6 +106,75 @@ class RetrainPlan:
     ranker: str = "better"  # one of RANKERS
     schema: Path | None = None
     metrics_file: Path | None = None
+    now_s: float | None = None  # the run's clock; None: this machine's
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The days a retrain learns and judges on, from its own clock: `days` whole UTC days
+    before today."""
+
+    first: str
+    last: str
+    today_s: int  # today's first second: no row from it on is used
+    now_s: int
+
+    @classmethod
+    def ending_before_today(cls, now_s: float, days: int) -> Window:
+        today_s = int(now_s) // DAY_S * DAY_S
+        first = day_of((today_s - days * DAY_S) * 1000)
+        return cls(first, day_of((today_s - DAY_S) * 1000), today_s, int(now_s))
+
+
+def as_of(day: str, clock_s: float) -> float:
+    """The clock of a run on `day`: its last moment, or now when that is earlier (a run can
+    be told a past day, never a day to come)."""
+    end_s = int(np.datetime64(day, "D").astype("datetime64[s]").astype(np.int64)) + DAY_S
+    return min(clock_s, end_s - 0.001)
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    base: pa.Table  # interaction rows (seconds), before today
+    archived: pa.Table
+    events: pa.Table  # the archive's events, as kept, before today
+    answers: pa.Table
+    left_out: dict[str, dict[str, int]]  # rows stamped today, and after now, by source
+
+
+def _before(times: np.ndarray, window: Window, scale: int) -> tuple[np.ndarray, int, int]:
+    """Which of these times (in 1/scale seconds) fall before today; how many fall today,
+    how many after now."""
+    kept = times < window.today_s * scale
+    future = int(np.count_nonzero(times > window.now_s * scale))
+    return kept, len(times) - int(np.count_nonzero(kept)) - future, future
+
+
+def gather(plan: RetrainPlan, window: Window) -> Gathered:
+    """The base log and the archive's window, each row stamped before today."""
+    base = base_rows(plan)
+    base_kept, base_today, base_future = _before(base.column("timestamp").to_numpy(), window, 1)
+    store = ArchiveStore(plan.archive)
+    # Read to the end, not to the window's last day: what lies beyond it is counted.
+    events = store.read(Kind.EVENTS, window.first)
+    events_kept, events_today, events_future = _before(
+        events.column("ts_ms").to_numpy(), window, 1000
+    )
+    events = events.filter(pa.array(events_kept))
+    answers = store.read(Kind.ANSWERS, window.first)
+    answers_kept, answers_today, answers_future = _before(
+        answers.column("ts_ms").to_numpy(), window, 1000
+    )
+    return Gathered(
+        base=base.filter(pa.array(base_kept)),
+        archived=archive_rows(events, plan.columns),
+        events=events,
+        answers=answers.filter(pa.array(answers_kept)),
+        left_out={
+            "today": {"base": base_today, "archive": events_today, "answers": answers_today},
+            "future": {"base": base_future, "archive": events_future, "answers": answers_future},
+        },
+    )
 
 
 @dataclass(slots=True)
@@ -171,6 +246,8 @@ def base_rows(plan: RetrainPlan) -> pa.Table:
 
 def split_latest_day(rows: pa.Table) -> tuple[pa.Table, pa.Table, str]:
     """The rows before the latest day, that day's rows, and the day."""
+    if rows.num_rows == 0:
+        raise ConfigError("no rows before today in the base log or the archive's window")
     times = rows.column("timestamp").to_numpy()
     last = int(times.max()) // DAY_S
     held = times // DAY_S == last
@@ -290,24 +367,31 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
     building = plan.worlds / f".building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir()
+    window = Window.ending_before_today(
+        time.time() if plan.now_s is None else plan.now_s, plan.window_days
+    )
     with progress.step_in("gather", "Gathering the base log and the archive's window."):
-        base = base_rows(plan)
-        latest = int(pc.max(base.column("timestamp")).as_py())
-        store = ArchiveStore(plan.archive)
-        days = store.days(Kind.EVENTS)
-        last_day = days[-1] if days else day_of(latest * 1000)
-        first = np.datetime64(last_day) - np.timedelta64(plan.window_days - 1, "D")
-        events = store.read(Kind.EVENTS, str(first))
-        archived = archive_rows(events, plan.columns)
+        gathered = gather(plan, window)
+        base, archived = gathered.base, gathered.archived
         rows = pa.concat_tables([base, archived])
-        shown = shown_items(store.read(Kind.ANSWERS, str(first)), events, positive)
+        shown = shown_items(gathered.answers, gathered.events, positive)
     log.info(
-        "  %d rows from the base log, %d from the archive since %s; %d answers logged",
+        "  %d rows from the base log, %d from the archive from %s to %s; %d answers logged",
         base.num_rows,
         archived.num_rows,
-        first,
+        window.first,
+        window.last,
         shown.answers,
     )
+    future = sum(gathered.left_out["future"].values())
+    if future:
+        log.warning(
+            "  %d rows stamped after %s UTC, this run's clock, left out (%s): a host whose "
+            "clock ran ahead, or rows stamped in the future",
+            future,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(window.now_s)),
+            ", ".join(f"{n} {where}" for where, n in gathered.left_out["future"].items() if n),
+        )
     with progress.step_in("split", "Holding out the latest day to judge on."):
         history, held_out, day = split_latest_day(rows)
         pq.write_table(history, building / TRAINING)
@@ -364,6 +448,8 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
             "serving_world_id": read_stamp(plan.serving).world_id,  # type: ignore[union-attr]
             "held_out_day": day,
             "window_days": plan.window_days,
+            "window": {"first": window.first, "last": window.last},
+            "left_out": gathered.left_out,
             "rows": {
                 "base": base.num_rows,
                 "archive": archived.num_rows,
@@ -437,6 +523,7 @@ def _run(args: argparse.Namespace) -> None:
         ranker=args.ranker,
         schema=args.schema,
         metrics_file=args.metrics_file,
+        now_s=None if args.today is None else as_of(args.today, time.time()),
     )
     _stop_on_sigterm()
     outcome, report = "failed", None
@@ -458,6 +545,13 @@ def _run(args: argparse.Namespace) -> None:
     )
 
 
+def _day(text: str) -> str:
+    try:
+        return str(np.datetime64(text, "D"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from exc
+
+
 def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "retrain",
@@ -470,7 +564,20 @@ def register(commands: Commands) -> None:
     parser.add_argument("--archive", required=True, help="the archive's path or URI")
     parser.add_argument("--serving", type=Path, required=True, help="the world serving now")
     parser.add_argument("--worlds", type=Path, required=True, help="where new worlds go")
-    parser.add_argument("--window-days", type=int, default=7, help="archive days to learn from")
+    parser.add_argument(
+        "--window-days",
+        type=int,
+        default=7,
+        help="archive days to learn from: the whole days before today",
+    )
+    parser.add_argument(
+        "--today",
+        type=_day,
+        default=None,
+        metavar="YYYY-MM-DD",
+        help="run as on this past day (default: today, by this machine's UTC clock): the "
+        "window ends the day before; to run a past day's retrain again",
+    )
     parser.add_argument("--margin", type=float, default=0.02, help="relative; 0.02: 2%%")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)

@@ -10,15 +10,17 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.types import Scope
 
-from app.api.access import EventAccess
+from app.api.access import EventAccess, Refused, operator
 from app.api.admin import router as admin_router
 from app.api.catalog import router as catalog_router
+from app.api.catalog_models import ItemsIn, WithdrawalsIn
 from app.api.debug import router as debug_router
 from app.api.errors import install_error_handlers
 from app.api.events import router as events_router
 from app.api.gate import Gate, Gated
-from app.api.models import EventsRequest, RecommendRequest
+from app.api.models import CandidateWorld, EventsRequest, RecommendRequest
 from app.api.routes import COMMON_ERRORS, router
 from app.core.errors import RecsysError
 from app.core.log_setup import configure_logging
@@ -37,6 +39,10 @@ from app.process.worlds import Worlds, open_worlds, worlds_reload
 
 log = logging.getLogger("recsys")
 INITIAL_IN_FLIGHT = 16
+# The operator's calls in flight at once per worker; more wait in line up to the queue's
+# time (a catalog call takes milliseconds, a candidate world seconds), then get a 503.
+OPERATOR_IN_FLIGHT = 4
+OPERATOR_QUEUE_S = 5.0
 
 DESCRIPTION = """Recommendations ranked by a DNN on Triton, with FAISS recall and Redis features.
 
@@ -163,10 +169,39 @@ def _gated_routes(
         lag,
         max_queue_s=settings.max_queue_s,
     )
-    return {
+    routes = {
         "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
         "/events": Gated(events_admission, EventsRequest, authorize=event_access.caller),
     }
+    return routes | _operator_routes(settings, lag)
+
+
+def _operator_routes(settings: Settings, lag: LoopLag) -> dict[str, Gated]:
+    """The operator's routes that take a body: the caller known before any of it is read,
+    a limit of their own, and a few at a time (a catalog batch guesses vectors, a candidate
+    world loads a world)."""
+    most = OPERATOR_IN_FLIGHT
+    admission = Admission(AdaptiveLimit(most, most, most, 1.0), lag, OPERATOR_QUEUE_S)
+    token = settings.admin_token
+
+    def catalog_caller(scope: Scope) -> str | Refused:
+        return operator(scope, token, loopback_without_token=True)
+
+    def admin_caller(scope: Scope) -> str | Refused:
+        return operator(scope, token, loopback_without_token=False)
+
+    largest = settings.catalog_max_body_bytes
+    routes = {
+        "/catalog/items": Gated(
+            admission, ItemsIn, authorize=catalog_caller, max_body_bytes=largest
+        ),
+        "/catalog/withdrawals": Gated(
+            admission, WithdrawalsIn, authorize=catalog_caller, max_body_bytes=largest
+        ),
+    }
+    if token is not None:  # the admin routes are mounted only then
+        routes["/admin/worlds/candidate"] = Gated(admission, CandidateWorld, authorize=admin_caller)
+    return routes
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

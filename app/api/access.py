@@ -1,8 +1,10 @@
 """Who is calling: bearer tokens, the loopback rule, and the callers allowed to post events.
 
-The client address is the socket's peer: uvicorn believes X-Forwarded-For only from the
-proxies RECSYS_TRUSTED_PROXIES names (none by default), so a proxy on the same host does
-not make every client it forwards look local.
+The client address is the socket's peer, or, from a proxy RECSYS_TRUSTED_PROXIES names
+(none by default), the address its X-Forwarded-For gives (uvicorn rewrites it). A proxy on
+this host connects from loopback, so every client it forwarded would look local: a request
+that carries X-Forwarded-For or Forwarded is therefore never a loopback caller, whoever
+forwarded it. Behind a proxy, callers hold tokens.
 """
 
 from __future__ import annotations
@@ -16,14 +18,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import SecretStr
+from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from app.core.callers import LOOPBACK, UNKNOWN, Callers
 from app.core.metrics import EventPost, ServiceMetrics
 from app.core.token_bucket import TokenBuckets
 
+_FORWARDED = frozenset({b"x-forwarded-for", b"forwarded"})
+
 
 def loopback(scope: Scope) -> bool:
+    """Whether the caller is a process on this host, not one a proxy forwarded."""
+    if any(key in _FORWARDED for key, _ in scope["headers"]):
+        return False
     client = scope.get("client")
     try:
         return client is not None and ipaddress.ip_address(client[0]).is_loopback
@@ -83,6 +91,20 @@ class Refused:
 
 
 _CHALLENGE = ((b"www-authenticate", b"Bearer"),)
+OPERATOR = "operator"
+
+
+def operator(scope: Scope, token: SecretStr | None, loopback_without_token: bool) -> str | Refused:
+    """Who may change what serves (/catalog, /admin): the holder of RECSYS_ADMIN_TOKEN, or,
+    where none is set and the route allows it, a caller on loopback. The one check of the
+    gate (before a byte of the body is read) and of the routes themselves."""
+    if token is None and loopback_without_token and loopback(scope):
+        return LOOPBACK
+    if holds(bearer(scope), token):
+        return OPERATOR
+    where = " (with none set: loopback only)" if loopback_without_token else ""
+    message = f"send Authorization: Bearer <RECSYS_ADMIN_TOKEN>{where}"
+    return Refused(401, "unauthorized", message, _CHALLENGE)
 
 
 class EventAccess:
@@ -122,6 +144,12 @@ class EventAccess:
             return wait
         self._posts[(caller, EventPost.ACCEPTED)].inc()
         return 0.0
+
+
+def refused(refusal: Refused) -> HTTPException:
+    """The refusal as a route raises it (the error handlers give it the one error body)."""
+    headers = {k.decode(): v.decode() for k, v in refusal.headers}
+    return HTTPException(refusal.status, refusal.message, headers)
 
 
 def retry_after(wait_s: float) -> str:

@@ -15,10 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from app.api.access import bearer, holds
+from app.api.access import Refused, operator, refused
 from app.api.deps import ServicesDep, WorldsDep
 from app.api.errors import error_body, request_id_of
 from app.api.models import CandidateWorld, ErrorBody, Release, WorldsState
@@ -32,12 +32,9 @@ log = logging.getLogger(__name__)
 
 
 async def require_token(request: Request, services: ServicesDep) -> Services:
-    if not holds(bearer(request.scope), services.settings.admin_token):
-        raise HTTPException(
-            status_code=401,
-            detail="send Authorization: Bearer <RECSYS_ADMIN_TOKEN>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    caller = operator(request.scope, services.settings.admin_token, loopback_without_token=False)
+    if isinstance(caller, Refused):
+        raise refused(caller)
     return services
 
 

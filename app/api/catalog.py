@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.access import bearer, holds, loopback
+from app.api.access import Refused, operator, refused
 from app.api.catalog_models import (
     CatalogChanged,
     CatalogState,
@@ -32,22 +32,17 @@ from app.api.models import ErrorField
 from app.clients.catalog_log import Accepted
 from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
 from app.process.services import Services
-from app.release.arrivals import ItemChange, Withdrawal
+from app.release.arrivals import CatalogRoom, ItemChange, Withdrawal
 from app.release.artifacts import ServingArtifacts
 
 CHANGE_TIMEOUT_S = 2.0
+SEND_AGAIN = "send it again (the same change twice changes nothing more)"
 
 
 async def allowed(request: Request, services: ServicesDep) -> Services:
-    token = services.settings.admin_token
-    if token is None and loopback(request.scope):
-        return services
-    if not holds(bearer(request.scope), token):
-        raise HTTPException(
-            status_code=401,
-            detail="send Authorization: Bearer <RECSYS_ADMIN_TOKEN> (with none set: loopback only)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    caller = operator(request.scope, services.settings.admin_token, loopback_without_token=True)
+    if isinstance(caller, Refused):
+        raise refused(caller)
     return services
 
 
@@ -58,7 +53,11 @@ CATALOG_ERRORS: dict[int | str, dict[str, Any]] = {
     404: documented("An item to withdraw is not in the catalog, or changes are off."),
     409: documented("No room for more added items until the next world takes them in."),
     422: documented("A field is invalid (named in `fields`): nothing was applied."),
-    503: documented("Redis did not take the change: nothing was applied."),
+    503: documented(
+        "Redis did not confirm the change (`catalog_unavailable`: it may or may not be in "
+        "the log) or the change is in the log but was not confirmed applied "
+        "(`catalog_unconfirmed`, the message names its batch): send it again."
+    ),
 }
 router = APIRouter(prefix="/catalog", tags=["catalog"], responses=CATALOG_ERRORS)
 
@@ -103,12 +102,6 @@ def _change(
                 message=f"not an item dense feature ({', '.join(schema.item_dense)})",
             )
         )
-    if given.embedding is not None and len(given.embedding) != schema.embedding_dim:
-        problems.append(
-            ErrorField(
-                field=f"{where}.embedding", message=f"must hold {schema.embedding_dim} numbers"
-            )
-        )
     if problems:
         raise InvalidChangeError(problems)
     known = [code for code in codes if code is not None]
@@ -118,8 +111,9 @@ def _change(
         embedding = [float(v) for v in given.embedding]
     else:
         assert prior is not None
-        embedding = prior.vector(known, given.title, dense).tolist()
-    return ItemChange(
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
+            embedding = prior.vector(known, given.title, dense).tolist()
+    change = ItemChange(
         item_id=given.item_id,
         position=position,
         title=given.title,
@@ -130,6 +124,20 @@ def _change(
         embedding=tuple(embedding),
         guessed=guessed,
     )
+    _check_fits(change, catalog.room, where)
+    return change
+
+
+def _check_fits(change: ItemChange, room: CatalogRoom | None, where: str) -> None:
+    """InvalidChangeError unless every process's room can store `change`, as each checks
+    it before applying (a guessed vector included: it comes from the dense values)."""
+    problem = None if room is None else room.change_problem(change)
+    if problem is None:
+        return
+    name, message = problem
+    if name == "embedding" and change.guessed:
+        name, message = "dense", f"the world's guess of the vector from these: {message}"
+    raise InvalidChangeError([ErrorField(field=f"{where}.{name}", message=message)])
 
 
 def _changes(body: ItemsIn, artifacts: ServingArtifacts) -> list[ItemChange]:
@@ -174,7 +182,6 @@ async def _accepted(
         accepted = await changes.append(
             puts, withdrawals, room.base, room.capacity, CHANGE_TIMEOUT_S
         )
-        await follower.at_least(accepted.seq, CHANGE_TIMEOUT_S)
     except CatalogChangeRefusedError as exc:
         status = 409 if exc.field == "items" else 404
         field = ErrorField(field=exc.field, message=str(exc))
@@ -182,7 +189,18 @@ async def _accepted(
             status, "catalog_full" if status == 409 else "unknown_item", str(exc), rid, [field]
         )
     except FeatureStoreError as exc:
-        return _refusal(503, "catalog_unavailable", f"nothing was applied: {exc}", rid, [])
+        message = f"Redis did not confirm the change, which may or may not be in the log: {exc}"
+        return _refusal(503, "catalog_unavailable", f"{message}; {SEND_AGAIN}", rid, [])
+    try:
+        if puts:
+            await changes.write_features(puts, CHANGE_TIMEOUT_S)
+        await follower.at_least(accepted.seq, CHANGE_TIMEOUT_S)
+    except FeatureStoreError as exc:
+        message = (
+            f"the change is in the log as batch {accepted.seq} and every process applies it, "
+            f"but it was not confirmed here ({exc}); {SEND_AGAIN}"
+        )
+        return _refusal(503, "catalog_unconfirmed", message, rid, [])
     return accepted
 
 
@@ -206,7 +224,7 @@ async def catalog_state(services: CatalogDep) -> CatalogState:
         batch=room.seq,
         world_items=room.base,
         added=room.added,
-        withdrawn=room.withdrawals,
+        withdrawn=int(np.count_nonzero(room.withdrawn)),
         room=room.capacity - room.added,
         digest=room.digest(),
     )

@@ -2,32 +2,45 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
-from app.api.models import Identifier
+from app.api.models import Identifier, encodable
+from app.release.arrivals import LATEST_TIME_S, float32_problem
 
 MAX_ITEMS = 1000
+Text = Annotated[str, AfterValidator(encodable)]
 
 
 def _finite(values: list[float]) -> list[float]:
-    if not all(math.isfinite(value) for value in values):
-        raise ValueError("must be finite numbers (no NaN or Infinity)")
+    # Checked against float32, the type the catalog stores them in: 1e39 is finite in
+    # float64 and inf once stored.
+    problem = float32_problem(values)
+    if problem is not None:
+        raise ValueError(problem)
     return values
 
 
 class ItemIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     item_id: Identifier
-    title: Annotated[str, StringConstraints(max_length=512)] = ""
-    categories: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(
+    title: Annotated[Text, StringConstraints(max_length=512)] = ""
+    categories: list[Annotated[Text, StringConstraints(min_length=1, max_length=128)]] = Field(
         min_length=1,
         max_length=16,
         description="the world's category names; the first is the item's own (caps, rules)",
     )
-    published_at: int | None = Field(default=None, ge=0, description="unix seconds; absent: now")
+    published_at: int | None = Field(
+        default=None, ge=0, le=LATEST_TIME_S, description="unix seconds; absent: now"
+    )
     dense: dict[str, float] = Field(
         default_factory=dict,
         description="the schema's item dense features by name; one left out is 0",
@@ -73,7 +86,7 @@ class CatalogState(BaseModel):
     batch: int = Field(description="the last change log batch applied")
     world_items: int
     added: int
-    withdrawn: int = Field(description="withdrawals applied (an item withdrawn twice: two)")
+    withdrawn: int = Field(description="items withdrawn now")
     room: int = Field(description="items that may still be added")
     digest: str
 

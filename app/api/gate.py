@@ -1,8 +1,9 @@
 """The gate in front of the routes, as plain ASGI so that refusing costs next to nothing.
 
 For every request: a request id (the caller's X-Request-ID when it is sane), echoed in a
-response header and kept in the scope for error bodies. For POST /recommend and POST
-/events, each with an admission of its own, in order:
+response header and kept in the scope for error bodies. For every POST route that takes a
+body (/recommend, /events, and the operator's /catalog and /admin ones), each with an
+admission and a size limit of its own, in order:
 who the caller is, where the route asks (401/403, before a byte of the body is read);
 the content type (415); the body, read whole under a deadline (408) and a size limit (413)
 before the request holds anything a slow sender could keep from others; a large body that
@@ -101,6 +102,8 @@ class Gated:
     observe: Callable[[Outcome, float], None] | None = None
     # Who the caller is (kept in the scope's state as `caller`), or why it is refused.
     authorize: Callable[[Scope], str | Refused] | None = None
+    # Larger bodies get a 413; None: the gate's own limit.
+    max_body_bytes: int | None = None
 
 
 class Gate:
@@ -156,14 +159,15 @@ class Gate:
             return await _refuse(send, 415, "unsupported_media_type", message, rid)
         # Deadlines count from when the request probably arrived, its unread wait included.
         arrived = time.monotonic() - admission.queued_s
+        limit = self._max_body_bytes if gated.max_body_bytes is None else gated.max_body_bytes
         try:
             async with asyncio.timeout(self._body_timeout_s):
-                body = await _read_body(receive, self._max_body_bytes)
+                body = await _read_body(receive, limit)
         except TimeoutError:
             message = f"the body did not arrive within {self._body_timeout_s * 1000:.0f} ms"
             return await _refuse(send, 408, "request_timeout", message, rid, _CLOSE)
         if body is None:
-            message = f"the body is over {self._max_body_bytes} bytes"
+            message = f"the body is over {limit} bytes"
             return await _refuse(send, 413, "body_too_large", message, rid, _CLOSE)
         fields, total = many_errors(body, gated.model)
         if fields:

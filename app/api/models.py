@@ -22,15 +22,24 @@ from pydantic.config import JsonDict
 from app.core.events import EventType, keyable_user
 from app.core.vocabulary import Variant, WorldRole
 from app.pipeline.types import Moment, Query
+from app.release.arrivals import FLOAT32_MAX
 from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
+from app.release.schema import NAME
 
 
-def _encodable(value: str) -> str:
+def encodable(value: str) -> str:
     # JSON may escape a lone surrogate (\ud800); no UTF-8 key or id can hold one.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError("must be valid Unicode text (no lone surrogates)") from exc
+    return value
+
+
+def _no_nul(value: str) -> str:
+    # Arrays of ids (numpy's str_) drop trailing NULs: "a" and "a\0" would be one item.
+    if "\x00" in value:
+        raise ValueError("must not hold the NUL character")
     return value
 
 
@@ -41,14 +50,18 @@ def _keyable(value: str) -> str:
 
 
 Identifier = Annotated[
-    str, StringConstraints(min_length=1, max_length=128), AfterValidator(_encodable)
+    str,
+    StringConstraints(min_length=1, max_length=128),
+    AfterValidator(encodable),
+    AfterValidator(_no_nul),
 ]
 # The brace rule in the document too (as a pattern), so a generated client knows it; the
 # validator says it in words.
 UserIdentifier = Annotated[
     str,
     StringConstraints(min_length=1, max_length=128),
-    AfterValidator(_encodable),
+    AfterValidator(encodable),
+    AfterValidator(_no_nul),
     AfterValidator(_keyable),
     Field(json_schema_extra={"pattern": "^[^{}]*$"}),
 ]
@@ -147,12 +160,18 @@ class EventIn(BaseModel):
         "RECSYS_EVENT_MAX_FUTURE_MS is not applied (listed in `future`), further back than "
         "RECSYS_EVENT_MAX_AGE_MS neither (listed in `stale`)",
     )
-    answer_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+    answer_id: (
+        Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(encodable)]
+        | None
+    ) = Field(
         default=None,
         description="the `answer_id` of the answer the item was in: a click, like or purchase "
         "credits that answer's variant. An id the service did not issue credits nothing",
     )
-    request_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+    request_id: (
+        Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(encodable)]
+        | None
+    ) = Field(
         default=None,
         deprecated=True,
         description="read as `answer_id` (its name before answers had ids of their own)",
@@ -166,8 +185,11 @@ class EventIn(BaseModel):
 
     @model_validator(mode="after")
     def _value_fits_the_type(self) -> EventIn:
-        if self.value is not None and not math.isfinite(self.value):
-            raise ValueError("value must be a finite number")
+        # Within float32, the type the archive keeps it in.
+        if self.value is not None and not (
+            math.isfinite(self.value) and abs(self.value) <= FLOAT32_MAX
+        ):
+            raise ValueError(f"value must be a finite number of at most {FLOAT32_MAX:.4g}")
         if self.type is EventType.RATING and self.value is None:
             raise ValueError("a rating needs its value")
         return self
@@ -303,7 +325,10 @@ class CandidateWorld(BaseModel):
         description="its keys in Redis (loaded there by `recsys load-redis --prefix`)",
     )
     model_name: str | None = Field(
-        default=None, min_length=1, description="its model on Triton; default: its schema's"
+        default=None,
+        pattern=f"^{NAME.pattern}$",
+        description="its model on Triton (letters, digits, _ and -, at most 64); default: "
+        "its schema's",
     )
     percent: float = Field(ge=0, le=100, description="the share of users it answers")
 

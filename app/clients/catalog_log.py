@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from app.clients.feature_store import RedisClient, as_text, redis_call
-from app.core.errors import CatalogChangeRefusedError
+from app.core.errors import CatalogChangeRefusedError, ConfigError, UnappliableBatchError
 from app.release.arrivals import (
-    CatalogRoom,
     ChangeBatch,
     ItemChange,
     Withdrawal,
@@ -26,8 +25,6 @@ from app.release.arrivals import (
     encode_changes,
 )
 from app.release.keyspace import KeySpace
-
-READ_BATCHES = 500
 
 # KEYS: positions hash, seq, log, the seq of the last batch that withdrew. ARGV: base,
 # capacity, body, the number of puts, then (id, known position) for each put and each
@@ -78,6 +75,25 @@ return {'ok', tostring(seq), joined}
 """
 
 
+# KEYS: the log, a scratch stream. ARGV: the id of the last entry folded, the number of
+# parts, then (seq, body, positions, part) for each. Ids follow the last one folded's.
+_REPLACE = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 or last[1][1] ~= ARGV[1] then
+  return 0
+end
+local ms, n = string.match(ARGV[1], '^(%d+)-(%d+)$')
+redis.call('DEL', KEYS[2])
+for i = 1, tonumber(ARGV[2]) do
+  local at = 3 + 4 * (i - 1)
+  redis.call('XADD', KEYS[2], ms .. '-' .. (tonumber(n) + i), 'seq', ARGV[at],
+    'body', ARGV[at + 1], 'positions', ARGV[at + 2], 'part', ARGV[at + 3])
+end
+redis.call('RENAME', KEYS[2], KEYS[1])
+return 1
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
     seq: int
@@ -97,8 +113,12 @@ class CatalogLog:
         self._seq = keys.catalog(world_id, "seq")
         self._withdrawn_seq = keys.catalog(world_id, "withdrawn_seq")
         self._log = keys.catalog(world_id, "log")
+        self._room = keys.catalog(world_id, "room")
+        self._compacting = keys.catalog(world_id, "compacting")
+        self._folding = keys.catalog(world_id, "folding")
         self._item = keys.item
         self._accept = client.register_script(_ACCEPT)
+        self._replace = client.register_script(_REPLACE)
 
     @property
     def seq_key(self) -> str:
@@ -117,20 +137,12 @@ class CatalogLog:
         base: int,
         capacity: int,
         timeout_s: float,
-        blobs: bool = True,
     ) -> Accepted:
-        """Accept the batch; each change's `position` is used where >= 0 (a world item).
-
-        The items' feature blobs are written first, for processes that read item features
-        from Redis: a blob of a batch then refused names an item no catalog holds, and is
-        never read. `blobs=False` leaves them (the consumer's refits: it may not write item
-        keys, which the world's items share)."""
+        """Accept the batch whole or refuse it (CatalogChangeRefusedError: no room, or an
+        unknown item), nothing written; each change's `position` is used where >= 0 (a world
+        item). FeatureStoreError: Redis did not answer, and the batch may or may not be in
+        the log."""
         async with redis_call("catalog append", timeout_s):
-            if puts and blobs:
-                pipe = self._client.pipeline(transaction=False)
-                for put in puts:
-                    pipe.set(self._item(put.item_id), put.blob().tobytes())
-                await pipe.execute()
             args: list[Any] = [base, capacity, encode_changes(puts, withdrawals), len(puts)]
             changed: list[ItemChange | Withdrawal] = [*puts, *withdrawals]
             for change in changed:
@@ -146,42 +158,105 @@ class CatalogLog:
             raise CatalogChangeRefusedError("item_ids", f"no item {rest[0]!r} in the catalog")
         return Accepted(int(rest[0]), tuple(_positions(rest[1])))
 
-    async def read(self, after: str, timeout_s: float) -> list[tuple[str, ChangeBatch]]:
-        """Batches after stream id `after` ("-" for all), oldest first, READ_BATCHES at most."""
+    async def write_features(self, puts: Sequence[ItemChange], timeout_s: float) -> None:
+        """The items' feature blobs, for processes that read item features from Redis:
+        written once the log accepted their batch, so a refused batch changes no blob. Until
+        then such a process reads the item's blob as it was (a new item's as missing). The
+        consumer's refits write none: it may not write item keys, which the world's items
+        share."""
+        async with redis_call("catalog item features", timeout_s):
+            pipe = self._client.pipeline(transaction=False)
+            for put in puts:
+                pipe.set(self._item(put.item_id), put.blob().tobytes())
+            await pipe.execute()
+
+    async def agree_on_room(self, capacity: int, timeout_s: float) -> None:
+        """ConfigError unless every process of this world holds room for `capacity` added
+        items: the first to start sets it, the others must agree (positions past a smaller
+        room could not be applied there)."""
+        async with redis_call("catalog room", timeout_s):
+            await self._client.set(self._room, capacity, nx=True)
+            held = await self._client.get(self._room)
+        if held is not None and int(held) != capacity:
+            raise ConfigError(
+                f"RECSYS_CATALOG_HEADROOM is {capacity} here, {int(held)} in the processes "
+                "that began this world's catalog change log: set the same everywhere"
+            )
+
+    async def read(self, after: str, count: int, timeout_s: float) -> list[Logged]:
+        """Up to `count` entries after stream id `after` ("-" for all), oldest first."""
         start = "-" if after == "-" else f"({after}"
         async with redis_call("catalog read", timeout_s):
-            entries = await self._client.xrange(self._log, start, "+", count=READ_BATCHES)
-        batches: list[tuple[str, ChangeBatch]] = []
-        for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries):
-            seq = int(fields[b"seq"])
-            positions = _positions(as_text(fields[b"positions"]))
-            batches.append(
-                (as_text(entry_id), decode_changes(seq, as_text(fields[b"body"]), positions))
-            )
-        return batches
+            entries = await self._client.xrange(self._log, start, "+", count=count)
+        return [
+            Logged(as_text(entry_id), fields)
+            for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)
+        ]
+
+    async def length(self, timeout_s: float) -> int:
+        """The entries the log holds."""
+        async with redis_call("catalog length", timeout_s):
+            return int(await self._client.xlen(self._log))
+
+    async def hold_compaction(self, hold_s: float, timeout_s: float) -> bool:
+        """Whether this process may compact the log now (one at a time, for `hold_s`)."""
+        async with redis_call("catalog compaction", timeout_s):
+            held = await self._client.set(self._compacting, "1", nx=True, px=int(hold_s * 1000))
+        return bool(held)
+
+    async def replace(self, last_id: str, parts: Sequence[ChangeBatch], timeout_s: float) -> bool:
+        """The log replaced by `parts` (a fold of it, app.release.compaction), unless an entry
+        was appended after `last_id`, the last one folded: then False, nothing changed.
+
+        The parts are numbered after `last_id`, so a process that read up to any entry of
+        the old log reads every part next, and tells them from batches by their `part`."""
+        args: list[Any] = [last_id, len(parts)]
+        for number, batch in enumerate(parts):
+            changed: list[ItemChange | Withdrawal] = [*batch.puts, *batch.withdrawals]
+            positions = [change.position for change in changed]
+            body = encode_changes(batch.puts, batch.withdrawals)
+            args += [batch.seq, body, ",".join(map(str, positions)), f"{number}/{len(parts)}"]
+        async with redis_call("catalog replace", timeout_s):
+            replaced = await self._replace(keys=[self._log, self._folding], args=args)
+        return bool(replaced)
 
 
-class LogReader:
-    """Where one process stands in the log, and what brings its room to the log's end."""
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One entry of the log as Redis holds it."""
 
-    def __init__(self, changes: CatalogLog, room: CatalogRoom) -> None:
-        self._changes = changes
-        self.room = room
-        self._after = "-"
+    entry_id: str
+    fields: dict[bytes, bytes]
 
     @property
-    def changes(self) -> CatalogLog:
-        return self._changes
+    def seq(self) -> int:
+        """The batch's number; 0 where the entry has none this code can read."""
+        try:
+            return int(self.fields[b"seq"])
+        except (KeyError, ValueError):
+            return 0
 
-    async def catch_up(self, timeout_s: float) -> list[ChangeBatch]:
-        """Apply every batch past the last one applied; returns those applied."""
-        applied: list[ChangeBatch] = []
-        while True:
-            page = await self._changes.read(self._after, timeout_s)
-            for entry_id, batch in page:
-                if batch.seq > self.room.seq:
-                    self.room.apply(batch)
-                    applied.append(batch)
-                self._after = entry_id
-            if len(page) < READ_BATCHES:
-                return applied
+    @property
+    def part(self) -> tuple[int, int] | None:
+        """(its number, of how many) for a part of a fold; None for a batch as accepted."""
+        raw = self.fields.get(b"part")
+        if raw is None:
+            return None
+        number, _, total = raw.decode(errors="replace").partition("/")
+        try:
+            return int(number), int(total)
+        except ValueError:
+            return None
+
+    @property
+    def size(self) -> int:
+        return sum(len(value) for value in self.fields.values())
+
+    def batch(self) -> ChangeBatch:
+        """The batch; UnappliableBatchError when the entry is not one this code wrote."""
+        try:
+            body = self.fields[b"body"].decode()
+            positions = _positions(self.fields[b"positions"].decode())
+        except (KeyError, UnicodeDecodeError, ValueError) as exc:
+            raise UnappliableBatchError(f"entry {self.entry_id} is no batch: {exc!r}") from None
+        return decode_changes(self.seq, body, positions)

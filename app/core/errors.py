@@ -64,5 +64,10 @@ class CatalogChangeRefusedError(RecsysError):
         self.field = field
 
 
+class UnappliableBatchError(RecsysError):
+    """A batch of the catalog's change log that this process cannot apply: it is skipped
+    (counted and logged with its number), never retried, and never stops the ones after."""
+
+
 class RecallError(DependencyError):
     dependency = "index"

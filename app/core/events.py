@@ -126,6 +126,20 @@ def _text(value: Any, name: str) -> str:
     return value
 
 
+def _storable(event: Event) -> Event:
+    """The event, if the consumer can store what it names: its ids name Redis keys (valid
+    Unicode) and its time fits the int64 it is kept in. (The archive keeps rows that fail
+    apart, with why: app.archive.quarantine.)"""
+    if not 0 <= event.ts_ms < 2**63:
+        raise MalformedEventError("ts is past what an int64 holds")
+    for name, text in (("e", event.event_id), ("u", event.user_id), ("i", event.item_id)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MalformedEventError(f"{name} is not valid Unicode text") from None
+    return event
+
+
 def from_json(raw: Any) -> Event:
     """One event of an entry; MalformedEventError naming what is wrong."""
     if not isinstance(raw, dict):
@@ -161,15 +175,15 @@ def decode_entry(fields: dict[bytes, bytes]) -> list[Event | MalformedEventError
         raise MalformedEventError("no events field")
     try:
         batch = json.loads(raw)
-    except ValueError as exc:
-        raise MalformedEventError(f"not JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:  # nested past the parser's depth
+        raise MalformedEventError(f"not JSON ({type(exc).__name__})") from None
     if not isinstance(batch, list):
         raise MalformedEventError("events is not a list")
     decoded: list[Event | MalformedEventError] = []
     for each in batch:
         try:
-            decoded.append(from_json(each))
-        except MalformedEventError as exc:
+            decoded.append(_storable(from_json(each)))
+        except (MalformedEventError, ArithmeticError) as exc:  # an int no float holds
             shown = json.dumps(each)[:300]
             decoded.append(MalformedEventError(f"{exc}: {shown}"))
     return decoded

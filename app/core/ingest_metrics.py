@@ -76,6 +76,12 @@ INGEST_DECLARED: dict[str, Declared] = {
         "applies events in that world; waiting: its files are not the world Redis holds yet).",
         ("outcome",),
     ),
+    "catalog_skipped": Declared(
+        Counter,
+        "recsys_catalog_batches_skipped",
+        "Batches of the catalog's change log the consumer could not apply and passed over "
+        "(as the API's processes do): each is logged with its number.",
+    ),
     "redis_memory": Declared(
         Gauge,
         "recsys_redis_memory_bytes",
@@ -107,6 +113,7 @@ class IngestMetrics:
     batch_failures: Counter
     trending_skipped: Counter
     world_changes: Counter
+    catalog_skipped: Counter
     redis_memory: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

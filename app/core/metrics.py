@@ -55,6 +55,7 @@ class ShadowOutcome(StrEnum):
 class ReloadOutcome(StrEnum):
     APPLIED = "applied"
     REFUSED = "refused"  # the new artifacts or versions failed a check; the old ones serve
+    UNCHANGED = "unchanged"  # the files and versions read again were those served
 
 
 class WorldChange(StrEnum):
@@ -289,6 +290,20 @@ DECLARED: dict[str, Declared] = {
         "Catalog changes this process applied from the change log: items put, withdrawn.",
         ("change",),
     ),
+    "catalog_skipped": Declared(
+        Counter,
+        "recsys_catalog_batches_skipped",
+        "Batches of the catalog's change log this process could not apply and passed over "
+        "(a value its arrays cannot hold, or a position past its room): each is logged with "
+        "its number.",
+    ),
+    "catalog_log_entries": Declared(
+        Gauge,
+        "recsys_catalog_log_entries",
+        "Entries of the catalog's change log (batches, or the parts of its last compaction "
+        "and the batches since): past RECSYS_CATALOG_COMPACT_ENTRIES it is compacted.",
+        mode="livemax",
+    ),
     "catalog_added": Declared(
         Gauge,
         "recsys_catalog_added_items",
@@ -394,6 +409,8 @@ class ServiceMetrics:
     uncredited: Counter
     trending_refreshes: Counter
     catalog_changes: Counter
+    catalog_skipped: Counter
+    catalog_log_entries: Gauge
     catalog_added: Gauge
     page_requests: Counter
     slots: Counter
@@ -425,7 +442,9 @@ class ServiceMetrics:
         self.reload_count = {o: self.reloads.labels(o) for o in ReloadOutcome}
         self.world_answer_count = {r: self.world_answers.labels(r) for r in WorldRole}
         self.world_change_count = {
-            (a, o): self.world_changes.labels(a, o) for a in WorldChange for o in ReloadOutcome
+            (a, o): self.world_changes.labels(a, o)
+            for a in WorldChange
+            for o in (ReloadOutcome.APPLIED, ReloadOutcome.REFUSED)
         }
         self.refusal_count = {r: self.refusals.labels(r) for r in Refusal}
         self.event_count = {o: self.events.labels(o) for o in EventOutcome}

@@ -120,6 +120,12 @@ class RealtimeSettings(BaseSettings):
         "addition is refused (409) until the next world takes them in. The same on every "
         "process of a deployment; 0: the catalog is the world's, changes refused (404)",
     )
+    catalog_compact_entries: int = Field(
+        default=1000,
+        ge=10,
+        description="entries of the catalog's change log past which it is compacted to each "
+        "item's latest state (checked every 5 s, by one process at a time)",
+    )
     catalog_follow_ms: float = Field(
         default=100.0,
         gt=0,

@@ -5,6 +5,7 @@ which this one extends: one list of variables, three modules."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,13 @@ class Settings(ArchiveSettings):
         ge=1024,
         description="larger request bodies get a 413 (the largest valid /recommend body, "
         "500 excluded ids of 128 ASCII characters, is about 66 KB)",
+    )
+    catalog_max_body_bytes: int = Field(
+        default=8 * 2**20,
+        ge=1024,
+        description="larger bodies on /catalog/items and /catalog/withdrawals get a 413 before "
+        "they are read (1,000 items with a 128-number vector and a 512-character title each "
+        "are about 3.5 MB)",
     )
     body_timeout_ms: float = Field(
         default=1000.0,
@@ -188,8 +196,9 @@ class Settings(ArchiveSettings):
     )
     trusted_proxies: str = Field(
         default="",
-        description="comma-separated addresses of the proxies whose X-Forwarded-For is "
-        "believed (for the loopback rules of /events and /debug/); empty: none",
+        description="comma-separated addresses (or networks) of the proxies whose "
+        "X-Forwarded-For is believed; empty: none. A request that came through a proxy is "
+        "never a loopback caller (the loopback rules of /events, /catalog and /debug/)",
     )
     trace_sample_percent: float = Field(
         default=1.0,
@@ -323,6 +332,19 @@ class Settings(ArchiveSettings):
         if text in {"false", "0", "no"}:
             return "off"
         return text
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _named_proxies(cls, value: str) -> str:
+        for entry in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f'{entry!r} is not an address or network: name the proxies ("*" would '
+                    "believe anyone's X-Forwarded-For, and anyone could claim to be 127.0.0.1)"
+                ) from None
+        return value
 
     @field_validator("admin_token", "debug_token")
     @classmethod

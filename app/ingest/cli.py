@@ -31,7 +31,7 @@ from app.core.signalled import until_signalled
 from app.ingest.consumer import Consumer, Limits
 from app.ingest.refit import ItemRefits
 from app.ingest.user_store import Bounds, UserStore
-from app.ingest.world import IngestWorld, load_ingest_world
+from app.ingest.world import CATALOG_READ_S, IngestWorld, load_ingest_world
 from app.process.startup_checks import opened_world
 from app.release.keyspace import KeySpace, keyspace_of
 from app.release.worlds import WorldRef, read_worlds, world_settings
@@ -60,19 +60,24 @@ async def _check_layout(client: object, keys: KeySpace, expected: dict[str, str]
         raise SchemaError(f"Redis holds another layout: {differing} (stored, expected)")
 
 
-async def _world(settings: Settings, client: RedisClient) -> IngestWorld:
+async def _world(settings: Settings, client: RedisClient, metrics: IngestMetrics) -> IngestWorld:
     """The world the files hold now (the artifacts directory may be a flipped symlink)."""
     stamp, schema = await asyncio.to_thread(opened_world, settings)
     world_id = "" if stamp is None else stamp.world_id
     keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
-    return await asyncio.to_thread(
+    world = await asyncio.to_thread(
         load_ingest_world,
         settings.artifacts_dir,
         schema,
         world_id,
         lambda world: CatalogLog(client, keys, world),
         settings.catalog_headroom,
+        lambda seq, why: metrics.catalog_skipped.inc(),
     )
+    if world.arrivals is not None:
+        room = world.arrivals.room
+        await world.arrivals.changes.agree_on_room(room.capacity, CATALOG_READ_S)
+    return world
 
 
 def _limits(settings: Settings) -> Limits:
@@ -110,13 +115,13 @@ async def consume(settings: Settings, stop: asyncio.Event, metrics: IngestMetric
     client = redis_of(settings, len(partitions) + CLUSTER_CALLS + 4, REDIS_TIMEOUT_S)
     keys = keyspace_of(settings.redis_key_prefix, settings.event_key_prefix)
     try:
-        world = await _world(settings, client)
+        world = await _world(settings, client, metrics)
         await _check_layout(client, keys, layout_meta(world.schema))
         index, _ = settings.ingest_share
         consumer = Consumer(
             EventStream(client, keys, f"consumer-{index}", settings.ingest_batch),
             world,
-            lambda: _world(settings, client),
+            lambda: _world(settings, client, metrics),
             UserStore(UserStateScripts(client, keys), _bounds(settings)),
             metrics,
             partitions=partitions,

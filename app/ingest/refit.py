@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from app.clients.catalog_log import LogReader
+from app.clients.catalog_reader import LogReader
 from app.clients.feature_store import RedisClient, redis_call
 from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
 from app.ingest.apply import UserChange
@@ -65,18 +65,22 @@ class ItemRefits:
         step: ItemStep,
         noted: list[tuple[int, bytes]],
     ) -> int:
+        # The list keeps the latest KEPT_CHOOSERS; the count is of every chooser ever noted
+        # (the list's length stops at the cap, and with it the refits it would time).
+        counts_key = self._keys.catalog(world.world_id, "choosers")
         async with redis_call("item choosers", TIMEOUT_S):
             pipe: Any = self._client.pipeline(transaction=False)
             for position, vector in noted:
                 key = self._keys.catalog(world.world_id, f"by:{position}")
                 pipe.rpush(key, vector)
                 pipe.ltrim(key, -KEPT_CHOOSERS, -1)
-            lengths = cast(list[int], (await pipe.execute())[0::2])
+                pipe.hincrby(counts_key, str(position), 1)
+            counts = cast(list[int], (await pipe.execute())[2::3])
         room = arrivals.room
         due = sorted(
             {
                 p
-                for (p, _), n in zip(noted, lengths, strict=True)
+                for (p, _), n in zip(noted, counts, strict=True)
                 if refit_due(n) and not room.withdrawn[p]
             }
         )
@@ -102,10 +106,12 @@ class ItemRefits:
         guess = np.frombuffer(cast(bytes, guess_bytes), dtype="<f4")
         choosers = np.frombuffer(b"".join(cast(list[bytes], rows)), dtype="<f4").reshape(-1, k)
         change = _again(room, position, k, step.vector(guess, choosers))
+        problem = room.change_problem(change)
+        if problem is not None:  # every process would skip it: never logged
+            log.warning("item %s not refitted: its %s %s", change.item_id, *problem)
+            return 0
         try:
-            await arrivals.changes.append(
-                [change], [], world.size, room.capacity, TIMEOUT_S, blobs=False
-            )
+            await arrivals.changes.append([change], [], world.size, room.capacity, TIMEOUT_S)
         except (CatalogChangeRefusedError, FeatureStoreError) as exc:
             log.warning("item %s not refitted: %s", change.item_id, exc)
             return 0

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from app.clients.catalog_log import CatalogLog, LogReader
+from app.clients.catalog_log import CatalogLog
+from app.clients.catalog_reader import LogReader
 from app.core.membership import lookup
 from app.core.vocabulary import Positions
 from app.ingest.foldin import FoldIn
@@ -93,9 +94,11 @@ def load_ingest_world(
     world_id: str,
     changes: Callable[[str], CatalogLog] | None = None,
     headroom: int = 0,
+    skipped: Callable[[int, str], None] | None = None,
 ) -> IngestWorld:
     """The world's files; with `changes` and room for `headroom` added items, also the
-    items its change log puts (read on the first batch)."""
+    items its change log puts (read on the first batch; `skipped` hears of each batch that
+    cannot be applied)."""
     with np.load(world / ITEMS_FILE) as items:
         item_ids = items["ids"].astype(np.str_)
         vectors = items["embeddings"].astype(np.float32)
@@ -110,7 +113,7 @@ def load_ingest_world(
     if changes is not None and headroom > 0:
         step = item_step_of(world, item_ids, vectors)
         room = make_room(categories, published, vectors, None, headroom, schema.item_blob_width)
-        arrivals = LogReader(changes(world_id), room)
+        arrivals = LogReader(changes(world_id), room, skipped)
         vectors = room.vectors
         if params.weighting is Weighting.BM25 and len(params.idf):
             # An added item is as rare as the rarest: nobody chose it at the build.

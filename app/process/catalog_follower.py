@@ -14,7 +14,9 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from app.clients.catalog_log import CatalogLog, LogReader
+from app.clients.catalog_compactor import compact
+from app.clients.catalog_log import CatalogLog
+from app.clients.catalog_reader import LogReader
 from app.clients.feature_store import RedisClient
 from app.clients.item_memory import ItemMemory
 from app.core.cancelling import cancel_requested
@@ -34,10 +36,12 @@ class CatalogFollower:
         reader: LogReader,
         artifacts: ArtifactsRef,
         applied: Callable[[ChangeBatch], None] = lambda batch: None,
+        measured: Callable[[int], None] = lambda entries: None,
     ) -> None:
         self._reader = reader
         self._artifacts = artifacts
         self._applied = applied
+        self._measured = measured
         self._lock = asyncio.Lock()
 
     @property
@@ -71,8 +75,25 @@ class CatalogFollower:
                 await self.catch_up(timeout_s)
             except FeatureStoreError as exc:
                 log.warning("catalog changes not read (%s); serving the catalog held", exc)
-            except ValueError as exc:  # a batch past this process's room
-                log.error("a catalog change cannot be applied here: %s", exc)
+            except Exception:  # a bug must not stop the following: requests wait on it
+                log.exception("catalog changes not applied; serving the catalog held")
+        raise asyncio.CancelledError
+
+    async def keep_small(self, every_s: float, most_entries: int, timeout_s: float) -> None:
+        """Every `every_s`, the log's length measured and, past `most_entries`, the log
+        compacted (by one process: app.clients.catalog_compactor)."""
+        changes, room = self._reader.changes, self._reader.room
+        while not cancel_requested():
+            await asyncio.sleep(every_s)
+            try:
+                entries = await changes.length(timeout_s)
+                self._measured(entries)
+                if entries > most_entries:
+                    await compact(changes, room.check, timeout_s)
+            except FeatureStoreError as exc:
+                log.warning("the catalog change log was not compacted: %s", exc)
+            except Exception:  # the log grows meanwhile; following it goes on
+                log.exception("the catalog change log was not compacted")
         raise asyncio.CancelledError
 
 
@@ -100,7 +121,12 @@ async def replayed(
         metrics.catalog_change_count["withdraw"].inc(len(batch.withdrawals))
         metrics.catalog_added.labels("held").set(room.added)
 
-    follower = CatalogFollower(LogReader(changes, room), artifacts, applied)
+    def skipped(seq: int, reason: str) -> None:
+        metrics.catalog_skipped.inc()
+
+    await changes.agree_on_room(room.capacity, timeout_s)
+    reader = LogReader(changes, room, skipped)
+    follower = CatalogFollower(reader, artifacts, applied, metrics.catalog_log_entries.set)
     await follower.catch_up(timeout_s)
     if room.seq:
         log.info(

@@ -36,6 +36,7 @@ from app.core.errors import (
 from app.core.metrics import ReloadOutcome, ServiceMetrics
 from app.core.settings import Settings
 from app.process.startup_checks import opened_catalog, opened_world, pool_signature
+from app.release.added_cells import added_cells
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, artifacts_label, serving_artifacts
 from app.release.catalog import Catalog, in_room
 from app.release.keyspace import KeySpace
@@ -264,6 +265,12 @@ class Reloader:
         return serving_artifacts(schema, catalog, rules, routing, self._keys, identity)
 
     async def _install(self, build: ServingArtifacts, plan: ReleasePlan) -> ReleaseReport:
+        room = build.catalog.room
+        if room is not None:
+            if build.catalog.index is not self._ref.current.catalog.index:
+                room.refile(added_cells(build.catalog.index, room.rows))
+            # Built in a thread, its views may end short of batches applied since.
+            build = dataclasses.replace(build, catalog=in_room(build.catalog, room))
         previous = self._ref.swap(build)
         self.plan = plan
         self._metrics.reload_count[ReloadOutcome.APPLIED].inc()
@@ -302,7 +309,14 @@ class Reloader:
                 raise self._refused(exc) from None
             if _same_release(build, self._ref.current):
                 self.plan = plan
-                return self.report()  # nothing changed: the generation stays
+                self._metrics.reload_count[ReloadOutcome.UNCHANGED].inc()
+                report = self.report()  # nothing changed: the generation stays
+                log.info(
+                    "reload: the files, rules and versions read again are those served: "
+                    "generation %d stays",
+                    report.generation,
+                )
+                return report
             return await self._install(build, plan)
 
     async def roll_back(self) -> ReleaseReport:

@@ -18,6 +18,12 @@ STOP_TIMEOUT_S = 10.0
 RECANCEL_S = 0.5
 
 
+# How often the catalog's change log is measured (and compacted past its size), and how
+# long its reads and its replacement may take (a fold of tens of thousands of items).
+COMPACT_CHECK_S = 5.0
+COMPACT_TIMEOUT_S = 30.0
+
+
 def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[None]]:
     """The world's tasks; only the stable world's watch of its Redis data sets the gauges
     (`recsys_redis_world`, `recsys_world_age_seconds`) that speak of the world served."""
@@ -33,6 +39,10 @@ def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[No
             settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
         )
         tasks.append(asyncio.create_task(following, name="catalog-changes"))
+        compacting = services.catalog_follower.keep_small(
+            COMPACT_CHECK_S, settings.catalog_compact_entries, COMPACT_TIMEOUT_S
+        )
+        tasks.append(asyncio.create_task(compacting, name="catalog-compaction"))
     if services.exposure is not None:
         exposing = services.exposure.keep_current(
             settings.exposure_refresh_s, max(settings.redis_timeout_s, 1.0)

@@ -6,6 +6,10 @@ cells when they are applied (the index's own quantizer says which), they are sea
 same way: the cells the query probes, then exact inner products over the added items filed
 there, a few hundred of ten thousand. A world whose index has no cells (a flat index, small
 catalogs) has no filing: its added items are scanned whole.
+
+The filing owns a copy of the index's quantizer (its centroids, a few hundred vectors): the
+index's own is a view into an index that a reload replaces and frees while the filing,
+which the catalog's room carries over, lives on.
 """
 
 from __future__ import annotations
@@ -51,5 +55,6 @@ def added_cells(index: Any, rows: int) -> AddedCells | None:
     """The filing for a world's index, or None where it has no coarse cells."""
     with contextlib.suppress(RuntimeError):
         ivf = faiss.extract_index_ivf(index)
-        return AddedCells(ivf.quantizer, int(ivf.nlist), int(ivf.nprobe), rows)
+        owned = faiss.clone_index(ivf.quantizer)
+        return AddedCells(owned, int(ivf.nlist), int(ivf.nprobe), rows)
     return None

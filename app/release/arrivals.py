@@ -10,12 +10,18 @@ item keeps its own.
 once into arrays with `capacity` rows to spare, filled in place. A change writes its rows
 first and then lets the catalog grow over them, so a request that took the catalog before
 never sees a row half written, and no change copies the catalog.
+
+Every value of a change is checked against the array that stores it before any row is
+written (`change_problem`: times that fit int64, numbers that fit float32, a vector no
+longer than a few times the world's longest); the API refuses a change that fails, and a
+process applying the log skips a batch that fails (UnappliableBatchError) whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,10 +29,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.core.errors import UnappliableBatchError
 from app.core.vocabulary import Positions
 from app.release.added_cells import AddedCells
 
 FloatArray = npt.NDArray[np.float32]
+# The last second of year 9999: the latest `published_at` a catalog holds (as int64).
+LATEST_TIME_S = 253_402_300_799
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# A category code is an index into the world's category tables.
+MOST_CATEGORIES = 2**31
+# An item's vector may be at most this many times as long as the world's longest: further
+# out, its inner product with every user outweighs any other item's (it would be recalled
+# for everyone) and products of such vectors leave float32.
+NORM_FACTOR = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +107,45 @@ def encode_changes(puts: Sequence[ItemChange], withdrawals: Sequence[Withdrawal]
     return json.dumps(body, separators=(",", ":"))
 
 
+def float32_problem(values: Sequence[float]) -> str | None:
+    """Why `values` cannot be stored as float32 numbers, or None."""
+    if all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for v in values):
+        return None
+    return f"must be finite numbers within float32's range (at most {FLOAT32_MAX:.4g})"
+
+
+def vector_problem(vector: Sequence[float], dim: int, longest: float) -> str | None:
+    """Why `vector` cannot be an item's vector of `dim` numbers at most `longest` long."""
+    if len(vector) != dim:
+        return f"must hold {dim} numbers"
+    problem = float32_problem(vector)
+    if problem is not None:
+        return problem
+    norm = math.sqrt(math.fsum(v * v for v in vector))
+    if norm > longest:
+        return (
+            f"its length is {norm:.4g}, over {longest:.4g} ({NORM_FACTOR:g} times the world's "
+            "longest item vector)"
+        )
+    return None
+
+
+def time_problem(seconds: int) -> str | None:
+    if 0 <= seconds <= LATEST_TIME_S:
+        return None
+    return f"must be unix seconds from 0 to {LATEST_TIME_S} (the end of year 9999)"
+
+
 def decode_changes(seq: int, body: str, positions: Sequence[int]) -> ChangeBatch:
-    """A batch back from the log; `positions` are its items', puts first, in order."""
+    """A batch back from the log; `positions` are its items', puts first, in order.
+    UnappliableBatchError when it is not a batch this code wrote."""
+    try:
+        return _decoded(seq, body, positions)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise UnappliableBatchError(f"batch {seq} does not decode: {exc!r}") from None
+
+
+def _decoded(seq: int, body: str, positions: Sequence[int]) -> ChangeBatch:
     raw: dict[str, Any] = json.loads(body)
     puts = tuple(
         ItemChange(
@@ -114,6 +167,8 @@ def decode_changes(seq: int, body: str, positions: Sequence[int]) -> ChangeBatch
         Withdrawal(str(item_id), int(positions[offset + i]))
         for i, item_id in enumerate(raw["withdrawals"])
     )
+    if len(positions) != offset + len(withdrawals):
+        raise ValueError(f"{len(positions)} positions for {offset + len(withdrawals)} changes")
     return ChangeBatch(seq, puts, withdrawals)
 
 
@@ -140,12 +195,15 @@ class CatalogRoom:
     ids: list[str] = field(default_factory=list)  # the added items', by position - base
     positions: dict[str, int] = field(default_factory=dict)  # added id -> position
     attributes: dict[int, dict[str, str]] = field(default_factory=dict)  # put items' words
+    put: set[int] = field(default_factory=set)  # every position a change put
     # The added items filed under the world index's cells (app.release.added_cells); None:
     # an index without cells, whose added items are scanned whole.
     cells: AddedCells | None = None
     size: int = 0  # base + the rows up to the last added item
-    seq: int = 0  # the last batch applied
+    seq: int = 0  # the last batch applied, or skipped
     withdrawals: int = 0
+    skipped: int = 0  # batches this process could not apply (UnappliableBatchError)
+    longest: float = math.inf  # the longest vector an item may have (NORM_FACTOR)
 
     @property
     def rows(self) -> int:
@@ -164,17 +222,49 @@ class CatalogRoom:
         index = position - self.base
         return self.ids[index] if 0 <= index < len(self.ids) else ""
 
-    def apply(self, batch: ChangeBatch) -> None:
-        """Write the batch's rows; the caller then takes the catalog at the new size.
-        A batch naming a position past the room is refused whole (ValueError)."""
+    def change_problem(self, change: ItemChange) -> tuple[str, str] | None:
+        """The field of `change` this process could not store and why, or None."""
+        dim = self.vectors.shape[1]
+        checks: list[tuple[str, str | None]] = [
+            ("embedding", vector_problem(change.embedding, dim, self.longest)),
+        ]
+        if not change.vector_only:
+            dense = self.blobs.shape[1] - dim
+            checks += [
+                ("published_at", time_problem(change.published_at)),
+                ("category", None if 0 <= change.category < MOST_CATEGORIES else "out of range"),
+                ("dense", f"must hold {dense} numbers" if len(change.dense) != dense else None),
+                ("dense", float32_problem(change.dense)),
+            ]
+        for name, problem in checks:
+            if problem is not None:
+                return name, problem
+        return None
+
+    def check(self, batch: ChangeBatch) -> None:
+        """UnappliableBatchError naming the first change of `batch` this process cannot
+        store: a position past its room (RECSYS_CATALOG_HEADROOM differs between the
+        processes), or a value its arrays cannot hold."""
         named: list[ItemChange | Withdrawal] = [*batch.puts, *batch.withdrawals]
         for change in named:
             if not 0 <= change.position < self.rows:
-                raise ValueError(
-                    f"batch {batch.seq} puts {change.item_id!r} at {change.position}, past this "
-                    f"process's room ({self.rows} rows): set the same RECSYS_CATALOG_HEADROOM "
-                    "everywhere"
+                raise UnappliableBatchError(
+                    f"batch {batch.seq} puts {change.item_id!r} at {change.position}, past "
+                    f"this process's room ({self.rows} rows): set the same "
+                    "RECSYS_CATALOG_HEADROOM everywhere"
                 )
+        for put in batch.puts:
+            problem = self.change_problem(put)
+            if problem is not None:
+                field, why = problem
+                raise UnappliableBatchError(
+                    f"batch {batch.seq} puts {put.item_id!r}: {field} {why}"
+                )
+
+    def apply(self, batch: ChangeBatch) -> None:
+        """Write the batch's rows, once every one of them is known to fit (`check`); the
+        caller then takes the catalog at the new size."""
+        self.check(batch)
         for change in batch.puts:
             self._put(change)
         filed = np.array([c.position for c in batch.puts if c.position >= self.base], np.int64)
@@ -185,8 +275,24 @@ class CatalogRoom:
             self.withdrawals += 1
         self.seq = max(self.seq, batch.seq)
 
+    def refile(self, cells: AddedCells | None) -> None:
+        """File every added item under `cells` (those of a newly read index), which then
+        take the place of the ones held. Called where batches are applied (the event loop),
+        so no batch is applied to the old filing meanwhile."""
+        if cells is not None and self.positions:
+            filed = np.fromiter(self.positions.values(), np.int64, len(self.positions))
+            cells.file(filed, self.vectors[filed])
+        self.cells = cells
+
+    def skip(self, seq: int) -> None:
+        """Pass over batch `seq`, which this process cannot apply: requests waiting for it
+        stop waiting, and the batches after it are applied."""
+        self.skipped += 1
+        self.seq = max(self.seq, seq)
+
     def _put(self, change: ItemChange) -> None:
         p = change.position
+        self.put.add(p)
         if change.vector_only:
             if self.present[p]:
                 self.vectors[p] = change.embedding
@@ -211,12 +317,17 @@ class CatalogRoom:
 
     def digest(self) -> str:
         """What tells one process's catalog from another's: the added ids at their
-        positions, what was withdrawn, the rows put."""
+        positions, what was withdrawn, the rows put. The rows no change touched are the
+        world's, the same in every process of the world: left out, the digest costs a pass
+        over the flags and the rows put, not the whole catalog (it runs on the event loop)."""
+        put = np.fromiter(sorted(self.put), np.int64, len(self.put))
         hashed = hashlib.sha256("\n".join(self.ids).encode())
         hashed.update(np.packbits(self.withdrawn).tobytes())
         hashed.update(np.packbits(self.present).tobytes())
-        hashed.update(self.categories.tobytes())
-        hashed.update(self.vectors.tobytes())
+        hashed.update(put.tobytes())
+        hashed.update(self.categories[put].tobytes())
+        hashed.update(self.published_at[put].tobytes())
+        hashed.update(self.vectors[put].tobytes())
         return hashed.hexdigest()[:16]
 
     def known(self, found: Positions, ids: Sequence[str], below: int) -> Positions:
@@ -245,6 +356,7 @@ def make_room(
     rows = base + capacity
     present = np.zeros(rows, dtype=bool)
     present[:base] = True
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1) if base else np.zeros(1)
     return CatalogRoom(
         base=base,
         capacity=capacity,
@@ -257,4 +369,5 @@ def make_room(
         present=present,
         withdrawn=np.zeros(rows, dtype=bool),
         size=base,
+        longest=NORM_FACTOR * max(1.0, float(norms.max())),
     )

@@ -203,8 +203,9 @@ async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
         assert full.status_code == 409, full.text
         assert (await api.get("/catalog")).json()["added"] == 0
         assert (await api.post("/catalog/items", json={"items": three[:2]})).status_code == 200
+    token = "a-catalog-token-of-some-length"
     async with serving(
-        stack.settings(redis_url=loaded_redis, admin_token="a-catalog-token-of-some-length")
+        stack.settings(redis_url=loaded_redis, admin_token=token, catalog_headroom=2)
     ) as api:
         assert (await api.post("/catalog/items", json={"items": [good]})).status_code == 401
 

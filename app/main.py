@@ -43,6 +43,7 @@ INITIAL_IN_FLIGHT = 16
 # time (a catalog call takes milliseconds, a candidate world seconds), then get a 503.
 OPERATOR_IN_FLIGHT = 4
 OPERATOR_QUEUE_S = 5.0
+OPERATOR_BYTES_PER_S = 2**20
 
 DESCRIPTION = """Recommendations ranked by a DNN on Triton, with FAISS recall and Redis features.
 
@@ -191,13 +192,17 @@ def _operator_routes(settings: Settings, lag: LoopLag) -> dict[str, Gated]:
         return operator(scope, token, loopback_without_token=False)
 
     largest = settings.catalog_max_body_bytes
+    # A body of the largest size over a slow uplink (1 MB/s), or the usual deadline.
+    deadline = max(settings.body_timeout_s, largest / OPERATOR_BYTES_PER_S)
     routes = {
-        "/catalog/items": Gated(
-            admission, ItemsIn, authorize=catalog_caller, max_body_bytes=largest
-        ),
-        "/catalog/withdrawals": Gated(
-            admission, WithdrawalsIn, authorize=catalog_caller, max_body_bytes=largest
-        ),
+        path: Gated(
+            admission,
+            model,
+            authorize=catalog_caller,
+            max_body_bytes=largest,
+            body_timeout_s=deadline,
+        )
+        for path, model in (("/catalog/items", ItemsIn), ("/catalog/withdrawals", WithdrawalsIn))
     }
     if token is not None:  # the admin routes are mounted only then
         routes["/admin/worlds/candidate"] = Gated(admission, CandidateWorld, authorize=admin_caller)

@@ -3,8 +3,8 @@
 The client address is the socket's peer, or, from a proxy RECSYS_TRUSTED_PROXIES names
 (none by default), the address its X-Forwarded-For gives (uvicorn rewrites it). A proxy on
 this host connects from loopback, so every client it forwarded would look local: a request
-that carries X-Forwarded-For or Forwarded is therefore never a loopback caller, whoever
-forwarded it. Behind a proxy, callers hold tokens.
+that carries X-Forwarded-For, Forwarded or X-Real-IP is therefore never a loopback caller,
+whoever forwarded it. Behind a proxy, callers hold tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from app.core.callers import LOOPBACK, UNKNOWN, Callers
 from app.core.metrics import EventPost, ServiceMetrics
 from app.core.token_bucket import TokenBuckets
 
-_FORWARDED = frozenset({b"x-forwarded-for", b"forwarded"})
+_FORWARDED = frozenset({b"x-forwarded-for", b"forwarded", b"x-real-ip"})
 
 
 def loopback(scope: Scope) -> bool:

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.access import Refused, operator, refused
 from app.api.deps import ServicesDep, WorldsDep
-from app.api.errors import error_body, request_id_of
+from app.api.errors import GATE_ERRORS, documented, error_body, request_id_of
 from app.api.models import CandidateWorld, ErrorBody, Release, WorldsState
 from app.core.errors import ConfigError
 from app.process.reload import RELOAD_SIGNAL, ReleaseReport, ReloadRefusedError
@@ -115,6 +115,12 @@ async def _changed(
 WORLD_ERRORS: dict[int | str, dict[str, Any]] = {
     409: _error("Refused (a check failed, or nothing to promote); what served still does."),
 }
+# What the gate answers before the candidate route runs (it takes a body).
+CANDIDATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **WORLD_ERRORS,
+    **GATE_ERRORS,
+    503: documented("Too many of the operator's calls in flight: try again (Retry-After)."),
+}
 
 
 @router.get("/worlds", response_model=WorldsState, summary="The worlds this worker serves")
@@ -125,7 +131,7 @@ async def worlds_state(services: AdminDep, worlds: WorldsDep) -> WorldsState:
 @router.post(
     "/worlds/candidate",
     response_model=WorldsState,
-    responses=WORLD_ERRORS,
+    responses=CANDIDATE_ERRORS,
     summary="Serve a candidate world beside the stable one to a share of users (or change "
     "the share of the one served)",
 )
@@ -156,6 +162,7 @@ async def promote_world(
 @router.post(
     "/worlds/rollback",
     response_model=WorldsState,
+    responses=WORLD_ERRORS,
     summary="Drop the candidate world: the stable one answers every user at once",
 )
 async def roll_back_world(

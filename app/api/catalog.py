@@ -27,7 +27,7 @@ from app.api.catalog_models import (
     WithdrawalsIn,
 )
 from app.api.deps import ServicesDep
-from app.api.errors import documented, error_body, request_id_of
+from app.api.errors import GATE_ERRORS, documented, error_body, request_id_of
 from app.api.models import ErrorField
 from app.clients.catalog_log import Accepted
 from app.core.errors import CatalogChangeRefusedError, FeatureStoreError
@@ -48,15 +48,17 @@ async def allowed(request: Request, services: ServicesDep) -> Services:
 
 CatalogDep = Annotated[Services, Depends(allowed)]
 CATALOG_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: documented("The body is not valid JSON."),
+    **GATE_ERRORS,
+    413: documented("The body is larger than RECSYS_CATALOG_MAX_BODY_BYTES."),
     401: documented("No bearer token, or not RECSYS_ADMIN_TOKEN."),
     404: documented("An item to withdraw is not in the catalog, or changes are off."),
     409: documented("No room for more added items until the next world takes them in."),
     422: documented("A field is invalid (named in `fields`): nothing was applied."),
     503: documented(
         "Redis did not confirm the change (`catalog_unavailable`: it may or may not be in "
-        "the log) or the change is in the log but was not confirmed applied "
-        "(`catalog_unconfirmed`, the message names its batch): send it again."
+        "the log), the change is in the log but was not confirmed applied "
+        "(`catalog_unconfirmed`, the message names its batch), or too many of the "
+        "operator's calls are in flight (`overloaded`, with Retry-After): send it again."
     ),
 }
 router = APIRouter(prefix="/catalog", tags=["catalog"], responses=CATALOG_ERRORS)
@@ -224,7 +226,7 @@ async def catalog_state(services: CatalogDep) -> CatalogState:
         batch=room.seq,
         world_items=room.base,
         added=room.added,
-        withdrawn=int(np.count_nonzero(room.withdrawn)),
+        withdrawn=room.withdrawals,
         room=room.capacity - room.added,
         digest=room.digest(),
     )

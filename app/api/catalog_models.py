@@ -13,11 +13,14 @@ from pydantic import (
     field_validator,
 )
 
-from app.api.models import Identifier, encodable
+from app.api.models import Identifier, identifier
 from app.release.arrivals import LATEST_TIME_S, float32_problem
 
 MAX_ITEMS = 1000
-Text = Annotated[str, AfterValidator(encodable)]
+# Titles and category names as ids are: Unicode, no NUL (the next world's build reads them).
+Text = Annotated[
+    str, AfterValidator(identifier), Field(json_schema_extra={"pattern": "^[^\\x00]*$"})
+]
 
 
 def _finite(values: list[float]) -> list[float]:

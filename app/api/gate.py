@@ -102,8 +102,9 @@ class Gated:
     observe: Callable[[Outcome, float], None] | None = None
     # Who the caller is (kept in the scope's state as `caller`), or why it is refused.
     authorize: Callable[[Scope], str | Refused] | None = None
-    # Larger bodies get a 413; None: the gate's own limit.
+    # Larger bodies get a 413; None: the gate's own limit. The same for the body's deadline.
     max_body_bytes: int | None = None
+    body_timeout_s: float | None = None
 
 
 class Gate:
@@ -160,11 +161,12 @@ class Gate:
         # Deadlines count from when the request probably arrived, its unread wait included.
         arrived = time.monotonic() - admission.queued_s
         limit = self._max_body_bytes if gated.max_body_bytes is None else gated.max_body_bytes
+        deadline = self._body_timeout_s if gated.body_timeout_s is None else gated.body_timeout_s
         try:
-            async with asyncio.timeout(self._body_timeout_s):
+            async with asyncio.timeout(deadline):
                 body = await _read_body(receive, limit)
         except TimeoutError:
-            message = f"the body did not arrive within {self._body_timeout_s * 1000:.0f} ms"
+            message = f"the body did not arrive within {deadline * 1000:.0f} ms"
             return await _refuse(send, 408, "request_timeout", message, rid, _CLOSE)
         if body is None:
             message = f"the body is over {limit} bytes"

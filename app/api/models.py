@@ -20,26 +20,25 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from app.core.events import EventType, keyable_user
+from app.core.storable import FLOAT32_MAX, identifier_problem, unicode_problem
 from app.core.vocabulary import Variant, WorldRole
 from app.pipeline.types import Moment, Query
-from app.release.arrivals import FLOAT32_MAX
 from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
 from app.release.schema import NAME
 
 
 def encodable(value: str) -> str:
-    # JSON may escape a lone surrogate (\ud800); no UTF-8 key or id can hold one.
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("must be valid Unicode text (no lone surrogates)") from exc
+    # JSON may escape a lone surrogate (\ud800); no UTF-8 key, id or text can hold one.
+    problem = unicode_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
-def _no_nul(value: str) -> str:
-    # Arrays of ids (numpy's str_) drop trailing NULs: "a" and "a\0" would be one item.
-    if "\x00" in value:
-        raise ValueError("must not hold the NUL character")
+def identifier(value: str) -> str:
+    problem = identifier_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -52,18 +51,17 @@ def _keyable(value: str) -> str:
 Identifier = Annotated[
     str,
     StringConstraints(min_length=1, max_length=128),
-    AfterValidator(encodable),
-    AfterValidator(_no_nul),
+    AfterValidator(identifier),
+    Field(json_schema_extra={"pattern": "^[^\\x00]*$"}),
 ]
 # The brace rule in the document too (as a pattern), so a generated client knows it; the
 # validator says it in words.
 UserIdentifier = Annotated[
     str,
     StringConstraints(min_length=1, max_length=128),
-    AfterValidator(encodable),
-    AfterValidator(_no_nul),
+    AfterValidator(identifier),
     AfterValidator(_keyable),
-    Field(json_schema_extra={"pattern": "^[^{}]*$"}),
+    Field(json_schema_extra={"pattern": "^[^{}\\x00]*$"}),
 ]
 ShortLabel = Annotated[str, StringConstraints(max_length=32)]
 

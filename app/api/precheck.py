@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.api.catalog_models import ItemIn, ItemsIn
 from app.api.models import ClientContext, ErrorField, EventIn, EventsRequest, RecommendRequest
 
 # Below this a body holds too few keys or items to make validation expensive.
@@ -54,6 +55,7 @@ def _long_lists(body: dict[str, Any], model: type[BaseModel]) -> list[ErrorField
 NESTED: dict[type[BaseModel], dict[str, type[BaseModel]]] = {
     RecommendRequest: {"context": ClientContext},
     EventsRequest: {"events": EventIn},
+    ItemsIn: {"items": ItemIn},
 }
 
 
@@ -80,7 +82,7 @@ def many_errors(
         return [], 0
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: invalid too
         return [], 0  # validation reports it as invalid JSON, one error
     if not isinstance(parsed, dict):
         return [], 0

@@ -18,13 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from app.core.archive_metrics import Unfit
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+from app.core.storable import fits_float32, fits_int64, unicode_problem
 
 QUARANTINE_SCHEMA = pa.schema(
     [
@@ -70,24 +67,20 @@ Check = Callable[[Any], Unfit | None]
 
 
 def _int64(value: Any) -> Unfit | None:
-    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+    if isinstance(value, int) and not fits_int64(value):
         return Unfit.OUT_OF_RANGE
     return None
 
 
 def _float32(value: Any) -> Unfit | None:
     # A finite number past float32's range would be stored as infinity without a word.
-    if isinstance(value, float) and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+    if isinstance(value, float) and math.isfinite(value) and not fits_float32((value,)):
         return Unfit.OUT_OF_RANGE
     return None
 
 
 def _text(value: Any) -> Unfit | None:
-    if not isinstance(value, str) or value.isascii():
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    if isinstance(value, str) and unicode_problem(value) is not None:
         return Unfit.NOT_UNICODE
     return None
 

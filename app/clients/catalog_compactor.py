@@ -1,43 +1,52 @@
-"""The catalog's change log kept small: replaced, once it holds many entries, by its fold
-(app.release.compaction: each item once, as it stands), in one script that gives way to any
-batch appended meanwhile. One process at a time does it (a short hold in Redis); every
-process reads the fold as app.clients.catalog_reader says."""
+"""The catalog's change log kept small: once the batches past its last fold outnumber
+RECSYS_CATALOG_COMPACT_ENTRIES, one process (a hold in Redis) folds it (app.release.compaction:
+each item once, as it stands) and puts the fold in its place, with every entry appended
+meanwhile after it, in one script: a fold never gives way to writes, however many come.
+Every process reads the fold as app.clients.catalog_reader says."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable
 
 from app.clients.catalog_log import CatalogLog, Logged
-from app.core.errors import UnappliableBatchError
+from app.core.cancelling import cancel_requested
+from app.core.errors import FeatureStoreError, UnappliableBatchError
 from app.release.arrivals import ChangeBatch
-from app.release.compaction import Fold, fold
+from app.release.compaction import Fold
 
 log = logging.getLogger(__name__)
 # How long a process may take to compact before another may try.
-HOLD_S = 60.0
-READ_ENTRIES = 500
+HOLD_S = 120.0
 
 
 async def compact(
     changes: CatalogLog, check: Callable[[ChangeBatch], None], timeout_s: float
 ) -> bool:
-    """Replace the log by its fold; False when another process is at it, or a batch was
-    appended while this one folded (the next try folds that too)."""
-    if not await changes.hold_compaction(HOLD_S, timeout_s):
+    """Replace the log by its fold and what was appended while it was folded; False when
+    another process is at it, or replaced the log since this one read it."""
+    holder = uuid.uuid4().hex
+    if not await changes.hold_compaction(holder, HOLD_S, timeout_s):
         return False
-    entries = await _everything(changes, timeout_s)
-    if not entries:
-        return False
-    folded = await asyncio.to_thread(_folded, entries, check)
-    parts = folded.batches()
-    replaced = await changes.replace(entries[-1].entry_id, parts, timeout_s)
+    try:
+        folded, last_id, read = Fold(), "", 0
+        async for page in changes.pages(timeout_s):
+            batches = await asyncio.to_thread(_decoded, page, folded)
+            await asyncio.to_thread(folded.fold, batches, check)
+            last_id, read = page[-1].entry_id, read + len(page)
+        if not last_id:
+            return False
+        parts = folded.batches()
+        replaced = await changes.replace(last_id, parts, timeout_s)
+    finally:
+        await changes.let_go(holder, timeout_s)
     if replaced:
         log.info(
             "catalog change log compacted: %d entries into %d (%d items, %d withdrawn), up to "
             "batch %d",
-            len(entries),
+            read,
             len(parts),
             len(folded.puts),
             len(folded.withdrawn),
@@ -46,25 +55,35 @@ async def compact(
     return replaced
 
 
-async def _everything(changes: CatalogLog, timeout_s: float) -> list[Logged]:
-    entries: list[Logged] = []
-    after = "-"
-    while True:
-        page = await changes.read(after, READ_ENTRIES, timeout_s)
-        entries += page
-        if len(page) < READ_ENTRIES:
-            return entries
-        after = page[-1].entry_id
-
-
-def _folded(entries: list[Logged], check: Callable[[ChangeBatch], None]) -> Fold:
+def _decoded(page: list[Logged], folded: Fold) -> list[ChangeBatch]:
     batches: list[ChangeBatch] = []
-    skipped = 0
-    for entry in entries:
+    for entry in page:
         try:
             batches.append(entry.batch())
-        except UnappliableBatchError:
-            skipped += 1  # every process skips it: the fold leaves it out
-    folded = fold(batches, check)
-    folded.skipped += skipped
-    return folded
+        except UnappliableBatchError:  # every process skips it: the fold leaves it out
+            folded.seq = max(folded.seq, entry.seq)
+    return batches
+
+
+async def keep_small(
+    changes: CatalogLog,
+    check: Callable[[ChangeBatch], None],
+    measured: Callable[[int], None],
+    every_s: float,
+    most_entries: int,
+    timeout_s: float,
+) -> None:
+    """Every `every_s`, the log's length measured (`measured`) and, once the batches past
+    its last fold outnumber `most_entries`, the log compacted."""
+    while not cancel_requested():
+        await asyncio.sleep(every_s)
+        try:
+            entries, folded = await changes.length(timeout_s)
+            measured(entries)
+            if entries - folded > most_entries:
+                await compact(changes, check, timeout_s)
+        except FeatureStoreError as exc:
+            log.warning("the catalog change log was not compacted: %s", exc)
+        except Exception:  # the log grows meanwhile; following it goes on
+            log.exception("the catalog change log was not compacted")
+    raise asyncio.CancelledError

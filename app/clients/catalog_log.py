@@ -11,7 +11,7 @@ acknowledged before it began.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,6 +25,13 @@ from app.release.arrivals import (
     encode_changes,
 )
 from app.release.keyspace import KeySpace
+
+# A page of the log at most about this many bytes, and this many entries: a fold's part
+# holds a thousand items (megabytes), a batch as accepted often one.
+PAGE_BYTES = 4 * 2**20
+PAGE_ENTRIES = 500
+# The fold's parts written beside the log this many at a time.
+FOLD_WRITES = 8
 
 # KEYS: positions hash, seq, log, the seq of the last batch that withdrew. ARGV: base,
 # capacity, body, the number of puts, then (id, known position) for each put and each
@@ -75,23 +82,45 @@ return {'ok', tostring(seq), joined}
 """
 
 
-# KEYS: the log, a scratch stream. ARGV: the id of the last entry folded, the number of
-# parts, then (seq, body, positions, part) for each. Ids follow the last one folded's.
+# KEYS: the log, its fold (written beforehand), a scratch stream. ARGV: the id of the last
+# entry folded. The fold, then every entry appended since, numbered after the log's last id
+# (so a process that read up to any entry reads what follows it next), take the log's place.
 _REPLACE = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last == 0 or last[1][1] ~= ARGV[1] then
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
   return 0
 end
-local ms, n = string.match(ARGV[1], '^(%d+)-(%d+)$')
-redis.call('DEL', KEYS[2])
-for i = 1, tonumber(ARGV[2]) do
-  local at = 3 + 4 * (i - 1)
-  redis.call('XADD', KEYS[2], ms .. '-' .. (tonumber(n) + i), 'seq', ARGV[at],
-    'body', ARGV[at + 1], 'positions', ARGV[at + 2], 'part', ARGV[at + 3])
+local head = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1][1]
+local ms, n = string.match(head, '^(%d+)-(%d+)$')
+n = tonumber(n)
+redis.call('DEL', KEYS[3])
+local function copy(entries)
+  for _, entry in ipairs(entries) do
+    n = n + 1
+    redis.call('XADD', KEYS[3], ms .. '-' .. n, unpack(entry[2]))
+  end
 end
-redis.call('RENAME', KEYS[2], KEYS[1])
+copy(redis.call('XRANGE', KEYS[2], '-', '+'))
+copy(redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+'))
+redis.call('RENAME', KEYS[3], KEYS[1])
+redis.call('DEL', KEYS[2])
 return 1
 """
+# KEYS: the hold. ARGV: its holder. Let go only by the holder (it may have expired and been
+# taken since).
+_LET_GO = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Entries of the log, and the number of its last batch as Redis read it with them."""
+
+    entries: list[Logged]
+    head: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +144,12 @@ class CatalogLog:
         self._log = keys.catalog(world_id, "log")
         self._room = keys.catalog(world_id, "room")
         self._compacting = keys.catalog(world_id, "compacting")
-        self._folding = keys.catalog(world_id, "folding")
+        self._folded = keys.catalog(world_id, "folded")
+        self._scratch = keys.catalog(world_id, "scratch")
         self._item = keys.item
         self._accept = client.register_script(_ACCEPT)
         self._replace = client.register_script(_REPLACE)
+        self._let_go = client.register_script(_LET_GO)
 
     @property
     def seq_key(self) -> str:
@@ -173,52 +204,100 @@ class CatalogLog:
     async def agree_on_room(self, capacity: int, timeout_s: float) -> None:
         """ConfigError unless every process of this world holds room for `capacity` added
         items: the first to start sets it, the others must agree (positions past a smaller
-        room could not be applied there)."""
+        room could not be applied there). While the log is empty it may still change: a
+        deployment gone before any change left nothing that depends on it."""
         async with redis_call("catalog room", timeout_s):
-            await self._client.set(self._room, capacity, nx=True)
-            held = await self._client.get(self._room)
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(self._room, capacity, nx=True)
+            pipe.get(self._room)
+            pipe.exists(self._log)
+            _, held, logged = await pipe.execute()
+            if held is not None and int(held) != capacity and not logged:
+                await self._client.set(self._room, capacity)
+                held = capacity
         if held is not None and int(held) != capacity:
             raise ConfigError(
                 f"RECSYS_CATALOG_HEADROOM is {capacity} here, {int(held)} in the processes "
-                "that began this world's catalog change log: set the same everywhere"
+                f"that began this world's catalog change log: set the same everywhere (the "
+                f"world's room is kept in Redis as {self._room})"
             )
 
-    async def read(self, after: str, count: int, timeout_s: float) -> list[Logged]:
+    async def read(self, after: str, count: int, timeout_s: float) -> Page:
         """Up to `count` entries after stream id `after` ("-" for all), oldest first."""
         start = "-" if after == "-" else f"({after}"
         async with redis_call("catalog read", timeout_s):
-            entries = await self._client.xrange(self._log, start, "+", count=count)
-        return [
+            pipe = self._client.pipeline(transaction=False)
+            pipe.xrange(self._log, start, "+", count=count)
+            pipe.get(self._seq)
+            entries, head = await pipe.execute()
+        logged = [
             Logged(as_text(entry_id), fields)
             for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)
         ]
+        return Page(logged, int(head or 0))
 
-    async def length(self, timeout_s: float) -> int:
-        """The entries the log holds."""
+    async def pages(self, timeout_s: float) -> AsyncIterator[list[Logged]]:
+        """The whole log, a page of about PAGE_BYTES at a time (by its largest entry yet)."""
+        after, count, largest = "-", 1, 1
+        while True:
+            page = (await self.read(after, count, timeout_s)).entries
+            if page:
+                yield page
+                after = page[-1].entry_id
+                largest = max(largest, *(entry.size for entry in page))
+            if len(page) < count:
+                return
+            count = page_entries(largest)
+
+    async def length(self, timeout_s: float) -> tuple[int, int]:
+        """The entries the log holds, and how many of them are the parts of a fold."""
         async with redis_call("catalog length", timeout_s):
-            return int(await self._client.xlen(self._log))
+            pipe = self._client.pipeline(transaction=False)
+            pipe.xlen(self._log)
+            pipe.xrange(self._log, "-", "+", count=1)
+            length, first = await pipe.execute()
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], first)
+        part = Logged(as_text(entries[0][0]), entries[0][1]).part if entries else None
+        return int(length), (part[1] if part is not None and part[0] == 0 else 0)
 
-    async def hold_compaction(self, hold_s: float, timeout_s: float) -> bool:
-        """Whether this process may compact the log now (one at a time, for `hold_s`)."""
+    async def hold_compaction(self, holder: str, hold_s: float, timeout_s: float) -> bool:
+        """Whether `holder` may compact the log now (one at a time, for `hold_s` at most)."""
         async with redis_call("catalog compaction", timeout_s):
-            held = await self._client.set(self._compacting, "1", nx=True, px=int(hold_s * 1000))
+            held = await self._client.set(self._compacting, holder, nx=True, px=int(hold_s * 1000))
         return bool(held)
 
-    async def replace(self, last_id: str, parts: Sequence[ChangeBatch], timeout_s: float) -> bool:
-        """The log replaced by `parts` (a fold of it, app.release.compaction), unless an entry
-        was appended after `last_id`, the last one folded: then False, nothing changed.
+    async def let_go(self, holder: str, timeout_s: float) -> None:
+        async with redis_call("catalog compaction", timeout_s):
+            await self._let_go(keys=[self._compacting], args=[holder])
 
-        The parts are numbered after `last_id`, so a process that read up to any entry of
-        the old log reads every part next, and tells them from batches by their `part`."""
-        args: list[Any] = [last_id, len(parts)]
-        for number, batch in enumerate(parts):
-            changed: list[ItemChange | Withdrawal] = [*batch.puts, *batch.withdrawals]
-            positions = [change.position for change in changed]
-            body = encode_changes(batch.puts, batch.withdrawals)
-            args += [batch.seq, body, ",".join(map(str, positions)), f"{number}/{len(parts)}"]
+    async def replace(self, last_id: str, parts: Sequence[ChangeBatch], timeout_s: float) -> bool:
+        """The log replaced by `parts` (its fold up to `last_id`, app.release.compaction)
+        and every entry appended after `last_id`; False when the log was replaced by another
+        since it was read (nothing changed). The parts are written beside it first, a few
+        at a time, then put in its place by one script."""
+        async with redis_call("catalog fold", timeout_s):
+            await self._client.delete(self._folded)
+            for start in range(0, len(parts), FOLD_WRITES):
+                pipe = self._client.pipeline(transaction=False)
+                for number, batch in enumerate(parts[start : start + FOLD_WRITES], start):
+                    pipe.xadd(self._folded, _fields(batch, f"{number}/{len(parts)}"))
+                await pipe.execute()
         async with redis_call("catalog replace", timeout_s):
-            replaced = await self._replace(keys=[self._log, self._folding], args=args)
+            keys = [self._log, self._folded, self._scratch]
+            replaced = await self._replace(keys=keys, args=[last_id])
         return bool(replaced)
+
+
+def page_entries(largest: int) -> int:
+    """Entries a page may hold, when the largest seen is `largest` bytes."""
+    return max(1, min(PAGE_ENTRIES, PAGE_BYTES // max(largest, 1)))
+
+
+def _fields(batch: ChangeBatch, part: str) -> dict[Any, Any]:
+    changed: list[ItemChange | Withdrawal] = [*batch.puts, *batch.withdrawals]
+    positions = ",".join(str(change.position) for change in changed)
+    body = encode_changes(batch.puts, batch.withdrawals)
+    return {"seq": batch.seq, "body": body, "positions": positions, "part": part}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from app.core.storable import fits_int64, identifier_problem
+
 
 class EventType(StrEnum):
     IMPRESSION = "impression"
@@ -130,13 +132,12 @@ def _storable(event: Event) -> Event:
     """The event, if the consumer can store what it names: its ids name Redis keys (valid
     Unicode) and its time fits the int64 it is kept in. (The archive keeps rows that fail
     apart, with why: app.archive.quarantine.)"""
-    if not 0 <= event.ts_ms < 2**63:
+    if event.ts_ms < 0 or not fits_int64(event.ts_ms):
         raise MalformedEventError("ts is past what an int64 holds")
     for name, text in (("e", event.event_id), ("u", event.user_id), ("i", event.item_id)):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise MalformedEventError(f"{name} is not valid Unicode text") from None
+        problem = identifier_problem(text)
+        if problem is not None:
+            raise MalformedEventError(f"{name} {problem}")
     return event
 
 

@@ -338,12 +338,15 @@ class Settings(ArchiveSettings):
     def _named_proxies(cls, value: str) -> str:
         for entry in filter(None, (part.strip() for part in value.split(","))):
             try:
-                ipaddress.ip_network(entry, strict=False)
+                network = ipaddress.ip_network(entry, strict=False)
             except ValueError:
+                network = None
+            if network is None or network.prefixlen == 0:
                 raise ValueError(
-                    f'{entry!r} is not an address or network: name the proxies ("*" would '
-                    "believe anyone's X-Forwarded-For, and anyone could claim to be 127.0.0.1)"
-                ) from None
+                    f"{entry!r} is not a proxy's address or network: name the proxies (every "
+                    "address would believe anyone's X-Forwarded-For, and anyone could claim "
+                    "to be 127.0.0.1)"
+                )
         return value
 
     @field_validator("admin_token", "debug_token")

@@ -72,7 +72,7 @@ async def _world(settings: Settings, client: RedisClient, metrics: IngestMetrics
         world_id,
         lambda world: CatalogLog(client, keys, world),
         settings.catalog_headroom,
-        lambda seq, why: metrics.catalog_skipped.inc(),
+        metrics.catalog_skipped.inc,
     )
     if world.arrivals is not None:
         room = world.arrivals.room

@@ -94,7 +94,7 @@ def load_ingest_world(
     world_id: str,
     changes: Callable[[str], CatalogLog] | None = None,
     headroom: int = 0,
-    skipped: Callable[[int, str], None] | None = None,
+    skipped: Callable[[], None] = lambda: None,
 ) -> IngestWorld:
     """The world's files; with `changes` and room for `headroom` added items, also the
     items its change log puts (read on the first batch; `skipped` hears of each batch that

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from app.clients.catalog_compactor import compact
 from app.clients.catalog_log import CatalogLog
 from app.clients.catalog_reader import LogReader
 from app.clients.feature_store import RedisClient
@@ -36,12 +35,10 @@ class CatalogFollower:
         reader: LogReader,
         artifacts: ArtifactsRef,
         applied: Callable[[ChangeBatch], None] = lambda batch: None,
-        measured: Callable[[int], None] = lambda entries: None,
     ) -> None:
         self._reader = reader
         self._artifacts = artifacts
         self._applied = applied
-        self._measured = measured
         self._lock = asyncio.Lock()
 
     @property
@@ -79,23 +76,6 @@ class CatalogFollower:
                 log.exception("catalog changes not applied; serving the catalog held")
         raise asyncio.CancelledError
 
-    async def keep_small(self, every_s: float, most_entries: int, timeout_s: float) -> None:
-        """Every `every_s`, the log's length measured and, past `most_entries`, the log
-        compacted (by one process: app.clients.catalog_compactor)."""
-        changes, room = self._reader.changes, self._reader.room
-        while not cancel_requested():
-            await asyncio.sleep(every_s)
-            try:
-                entries = await changes.length(timeout_s)
-                self._measured(entries)
-                if entries > most_entries:
-                    await compact(changes, room.check, timeout_s)
-            except FeatureStoreError as exc:
-                log.warning("the catalog change log was not compacted: %s", exc)
-            except Exception:  # the log grows meanwhile; following it goes on
-                log.exception("the catalog change log was not compacted")
-        raise asyncio.CancelledError
-
 
 async def replayed(
     client: RedisClient,
@@ -121,12 +101,10 @@ async def replayed(
         metrics.catalog_change_count["withdraw"].inc(len(batch.withdrawals))
         metrics.catalog_added.labels("held").set(room.added)
 
-    def skipped(seq: int, reason: str) -> None:
-        metrics.catalog_skipped.inc()
-
     await changes.agree_on_room(room.capacity, timeout_s)
-    reader = LogReader(changes, room, skipped)
-    follower = CatalogFollower(reader, artifacts, applied, metrics.catalog_log_entries.set)
+    follower = CatalogFollower(
+        LogReader(changes, room, metrics.catalog_skipped.inc), artifacts, applied
+    )
     await follower.catch_up(timeout_s)
     if room.seq:
         log.info(

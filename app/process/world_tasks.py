@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.clients.catalog_compactor import keep_small
 from app.process.health import watch_redis_world
 from app.process.services import Services
 
@@ -39,8 +40,16 @@ def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[No
             settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
         )
         tasks.append(asyncio.create_task(following, name="catalog-changes"))
-        compacting = services.catalog_follower.keep_small(
-            COMPACT_CHECK_S, settings.catalog_compact_entries, COMPACT_TIMEOUT_S
+        assert services.catalog_log is not None  # the follower follows it
+        room = services.artifacts.current.catalog.room
+        assert room is not None
+        compacting = keep_small(
+            services.catalog_log,
+            room.check,
+            services.metrics.catalog_log_entries.set,
+            COMPACT_CHECK_S,
+            settings.catalog_compact_entries,
+            COMPACT_TIMEOUT_S,
         )
         tasks.append(asyncio.create_task(compacting, name="catalog-compaction"))
     if services.exposure is not None:

@@ -20,6 +20,7 @@ process applying the log skips a batch that fails (UnappliableBatchError) whole.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -30,14 +31,15 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import UnappliableBatchError
+from app.core.storable import FLOAT32_MAX, fits_float32, identifier_problem
 from app.core.vocabulary import Positions
 from app.release.added_cells import AddedCells
 
 FloatArray = npt.NDArray[np.float32]
 # The last second of year 9999: the latest `published_at` a catalog holds (as int64).
 LATEST_TIME_S = 253_402_300_799
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-# A category code is an index into the world's category tables.
+# Category codes are compared, and counted per code by the category cap: a bound far
+# beyond any world's categories, and far inside the int64 they are stored in.
 MOST_CATEGORIES = 2**31
 # An item's vector may be at most this many times as long as the world's longest: further
 # out, its inner product with every user outweighs any other item's (it would be recalled
@@ -109,7 +111,7 @@ def encode_changes(puts: Sequence[ItemChange], withdrawals: Sequence[Withdrawal]
 
 def float32_problem(values: Sequence[float]) -> str | None:
     """Why `values` cannot be stored as float32 numbers, or None."""
-    if all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for v in values):
+    if fits_float32(values):
         return None
     return f"must be finite numbers within float32's range (at most {FLOAT32_MAX:.4g})"
 
@@ -201,8 +203,7 @@ class CatalogRoom:
     cells: AddedCells | None = None
     size: int = 0  # base + the rows up to the last added item
     seq: int = 0  # the last batch applied, or skipped
-    withdrawals: int = 0
-    skipped: int = 0  # batches this process could not apply (UnappliableBatchError)
+    withdrawals: int = 0  # the items withdrawn now
     longest: float = math.inf  # the longest vector an item may have (NORM_FACTOR)
 
     @property
@@ -222,15 +223,23 @@ class CatalogRoom:
         index = position - self.base
         return self.ids[index] if 0 <= index < len(self.ids) else ""
 
-    def change_problem(self, change: ItemChange) -> tuple[str, str] | None:
-        """The field of `change` this process could not store and why, or None."""
+    def change_problem(
+        self, change: ItemChange, vector_fits: bool = False
+    ) -> tuple[str, str] | None:
+        """The field of `change` this process could not store and why, or None
+        (`vector_fits`: its vector is known to, checked with others at once)."""
         dim = self.vectors.shape[1]
-        checks: list[tuple[str, str | None]] = [
-            ("embedding", vector_problem(change.embedding, dim, self.longest)),
-        ]
+        checks: list[tuple[str, str | None]] = [("item_id", identifier_problem(change.item_id))]
+        if not vector_fits:
+            checks.append(("embedding", vector_problem(change.embedding, dim, self.longest)))
         if not change.vector_only:
             dense = self.blobs.shape[1] - dim
             checks += [
+                ("title", identifier_problem(change.title)),
+                (
+                    "categories",
+                    next(filter(None, map(identifier_problem, change.categories)), None),
+                ),
                 ("published_at", time_problem(change.published_at)),
                 ("category", None if 0 <= change.category < MOST_CATEGORIES else "out of range"),
                 ("dense", f"must hold {dense} numbers" if len(change.dense) != dense else None),
@@ -241,6 +250,23 @@ class CatalogRoom:
                 return name, problem
         return None
 
+    def first_problem(self, puts: Sequence[ItemChange]) -> tuple[int, str, str] | None:
+        """The first of `puts` this process could not store: its index, field and why. The
+        vectors of all of them are checked at once (a thousand of them: a few ms)."""
+        dim = self.vectors.shape[1]
+        shaped = np.array([len(put.embedding) == dim for put in puts], dtype=bool)
+        vectors = np.zeros((len(puts), dim))
+        if shaped.any():
+            vectors[shaped] = [put.embedding for put in itertools.compress(puts, shaped)]
+        with np.errstate(over="ignore", invalid="ignore"):
+            fits = shaped & np.isfinite(vectors).all(1) & (np.abs(vectors) <= FLOAT32_MAX).all(1)
+            fits &= np.einsum("ij,ij->i", vectors, vectors) <= self.longest**2
+        for n, put in enumerate(puts):
+            problem = self.change_problem(put, vector_fits=bool(fits[n]))
+            if problem is not None:
+                return (n, *problem)
+        return None
+
     def check(self, batch: ChangeBatch) -> None:
         """UnappliableBatchError naming the first change of `batch` this process cannot
         store: a position past its room (RECSYS_CATALOG_HEADROOM differs between the
@@ -249,17 +275,19 @@ class CatalogRoom:
         for change in named:
             if not 0 <= change.position < self.rows:
                 raise UnappliableBatchError(
-                    f"batch {batch.seq} puts {change.item_id!r} at {change.position}, past "
+                    f"batch {batch.seq} names {change.item_id!r} at {change.position}, past "
                     f"this process's room ({self.rows} rows): set the same "
                     "RECSYS_CATALOG_HEADROOM everywhere"
                 )
-        for put in batch.puts:
-            problem = self.change_problem(put)
+        for withdrawal in batch.withdrawals:
+            problem = identifier_problem(withdrawal.item_id)
             if problem is not None:
-                field, why = problem
-                raise UnappliableBatchError(
-                    f"batch {batch.seq} puts {put.item_id!r}: {field} {why}"
-                )
+                raise UnappliableBatchError(f"batch {batch.seq} withdraws an id that {problem}")
+        found = self.first_problem(batch.puts)
+        if found is not None:
+            n, field, why = found
+            put = batch.puts[n]
+            raise UnappliableBatchError(f"batch {batch.seq} puts {put.item_id!r}: {field} {why}")
 
     def apply(self, batch: ChangeBatch) -> None:
         """Write the batch's rows, once every one of them is known to fit (`check`); the
@@ -271,8 +299,8 @@ class CatalogRoom:
         if self.cells is not None and len(filed):
             self.cells.file(filed, self.vectors[filed])
         for withdrawal in batch.withdrawals:
+            self.withdrawals += int(not self.withdrawn[withdrawal.position])
             self.withdrawn[withdrawal.position] = True
-            self.withdrawals += 1
         self.seq = max(self.seq, batch.seq)
 
     def refile(self, cells: AddedCells | None) -> None:
@@ -287,7 +315,6 @@ class CatalogRoom:
     def skip(self, seq: int) -> None:
         """Pass over batch `seq`, which this process cannot apply: requests waiting for it
         stop waiting, and the batches after it are applied."""
-        self.skipped += 1
         self.seq = max(self.seq, seq)
 
     def _put(self, change: ItemChange) -> None:
@@ -313,6 +340,7 @@ class CatalogRoom:
             self.positions[change.item_id] = p
             self.size = max(self.size, p + 1)
         self.present[p] = True
+        self.withdrawals -= int(self.withdrawn[p])  # a put brings a withdrawn item back
         self.withdrawn[p] = False
 
     def digest(self) -> str:
@@ -321,13 +349,17 @@ class CatalogRoom:
         world's, the same in every process of the world: left out, the digest costs a pass
         over the flags and the rows put, not the whole catalog (it runs on the event loop)."""
         put = np.fromiter(sorted(self.put), np.int64, len(self.put))
+        added = put[put >= self.base] - self.base
+        words = [self.attributes.get(p, {}) for p in put.tolist()]
         hashed = hashlib.sha256("\n".join(self.ids).encode())
+        hashed.update(json.dumps(words, sort_keys=True).encode())
         hashed.update(np.packbits(self.withdrawn).tobytes())
         hashed.update(np.packbits(self.present).tobytes())
         hashed.update(put.tobytes())
         hashed.update(self.categories[put].tobytes())
         hashed.update(self.published_at[put].tobytes())
         hashed.update(self.vectors[put].tobytes())
+        hashed.update(self.blobs[added].tobytes())  # the added items' dense features too
         return hashed.hexdigest()[:16]
 
     def known(self, found: Positions, ids: Sequence[str], below: int) -> Positions:
@@ -369,5 +401,7 @@ def make_room(
         present=present,
         withdrawn=np.zeros(rows, dtype=bool),
         size=base,
-        longest=NORM_FACTOR * max(1.0, float(norms.max())),
+        # A world of vectors all nought (none in practice) takes none longer than a hair.
+        # A world of vectors all nought (none in practice) takes none longer than a hair.
+        longest=NORM_FACTOR * max(float(norms.max()), 1e-6),
     )

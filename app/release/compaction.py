@@ -27,7 +27,17 @@ class Fold:
     puts: dict[str, ItemChange] = dataclasses.field(default_factory=dict)
     withdrawn: dict[str, Withdrawal] = dataclasses.field(default_factory=dict)
     seq: int = 0
-    skipped: int = 0
+
+    def fold(self, batches: Iterable[ChangeBatch], check: Callable[[ChangeBatch], None]) -> None:
+        """Fold in `batches`, each first checked as a room checks it (`check` raises
+        UnappliableBatchError for one every process skips: left out, its number kept)."""
+        for batch in batches:
+            try:
+                check(batch)
+            except UnappliableBatchError:
+                self.seq = max(self.seq, batch.seq)
+                continue
+            self.add(batch)
 
     def add(self, batch: ChangeBatch) -> None:
         for change in batch.puts:
@@ -68,12 +78,5 @@ def fold(batches: Iterable[ChangeBatch], check: Callable[[ChangeBatch], None]) -
     """The batches folded, each first checked as a room checks it (`check` raises
     UnappliableBatchError for one to leave out)."""
     folded = Fold()
-    for batch in batches:
-        try:
-            check(batch)
-        except UnappliableBatchError:
-            folded.seq = max(folded.seq, batch.seq)
-            folded.skipped += 1
-            continue
-        folded.add(batch)
+    folded.fold(batches, check)
     return folded

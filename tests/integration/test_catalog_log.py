@@ -10,7 +10,7 @@ read part of it, by one started after, and by the consumer.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -24,12 +24,14 @@ from app.clients.catalog_compactor import compact
 from app.clients.catalog_log import CatalogLog
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.release.keyspace import KeySpace
+from app.release.schema import load_schema
 from app.release.world import read_stamp
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
 from tests.integration.test_catalog_poison import _poison
 
 KEYS = KeySpace("recsys")
 HEADROOM = 500
+DIM = load_schema().embedding_dim
 LOG_PARTS = ("log", "seq", "positions", "withdrawn_seq", "room")
 
 
@@ -74,14 +76,14 @@ async def _consumer_room(stack: Stack, url: str) -> IngestWorld:
     return world
 
 
-def _keys(url: str, world_id: str) -> dict[bytes, Any]:
-    """Every key a catalog change may write: the log's own, and the items' features (not the
-    answer log and exposure counters that requests and tasks write meanwhile)."""
+def _keys(url: str, world_id: str) -> dict[str, Any]:
+    """Every key a catalog change of this script may write: the log's own, and the features
+    of the items it names (not the answer log and exposure counters that requests and tasks
+    write meanwhile)."""
     client = redis.Redis.from_url(url)
     try:
         own = [KEYS.catalog(world_id, part) for part in LOG_PARTS]
-        items = list(client.scan_iter(match=KEYS.item("*"), count=1000))
-        return {key: client.dump(key) for key in [*own, *items]}
+        return {key: client.dump(key) for key in [*own, *map(KEYS.item, IDS)]}
     finally:
         client.close()
 
@@ -96,9 +98,10 @@ IDS = ["i1", "i2", "i3"] + [f"new-{n}" for n in range(6)] + ["nobody"]
 BAD = [
     {},
     {"published_at": 2**63},
-    {"embedding": [1e39] * 4},
+    {"embedding": [1e39] * DIM},
     {"dense": {"price": 1e39}},
     {"categories": ["no such genre"]},
+    {"title": "nul\x00"},
 ]
 change: st.SearchStrategy[tuple[Any, ...]] = st.one_of(
     st.tuples(st.just("put"), st.sampled_from(IDS[:-1]), st.integers(0, 3), st.sampled_from(BAD)),
@@ -161,9 +164,10 @@ async def test_the_compacted_log_is_read_into_the_same_catalog_by_every_process(
         log = CatalogLog(client, KEYS, _world_id(stack))
         consumer = await _consumer_room(stack, catalog_redis)
         assert consumer.arrivals is not None
-        length = await log.length(5.0)
+        length, _ = await log.length(5.0)
         assert await compact(log, consumer.arrivals.room.check, 30.0)
-        assert await log.length(5.0) < length / 10  # each item once, in a part or two
+        assert await log.length(5.0) == (2, 2)  # the fold: a part of puts, one of withdrawals
+        assert length > 50
         await changes(50, 5)
         held = (await api.get("/catalog")).json()
         assert (await behind.get("/catalog")).json() == held
@@ -175,29 +179,35 @@ async def test_the_compacted_log_is_read_into_the_same_catalog_by_every_process(
         await client.aclose()
 
 
-async def test_compaction_gives_way_to_a_batch_appended_while_it_folds(
+async def test_a_batch_appended_while_the_log_is_folded_follows_the_fold(
     api: httpx.AsyncClient, stack: Stack, catalog_redis: str
 ) -> None:
     client = redis.asyncio.Redis.from_url(catalog_redis)
     try:
         log = CatalogLog(client, KEYS, _world_id(stack))
         categories = await _categories(api)
-
-        appended: list[bool] = []
-
-        def check(batch: Any) -> None:
-            # The fold runs in a thread: an entry appended meanwhile makes it stale.
-            if not appended:
-                sync = redis.Redis.from_url(catalog_redis)
-                sync.xadd(KEYS.catalog(_world_id(stack), "log"), {"seq": "0", "body": "x"})
-                sync.close()
-                appended.append(True)
-
-        length = await log.length(5.0)
-        await client.delete(KEYS.catalog(_world_id(stack), "compacting"))
-        assert not await compact(log, check, 30.0)
-        assert await log.length(5.0) >= length  # nothing replaced
-        item = {"item_id": "after-race", "title": "t", "categories": categories}
+        item = {"item_id": "before-fold", "title": "t", "categories": categories}
         assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
+        replace = log.replace
+
+        async def late(last_id: str, parts: Any, timeout_s: float) -> bool:
+            # Between the log's last read and its replacement: a batch through the API.
+            late = {"item_id": "late", "title": "late", "categories": categories}
+            assert (await api.post("/catalog/items", json={"items": [late]})).status_code == 200
+            return await replace(last_id, parts, timeout_s)
+
+        log.replace = late  # type: ignore[method-assign]
+        assert await compact(log, lambda batch: None, 30.0)
+        entries, folded = await log.length(5.0)
+        assert entries == folded + 1  # the fold, then the entry appended while it folded
+        tail = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            await client.xrevrange(KEYS.catalog(_world_id(stack), "log"), count=1),
+        )
+        assert b'"late"' in tail[0][1][b"body"]
+        held = (await api.get("/catalog")).json()
+        consumer = await _consumer_room(stack, catalog_redis)
+        assert consumer.arrivals is not None
+        assert consumer.arrivals.room.digest() == held["digest"]
     finally:
         await client.aclose()

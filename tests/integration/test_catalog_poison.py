@@ -12,6 +12,7 @@ from the one the world's log began with is refused at start in one line.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from app.clients.feature_store import decode_seen
 from app.core.errors import ConfigError
 from app.core.metrics import ServiceMetrics
 from app.process.services import start_services
-from app.release.arrivals import ItemChange
+from app.release.arrivals import ItemChange, encode_changes
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp
 from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, metric_samples, serving
@@ -58,28 +59,35 @@ async def _skipped(api: httpx.AsyncClient) -> float:
     return metric_samples((await api.get("/metrics")).text)[SKIPPED]
 
 
-async def _poison(stack: Stack, url: str, headroom: int) -> int:
-    """A batch whose time no int64 holds, appended to the log as the API never would."""
+async def _poison(stack: Stack, url: str, headroom: int, **bad_values: Any) -> int:
+    """A batch whose time no int64 holds (or `bad_values`), appended to the log as the API
+    never would."""
     stamp = read_stamp(stack.world)
     assert stamp is not None
     schema = stack.schema
-    bad = ItemChange(
+    fine = ItemChange(
         item_id="poison",
         position=-1,
         title="Poison",
         categories=("x",),
         category=0,
-        published_at=2**63,
+        published_at=1_700_000_000,
         dense=(0.0,) * len(schema.item_dense),
         embedding=(0.1,) * schema.embedding_dim,
     )
+    bad = dataclasses.replace(fine, **(bad_values or {"published_at": 2**63}))
     client = redis.asyncio.Redis.from_url(url)
     try:
-        log = CatalogLog(client, KEYS, stamp.world_id)
-        accepted = await log.append([bad], [], SMALL_WORLD.items, headroom, 5.0)
+        if "item_id" not in bad_values:
+            log = CatalogLog(client, KEYS, stamp.world_id)
+            return (await log.append([bad], [], SMALL_WORLD.items, headroom, 5.0)).seq
+        # An id no key can hold cannot even be sent to the script: the entry by hand.
+        seq = int(await client.incr(KEYS.catalog(stamp.world_id, "seq")))
+        fields = {"seq": seq, "body": encode_changes([bad], []), "positions": "3999"}
+        await client.xadd(KEYS.catalog(stamp.world_id, "log"), fields)  # type: ignore[arg-type]
+        return seq
     finally:
         await client.aclose()
-    return accepted.seq
 
 
 async def _seen_holds(url: str, position: int, consumer: ManagedProcess) -> None:
@@ -139,6 +147,23 @@ async def test_a_batch_no_process_can_apply_is_skipped_and_what_follows_is_serve
     assert f"batch {poison} skipped" in consumer.log_tail(200)
 
 
+@pytest.mark.parametrize(
+    "bad", [{"item_id": "poison\ud800"}, {"title": "\ud800"}, {"categories": ("x\x00",)}]
+)
+async def test_a_batch_of_text_no_key_or_answer_can_hold_is_skipped(
+    stack: Stack, loaded_redis: str, bad: dict[str, Any]
+) -> None:
+    settings = stack.settings(redis_url=loaded_redis)
+    async with serving(settings) as api:
+        await _poison(stack, loaded_redis, settings.catalog_headroom, **bad)
+        state = await api.get("/catalog")  # the digest hashes every id and word put
+        assert state.status_code == 200, state.text
+        body = {"user_id": USER, "num_items": 200, "context": CONTEXT, "attributes": ["title"]}
+        answered = await api.post("/recommend", json=body)
+        assert answered.status_code == 200, answered.text
+        assert await _skipped(api) == 1
+
+
 async def test_values_past_the_types_they_are_stored_in_are_refused_naming_the_field(
     stack: Stack, loaded_redis: str
 ) -> None:
@@ -194,7 +219,12 @@ async def test_a_batch_refused_for_room_writes_no_item_blob(
 async def test_a_process_with_another_headroom_is_refused_at_start(
     stack: Stack, loaded_redis: str
 ) -> None:
-    async with serving(stack.settings(redis_url=loaded_redis, catalog_headroom=50)):
+    # Before any change, a deployment gone left nothing that depends on its room.
+    async with serving(stack.settings(redis_url=loaded_redis, catalog_headroom=40)):
+        pass
+    async with serving(stack.settings(redis_url=loaded_redis, catalog_headroom=50)) as api:
+        item = {"item_id": "n1", "title": "t", "categories": await _categories(api)}
+        assert (await api.post("/catalog/items", json={"items": [item]})).status_code == 200
         other = stack.settings(redis_url=loaded_redis, catalog_headroom=60)
         with pytest.raises(ConfigError, match="RECSYS_CATALOG_HEADROOM is 60 here, 50 in"):
             await start_services(other, ServiceMetrics())

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, assume, settings
+from pydantic import SecretStr
+from recsys_tools.localstack import start_redis
 from schemathesis import GenerationMode, checks
 
 from app.core.callers import entry
 from app.core.settings import Settings
 from app.main import create_app
-from tests.integration.conftest import Stack
+from tests.integration.conftest import Stack, load_redis
 from tests.integration.test_faults import api_process
 
 pytestmark = pytest.mark.integration
@@ -128,5 +130,67 @@ def test_events_refuse_a_stranger_in_the_documented_shape(
     response = case.call(base_url=events_api_url)
     # Unsupported methods (the negative cases) are 405 before anyone is asked who they are.
     assert response.status_code in (401, 405, 408, 413, 415), response.text
+    body = response.json()
+    assert set(body) == {"error", "message", "fields", "request_id"}
+
+
+# The operator's routes (/catalog, and /admin, mounted only with a token) on an API that has
+# a token: every answer documented and in the one error shape, with the token and without.
+ADMIN_TOKEN = "fuzz-admin-token-0123456789abcdef"
+OPERATOR = schemathesis.openapi.from_dict(
+    create_app(Settings(admin_token=SecretStr(ADMIN_TOKEN))).openapi()
+).include(path_regex="^/(admin|catalog)")
+OPERATOR.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+    max_examples=25,
+    allow_extra_parameters=False,
+)
+OPERATOR.config.checks.negative_data_rejection.expected_statuses = [
+    *OPERATOR.config.checks.negative_data_rejection.expected_statuses,
+    "413",
+]
+
+
+@pytest.fixture(scope="module")
+def operator_api_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An API with the admin token, on a Redis of its own: what the fuzzer puts and
+    withdraws, or reloads, stays out of every other test's way."""
+    workdir: Path = tmp_path_factory.mktemp("fuzz-operator")
+    redis_process, redis_url = start_redis(workdir / "redis")
+    try:
+        load_redis(redis_url, stack.world, stack.schema)
+        with api_process(
+            stack,
+            workdir,
+            request_budget_ms="2000",
+            drain_s="0",
+            redis_url=redis_url,
+            admin_token=ADMIN_TOKEN,
+        ) as api:
+            yield api.url
+    finally:
+        redis_process.stop()
+
+
+@OPERATOR.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_operator_routes_keep_their_contract_with_the_token(
+    case: schemathesis.Case[Any], operator_api_url: str
+) -> None:
+    assume(not _integral_float(case.body))
+    case.call_and_validate(
+        base_url=operator_api_url,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        excluded_checks=[checks.positive_data_acceptance],
+    )
+
+
+@OPERATOR.parametrize()
+@settings(deadline=None, max_examples=15, suppress_health_check=list(HealthCheck))
+def test_the_operator_routes_refuse_a_stranger_in_the_documented_shape(
+    case: schemathesis.Case[Any], operator_api_url: str
+) -> None:
+    response = case.call(base_url=operator_api_url)
+    assert response.status_code in (401, 405), response.text
     body = response.json()
     assert set(body) == {"error", "message", "fields", "request_id"}

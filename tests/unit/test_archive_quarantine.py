@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from app.archive.consumer import Archiver, Cadence, Source
-from app.archive.quarantine import FLOAT32_MAX, table_of
+from app.archive.quarantine import table_of
 from app.archive.rows import Kind, Rows
 from app.archive.store import ArchiveStore
 from app.core.archive_metrics import ArchiveMetrics, Unfit
 from app.core.settings import Settings
+from app.core.storable import FLOAT32_MAX
 
 NOW_MS = 1_764_547_200_000 + 12 * 3_600_000  # 2025-12-01T12:00:00Z
 LATEST_MS = NOW_MS + 300_000

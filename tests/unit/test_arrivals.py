@@ -142,6 +142,10 @@ def test_a_room_refiled_under_a_new_index_finds_its_added_items_there() -> None:
 
 
 BAD_PUTS = [
+    ("item_id", {"item_id": "n\ud800"}),
+    ("item_id", {"item_id": "n\x00"}),
+    ("title", {"title": "t\ud800"}),
+    ("categories", {"categories": ("a", "b\ud800")}),
     ("published_at", {"published_at": LATEST_TIME_S + 1}),
     ("published_at", {"published_at": -1}),
     ("category", {"category": -1}),
@@ -163,11 +167,32 @@ def test_a_batch_with_a_value_the_room_cannot_hold_changes_nothing(
     bad = dataclasses.replace(_put("n2", 5), **change)  # type: ignore[arg-type]
     assert room.change_problem(bad) is not None
     assert room.change_problem(bad)[0] == field  # type: ignore[index]
-    with pytest.raises(UnappliableBatchError, match=f"batch 3 puts 'n2': {field}"):
+    with pytest.raises(UnappliableBatchError, match=f"batch 3 puts .*: {field}"):
         room.apply(ChangeBatch(3, (_put("n1", 4), bad)))  # the good one first: not written
     assert room.digest() == before
     assert room.seq == 0
     assert not room.present[4]
+
+
+def test_a_withdrawal_of_an_id_no_key_can_hold_is_unappliable() -> None:
+    room = _room()
+    with pytest.raises(UnappliableBatchError, match="withdraws an id that must be valid"):
+        room.apply(ChangeBatch(2, (), (Withdrawal("i\ud800", 1),)))
+    assert not room.withdrawn.any()
+
+
+def test_the_withdrawn_count_is_of_items_withdrawn_now() -> None:
+    room = _room()
+    for seq, batch in enumerate(
+        [
+            ChangeBatch(0, (), (Withdrawal("i1", 1), Withdrawal("i2", 2))),
+            ChangeBatch(0, (), (Withdrawal("i1", 1),)),  # again: still one item
+            ChangeBatch(0, (_put("i2", 2),)),  # put again: back
+        ],
+        start=1,
+    ):
+        room.apply(dataclasses.replace(batch, seq=seq))
+    assert room.withdrawals == int(room.withdrawn.sum()) == 1
 
 
 def test_a_batch_that_does_not_decode_is_unappliable() -> None:
@@ -188,5 +213,6 @@ def test_the_digest_tells_catalogs_apart_by_what_was_put() -> None:
     assert one.digest() == other.digest()
     one.skip(3)
     assert one.seq == 3
-    assert one.skipped == 1
     assert one.digest() == other.digest()
+    other.apply(ChangeBatch(3, (dataclasses.replace(_put("n1", 4), title="other"),)))
+    assert one.digest() != other.digest()  # the words put count too

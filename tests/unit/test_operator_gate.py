@@ -32,6 +32,18 @@ class Body:
         return {"type": "http.request", "body": chunk, "more_body": self.read < self.size}
 
 
+class _Whole(Body):
+    """A body sent whole, in one chunk."""
+
+    def __init__(self, content: bytes) -> None:
+        super().__init__(len(content))
+        self.whole = content
+
+    async def receive(self) -> Message:
+        self.read = self.size
+        return {"type": "http.request", "body": self.whole, "more_body": False}
+
+
 async def _post(
     settings: Settings,
     path: str,
@@ -90,13 +102,21 @@ async def test_off_loopback_without_a_token_the_catalog_is_refused_unread() -> N
     assert body.read == 0
 
 
-async def test_a_forwarded_request_is_no_loopback_caller() -> None:
+@pytest.mark.parametrize("header", [b"x-forwarded-for", b"forwarded", b"x-real-ip"])
+async def test_a_forwarded_request_is_no_loopback_caller(header: bytes) -> None:
     # From a proxy on this host: the peer is loopback, the caller is whoever the proxy served.
     body = Body(10)
-    forwarded = ((b"x-forwarded-for", b"203.0.113.9"),)
+    forwarded = ((header, b"203.0.113.9"),)
     status, _ = await _post(Settings(), "/catalog/withdrawals", body, None, "127.0.0.1", forwarded)
     assert status == 401
     assert body.read == 0
+
+
+async def test_a_body_nested_past_the_parsers_depth_is_refused_not_a_server_error() -> None:
+    nested = b'{"items": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    for path in ("/catalog/items", "/recommend"):
+        status, text = await _post(Settings(), path, _Whole(nested), None, "127.0.0.1")
+        assert status in (400, 422), text
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,17 @@ def test_invalid_environment_is_refused_at_start(
         Settings()
 
 
+@pytest.mark.parametrize("proxies", ["*", "0.0.0.0/0", "10.0.0.1,::/0", "proxy.local"])
+def test_trusted_proxies_that_would_believe_anyone_are_refused(proxies: str) -> None:
+    with pytest.raises(ConfigError, match=r"RECSYS_TRUSTED_PROXIES.*name the proxies"):
+        load_settings(trusted_proxies=proxies)
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    named = "10.0.0.1, 192.168.0.0/24, ::1"
+    assert load_settings(trusted_proxies=named).trusted_proxies == named
+
+
 @pytest.mark.parametrize("workers", [0, 65])
 def test_workers_from_the_command_line_get_the_settings_bounds(workers: int) -> None:
     with pytest.raises(ConfigError, match="RECSYS_WORKERS"):

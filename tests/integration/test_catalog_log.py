@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import httpx
+import numpy as np
 import pytest
 import pytest_asyncio
 import redis
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from app.clients.catalog_compactor import compact
 from app.clients.catalog_log import CatalogLog
+from app.ingest.refit import ItemRefits
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.release.keyspace import KeySpace
 from app.release.schema import load_schema
@@ -62,8 +64,16 @@ def _world_id(stack: Stack) -> str:
 
 
 async def _consumer_room(stack: Stack, url: str) -> IngestWorld:
-    """The ingest consumer's view of the catalog, made as it makes it, read to the log's end."""
+    """The ingest consumer's view of the catalog, made as it makes it, read to the log's end
+    (its client closed after: `_consumer` keeps one)."""
     client = redis.asyncio.Redis.from_url(url)
+    try:
+        return await _consumer(stack, client)
+    finally:
+        await client.aclose()
+
+
+async def _consumer(stack: Stack, client: redis.asyncio.Redis) -> IngestWorld:
     world = load_ingest_world(
         stack.world,
         stack.schema,
@@ -72,7 +82,6 @@ async def _consumer_room(stack: Stack, url: str) -> IngestWorld:
         HEADROOM,
     )
     await world.follow_catalog()
-    await client.aclose()
     return world
 
 
@@ -209,5 +218,31 @@ async def test_a_batch_appended_while_the_log_is_folded_follows_the_fold(
         consumer = await _consumer_room(stack, catalog_redis)
         assert consumer.arrivals is not None
         assert consumer.arrivals.room.digest() == held["digest"]
+    finally:
+        await client.aclose()
+
+
+async def test_an_added_item_is_refitted_past_its_first_256_choosers(
+    api: httpx.AsyncClient, stack: Stack, catalog_redis: str
+) -> None:
+    # Redis keeps an item's latest 256 choosers: the refits past them (every 64th) are timed
+    # by every chooser noted, not by the list's length, which stops at the cap.
+    categories = await _categories(api)
+    item = {"item_id": "chosen-often", "title": "t", "categories": categories}
+    put = await api.post("/catalog/items", json={"items": [item]})
+    assert put.status_code == 200, put.text
+    position = put.json()["items"][0]["position"]
+    client = redis.asyncio.Redis.from_url(catalog_redis)
+    try:
+        world = await _consumer(stack, client)
+        arrivals, step = world.arrivals, world.step
+        assert arrivals is not None
+        assert step is not None
+        refits = ItemRefits(client, KEYS)
+        vector = np.full(DIM, 0.1, dtype="<f4").tobytes()
+        chooser = [(position, vector)]
+        assert await refits._noted(world, arrivals, step, chooser * 300) == 1
+        assert await refits._noted(world, arrivals, step, chooser * 19) == 0
+        assert await refits._noted(world, arrivals, step, chooser) == 1  # the 320th
     finally:
         await client.aclose()

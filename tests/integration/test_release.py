@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -99,6 +100,9 @@ class Release:
         staged.unlink(missing_ok=True)
         staged.symlink_to(world)
         staged.replace(self.current)
+
+    def rules_text(self) -> str:
+        return (self.root / "rules.toml").read_text()
 
     def write_rules(self, text: str) -> None:
         staged = self.root / "rules.new"
@@ -366,6 +370,22 @@ async def test_sigusr1_reloads(release: Release, api: httpx.AsyncClient) -> None
         assert time.monotonic() < give_up, "SIGUSR1 did not reload"
         await asyncio.sleep(0.05)
     assert report["artifacts"] != before["artifacts"]
+
+
+async def test_a_reload_that_changes_nothing_says_so(
+    release: Release, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A comment added to the rules file: the rules as parsed are those served.
+    before = await _admin(api, "reload")
+    unchanged = (await _metrics(api)).get("recsys_reloads_total{outcome=unchanged}", 0.0)
+    release.write_rules(release.rules_text() + "\n# a comment, nothing more\n")
+    with caplog.at_level(logging.INFO, logger="app.process.reload"):
+        after = await _admin(api, "reload")
+    assert after["generation"] == before["generation"]
+    metrics = await _metrics(api)
+    assert metrics["recsys_reloads_total{outcome=unchanged}"] == unchanged + 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any("read again are those served" in line for line in said), said
 
 
 async def test_admin_needs_its_token_and_is_absent_without_one(

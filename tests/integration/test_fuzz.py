@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, settings
 from pydantic import SecretStr
 from recsys_tools.localstack import start_redis
 from schemathesis import GenerationMode, checks
+from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from app.core.callers import entry
 from app.core.settings import Settings
@@ -27,21 +28,25 @@ from tests.integration.test_faults import api_process
 
 pytestmark = pytest.mark.integration
 
-# The document is the app's own; building the app connects to nothing.
-SCHEMA = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
-SCHEMA.config.generation.update(
-    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-    max_examples=60,
-    # Any HTTP service must take headers it does not know (proxies add them); an extra
-    # header is not a request that breaks the document. Extra body fields still are.
-    allow_extra_parameters=False,
-)
-# A request that breaks the document may also be refused for its size before it is parsed
-# (413: more events than the document allows can weigh more than the body limit).
-SCHEMA.config.checks.negative_data_rejection.expected_statuses = [
-    *SCHEMA.config.checks.negative_data_rejection.expected_statuses,
-    "413",
-]
+
+def _document(settings: Settings, examples: int) -> OpenApiSchema:
+    """The app's own document (building the app connects to nothing), fuzzed both ways."""
+    schema = schemathesis.openapi.from_dict(create_app(settings).openapi())
+    schema.config.generation.update(
+        modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+        max_examples=examples,
+        # Any HTTP service must take headers it does not know (proxies add them); an extra
+        # header is not a request that breaks the document. Extra body fields still are.
+        allow_extra_parameters=False,
+    )
+    # A request that breaks the document may also be refused for its size before it is
+    # parsed (413: more events than the document allows can weigh more than the limit).
+    rejected = schema.config.checks.negative_data_rejection
+    rejected.expected_statuses = [*rejected.expected_statuses, "413"]
+    return schema
+
+
+SCHEMA = _document(Settings(), 60)
 
 
 # /events again, on an API that takes events from named callers only: with a caller's token
@@ -137,18 +142,9 @@ def test_events_refuse_a_stranger_in_the_documented_shape(
 # The operator's routes (/catalog, and /admin, mounted only with a token) on an API that has
 # a token: every answer documented and in the one error shape, with the token and without.
 ADMIN_TOKEN = "fuzz-admin-token-0123456789abcdef"
-OPERATOR = schemathesis.openapi.from_dict(
-    create_app(Settings(admin_token=SecretStr(ADMIN_TOKEN))).openapi()
-).include(path_regex="^/(admin|catalog)")
-OPERATOR.config.generation.update(
-    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-    max_examples=25,
-    allow_extra_parameters=False,
+OPERATOR = _document(Settings(admin_token=SecretStr(ADMIN_TOKEN)), 25).include(
+    path_regex="^/(admin|catalog)"
 )
-OPERATOR.config.checks.negative_data_rejection.expected_statuses = [
-    *OPERATOR.config.checks.negative_data_rejection.expected_statuses,
-    "413",
-]
 
 
 @pytest.fixture(scope="module")

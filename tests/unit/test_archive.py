@@ -117,18 +117,22 @@ def test_compaction_merges_a_day_into_one_file_each_row_once(tmp_path: Path) -> 
     assert store.compact(Kind.EVENTS, "2025-12-01") == (2, 31)
 
 
-class _Stream:
-    """The archive's reads and acks, in memory: what the loop's rule is checked against."""
+class MemoryStream:
+    """The archive's reads and acks, in memory: what the loop's rule is checked against.
+    Entries come from `stream` (every stream, when None)."""
 
-    def __init__(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+    def __init__(
+        self, entries: list[tuple[bytes, dict[bytes, bytes]]], stream: str | None = None
+    ) -> None:
         self.entries = entries
+        self.stream = stream
         self.acked: list[bytes] = []
 
     async def join(self, stream: str) -> None:
         return None
 
     async def read(self, stream: str, after: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        if after != ">":
+        if after != ">" or self.stream not in (None, stream):
             return []
         taken, self.entries = self.entries, []
         if not taken:
@@ -152,7 +156,7 @@ class _RefusingStore(ArchiveStore):
 
 async def test_nothing_is_acknowledged_until_its_file_is_written(tmp_path: Path) -> None:
     fields = {k.encode(): v.encode() for k, v in encode_entry(_events(20)).items()}
-    stream = _Stream([(b"1-0", fields), (b"2-0", fields)])
+    stream = MemoryStream([(b"1-0", fields), (b"2-0", fields)])
     store = _RefusingStore(str(tmp_path))
     metrics = ArchiveMetrics()
     archiver = Archiver(

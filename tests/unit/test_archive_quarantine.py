@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from app.archive.store import ArchiveStore
 from app.core.archive_metrics import ArchiveMetrics, Unfit
 from app.core.settings import Settings
 from app.core.storable import FLOAT32_MAX
+from tests.unit.test_archive import MemoryStream
 
 NOW_MS = 1_764_547_200_000 + 12 * 3_600_000  # 2025-12-01T12:00:00Z
 LATEST_MS = NOW_MS + 300_000
@@ -103,38 +104,18 @@ def test_an_entry_nested_past_the_parsers_depth_is_malformed_not_a_crash() -> No
     assert rows.table().column("event_id").to_pylist() == ["after"]
 
 
-class _Stream:
-    def __init__(self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        self.stream = stream
-        self.entries = entries
-        self.acked: list[bytes] = []
-
-    async def join(self, stream: str) -> None:
-        return None
-
-    async def read(self, stream: str, after: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        if after != ">" or stream != self.stream:
-            return []
-        taken, self.entries = self.entries, []
-        if not taken:
-            await asyncio.sleep(0.01)
-        return taken
-
-    async def ack(self, stream: str, entry_ids: Sequence[bytes]) -> None:
-        self.acked.extend(entry_ids)
-
-
 async def test_a_poison_entry_is_kept_apart_and_the_entries_after_it_are_archived(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stream = _Stream(
-        "recsys:events:{0}",
+    name = "recsys:events:{0}"
+    stream = MemoryStream(
         [
             (b"1-0", _events_entry(_event("poison-ts", ts=2**63))),
             (b"2-0", _events_entry(_event("poison-text", i="\ud800"))),
             (b"3-0", _events_entry(_event("tomorrow", ts=NOW_MS + DAY_MS))),
             (b"4-0", _events_entry(_event("good-1"), _event("good-2"))),
         ],
+        name,
     )
     store = ArchiveStore(str(tmp_path))
     metrics = ArchiveMetrics()
@@ -142,7 +123,7 @@ async def test_a_poison_entry_is_kept_apart_and_the_entries_after_it_are_archive
         stream,  # type: ignore[arg-type]
         store,
         metrics,
-        [Source(stream.stream, Kind.EVENTS)],
+        [Source(name, Kind.EVENTS)],
         Cadence(flush_s=3600.0, flush_rows=10_000, compact_every_s=3600.0),
         max_future_s=300.0,
         clock=lambda: NOW_MS / 1000,

@@ -32,7 +32,8 @@ import pyarrow as pa
 import redis
 from recsys_tools.localstack import start_ingest, unapplied
 from recsys_tools.replay import Row, replay
-from recsys_tools.retrain import RetrainPlan, archive_rows, as_of, base_rows, hit_at_k, retrain
+from recsys_tools.retrain import hit_at_k, retrain
+from recsys_tools.retrain_rows import RetrainPlan, archive_rows, as_of, base_rows
 from recsys_tools.world.generate.drift import DAY, START, DailyDrift, DailyShape, daily_drift
 from recsys_tools.world.judge.answers import Moment, WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from recsys_tools.retrain import (
+from recsys_tools.retrain_rows import (
     RetrainPlan,
     Window,
     archive_rows,

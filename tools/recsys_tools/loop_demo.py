@@ -61,7 +61,8 @@ from recsys_tools.localstack import (
     unarchived,
 )
 from recsys_tools.outcomes import TYPES
-from recsys_tools.retrain import RetrainPlan, retrain
+from recsys_tools.retrain import retrain
+from recsys_tools.retrain_rows import RetrainPlan
 from recsys_tools.world.generate.drift import DAY, DailyDrift, DailyShape, daily_drift
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import redis.asyncio
 from recsys_tools.localstack import (
     ManagedProcess,
     start_archive,
@@ -26,7 +27,10 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from app.archive.rows import Kind
 from app.archive.store import ArchiveStore
+from app.clients.catalog_compactor import compact
+from app.clients.catalog_log import CatalogLog
 from app.release.keyspace import KeySpace
+from app.release.world import read_stamp
 from tests.debian_tools import redis_7
 from tests.integration.conftest import CONTEXT, Stack, serving
 
@@ -185,6 +189,10 @@ async def test_events_flow_through_the_api_and_consumer_users(stack: Stack, tmp_
             while (await api.get("/catalog")).json()["batch"] < 2:
                 assert time.monotonic() < give_up, consumer.log_tail()
                 await asyncio.sleep(0.05)
+            # The log compacted by the API's user: each command of its scripts is allowed.
+            held = (await api.get("/catalog")).json()
+            assert await _compacted_as_the_api(stack, url)
+            assert (await api.get("/catalog")).json() == held
         assert "not refitted" not in consumer.log_tail()
         # The archive, as its own user, keeps both events and the answers the API logged.
         archived = ArchiveStore(str(tmp_path / "archive"))
@@ -223,3 +231,17 @@ async def _categories_of(api: httpx.AsyncClient, item: str) -> list[str]:
     items = (await api.post("/recommend", json=body)).json()["items"]
     named = {i["item_id"]: i["attributes"]["categories"] for i in items}
     return str(named.get(item) or items[0]["attributes"]["categories"]).split("|")
+
+
+async def _compacted_as_the_api(stack: Stack, url: str) -> bool:
+    stamp = read_stamp(stack.world)
+    assert stamp is not None
+    client = redis.asyncio.Redis.from_url(url, username="recsys-api", password=PASSWORDS["API"])
+    try:
+        return await compact(CatalogLog(client, KeySpace("recsys"), stamp.world_id), _any, 10.0)
+    finally:
+        await client.aclose()
+
+
+def _any(batch: object) -> None:
+    """Every batch may be folded."""

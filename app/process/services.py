@@ -19,7 +19,12 @@ from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
 from app.clients.exposure import Exposure
 from app.clients.feature_store import FeatureStore, redis_of
-from app.clients.item_memory import ItemMatrix, ItemMemory, read_item_matrix
+from app.clients.item_memory import (
+    LOAD_CALL_TIMEOUT_S,
+    ItemMatrix,
+    ItemMemory,
+    read_item_matrix,
+)
 from app.clients.local_ranker import LocalRanker, load_local_ranker
 from app.clients.ranking_model import TritonPool, connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
@@ -237,9 +242,13 @@ def _triton_names(settings: Settings) -> list[str]:
 
 
 def _feature_store(
-    settings: Settings, schema: FeatureSchema, breaker: CircuitBreaker
+    settings: Settings,
+    schema: FeatureSchema,
+    breaker: CircuitBreaker,
+    connections: int,
+    timeout_s: float,
 ) -> FeatureStore:
-    redis = redis_of(settings, settings.redis_max_connections, settings.redis_timeout_s)
+    redis = redis_of(settings, connections, timeout_s)
     return FeatureStore(
         redis,
         schema,
@@ -275,13 +284,19 @@ def _clients(
     schema: FeatureSchema,
     breakers: dict[str, CircuitBreaker],
     stack: AsyncExitStack,
-) -> tuple[FeatureStore, TritonPool]:
-    """Redis and Triton's clients, each closed with the stack."""
-    store = _feature_store(settings, schema, breakers["redis"])
+) -> tuple[FeatureStore, FeatureStore, TritonPool]:
+    """Redis and Triton's clients, each closed with the stack: Redis's for requests, and
+    one for the item matrix read whole. A client's socket timeout bounds every read of a
+    reply, so the requests' (tens of ms) would cut a read of megabytes that its own
+    deadline allows seconds, whenever the host is busy for a moment (it refused start-ups)."""
+    connections, timeout_s = settings.redis_max_connections, settings.redis_timeout_s
+    store = _feature_store(settings, schema, breakers["redis"], connections, timeout_s)
     stack.push_async_callback(store.aclose)
+    loading = _feature_store(settings, schema, breakers["redis"], 2, LOAD_CALL_TIMEOUT_S)
+    stack.push_async_callback(loading.aclose)
     model = _triton_pool(settings, schema, breakers)
     stack.push_async_callback(model.close)
-    return store, model
+    return store, loading, model
 
 
 def _trending(
@@ -395,7 +410,7 @@ async def start_services(
     )
     breakers = _breakers(settings, metrics, running_late)
     async with AsyncExitStack() as stack:
-        store, model = _clients(settings, schema, breakers, stack)
+        store, loading, model = _clients(settings, schema, breakers, stack)
         await checked_redis(store, stamp, settings.startup_timeout_s)
         routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
         signature = await _widest_with_memory(settings, model, schema, routing.signatures())
@@ -407,7 +422,7 @@ async def start_services(
                 serving_artifacts, schema, catalog, rules, routing, store.keys, identity
             )
         )
-        item_memory = await held_item_features(settings, store, artifacts.current, metrics, stamp)
+        item_memory = await held_item_features(settings, loading, artifacts.current, metrics, stamp)
         following = await replayed(
             store.client,
             store.keys,

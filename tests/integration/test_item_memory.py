@@ -74,3 +74,24 @@ async def test_a_new_load_is_read_beside_and_swapped_whole(stack: Stack, loaded_
     finally:
         client.close()
         await services.aclose()
+
+
+async def test_the_matrix_is_read_through_a_pause_longer_than_a_requests_redis_timeout(
+    stack: Stack, loaded_redis: str
+) -> None:
+    """The whole matrix is megabytes: read with the request path's client, one read of a
+    reply kept waiting past its 25 ms socket timeout failed it (and the start-up) on a busy
+    host. A pause of Redis stands in for the busy moment."""
+    settings = stack.settings(redis_url=loaded_redis, redis_timeout_ms=25.0)
+    services = await start_services(settings, ServiceMetrics())
+    client = redis.Redis.from_url(loaded_redis)
+    try:
+        memory = services.item_memory
+        assert memory is not None
+        client.hset("recsys:meta", ITEMS_VERSION_FIELD, "after-a-pause")
+        client.execute_command("CLIENT", "PAUSE", "300", "ALL")
+        assert await memory.refresh() is True
+        assert memory.current.version == "after-a-pause"
+    finally:
+        client.close()
+        await services.aclose()

@@ -20,6 +20,7 @@ from app.pipeline.sources.similar import SimilarSource
 from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.pack import RowPacker
 from app.pipeline.stages.prerank import PreRanker
+from app.pipeline.taken import Taken
 from app.pipeline.types import (
     Asked,
     Hydrated,
@@ -92,16 +93,16 @@ async def test_the_similar_source_recalls_the_latest_items_neighbours_closest_fi
     recalling = Recalling(asked((1.0, 0.0), recent=[0, 2], decay=0.5), wanted=10)
     # 2 is the latest (weight 1): 3 (0.8) and 4 (0.4); 0 counts half: 1 (0.45). Neither
     # pads (-1) nor any item the sources before found come out.
-    found = await source.candidates(recalling, np.array([4], dtype=np.int64), ctx())
+    found = await source.candidates(recalling, Taken.holding(np.array([4], dtype=np.int64)), ctx())
     assert found.tolist() == [3, 1]  # 4 (0.4) was found before
 
 
 async def test_the_similar_source_adds_nothing_without_positives_or_neighbours() -> None:
     source = SimilarSource(count=10)
     nobody = Recalling(asked((1.0, 0.0), recent=[]), wanted=10)
-    assert len(await source.candidates(nobody, np.empty(0, np.int64), ctx())) == 0
+    assert len(await source.candidates(nobody, Taken(0), ctx())) == 0
     someone = Recalling(asked((1.0, 0.0), recent=[2], near=False), wanted=10)
-    assert len(await source.candidates(someone, np.empty(0, np.int64), ctx())) == 0
+    assert len(await source.candidates(someone, Taken(0), ctx())) == 0
 
 
 async def test_the_features_stage_finds_what_is_near_the_latest_positives_once() -> None:

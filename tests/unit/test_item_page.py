@@ -21,6 +21,7 @@ from app.pipeline.stages.features import UserFeatureHydrator
 from app.pipeline.stages.filter import CandidateFilter
 from app.pipeline.stages.recall import CandidateRecall
 from app.pipeline.stages.rerank import Reranker
+from app.pipeline.taken import Taken
 from app.pipeline.types import (
     Asked,
     ModelUsed,
@@ -121,19 +122,20 @@ async def test_viewed_recalls_what_was_chosen_with_it_then_the_nearest_vectors()
     search = FakeSearch(hits=[2, 5, 4, 3])  # the index, nearest the viewed item's vector
     source = ViewedSource(search, count=3)
     ctx = _ctx()
-    found = await source.candidates(Recalling(_viewing(2), 6), np.array([0]), ctx)
+    found = await source.candidates(Recalling(_viewing(2), 6), Taken.holding(np.array([0])), ctx)
     # 4 (its neighbour); 0 is a neighbour already found; then 5 and 3, never 2 itself.
     assert found.tolist() == [4, 5, 3]
     # A feed asks nothing of it.
-    assert len(await source.candidates(Recalling(_viewing(-1), 6), np.array([0]), ctx)) == 0
+    assert (
+        len(await source.candidates(Recalling(_viewing(-1), 6), Taken.holding(np.array([0])), ctx))
+        == 0
+    )
 
 
 async def test_viewed_falls_back_to_the_neighbours_when_the_search_fails() -> None:
     search = FakeSearch(error=RecallError(FailureKind.ERROR, "index gone"))
     ctx = _ctx()
-    found = await ViewedSource(search, count=5).candidates(
-        Recalling(_viewing(2), 6), np.array([], np.int64), ctx
-    )
+    found = await ViewedSource(search, count=5).candidates(Recalling(_viewing(2), 6), Taken(0), ctx)
     assert found.tolist() == [4, 0]
     assert ctx.degraded == ["recall:error"]
 

@@ -10,9 +10,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import FailureKind, RecallError
-from app.core.membership import member_mask
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 from app.release.catalog import Catalog
 
@@ -101,7 +101,7 @@ class AnnSource:
         self._search = search
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         artifacts = ctx.artifacts
         embedding = recalling.asked.user.blob[: artifacts.schema.embedding_dim]
@@ -113,4 +113,4 @@ class AnnSource:
             ctx.degrade(Stage.RECALL, exc.kind, exc)
             return _NONE
         found = found.astype(np.int64, copy=False)
-        return found[~member_mask(found, so_far)] if len(so_far) else found
+        return so_far.fresh(found)

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 from app.release.catalog import Catalog
 
@@ -61,8 +62,8 @@ class ArrivalsSource:
         self._count = count
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         count = recalling.sources.count(self.name, self._count)
         embedding = recalling.asked.user.blob[: ctx.artifacts.schema.embedding_dim]
-        return nearest_added(ctx.artifacts.catalog, embedding, count, so_far)
+        return nearest_added(ctx.artifacts.catalog, embedding, count, so_far.positions)

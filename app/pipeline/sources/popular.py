@@ -7,6 +7,7 @@ import numpy as np
 from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 
 
@@ -35,9 +36,13 @@ class PopularSource:
         self._count = count
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         popular = ctx.artifacts.popular
         count = recalling.sources.count(self.name, self._count)
-        extra = min(count + max(0, recalling.wanted - len(so_far)), len(popular))
-        return fresh_popular(so_far, popular, extra)
+        found = len(so_far)
+        extra = min(count + max(0, recalling.wanted - found), len(popular))
+        if extra <= 0:
+            return popular[:0]
+        fresh: Positions = so_far.fresh(popular[: extra + found])[:extra]
+        return fresh

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 
 
@@ -19,9 +19,9 @@ class SimilarSource:
         self._count = count
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         near = recalling.asked.user.nearby.items
         count = recalling.sources.count(self.name, self._count)
-        fresh: Positions = near[~member_mask(near, so_far)][:count]
+        fresh: Positions = so_far.fresh(near)[:count]
         return fresh

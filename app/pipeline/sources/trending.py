@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.core.membership import member_mask
 from app.core.vocabulary import Positions
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 
 
@@ -22,8 +22,7 @@ class TrendingSource:
         self._count = count
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         hot = self._trending()[: recalling.sources.count(self.name, self._count)]
-        fresh: Positions = hot[~member_mask(hot, so_far)]
-        return fresh
+        return so_far.fresh(hot)

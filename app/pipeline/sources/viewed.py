@@ -16,6 +16,7 @@ from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
 from app.pipeline.sources.ann import VectorSearch
 from app.pipeline.sources.arrivals import nearest_added
+from app.pipeline.taken import Taken
 from app.pipeline.types import Recalling
 from app.release.catalog import Catalog
 
@@ -30,14 +31,14 @@ class ViewedSource:
         self._count = count
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
         viewed = recalling.asked.user.viewed
         count = recalling.sources.count(self.name, self._count)
         catalog = ctx.artifacts.catalog
         if viewed < 0 or count <= 0:
-            return so_far[:0]
-        taken = np.append(so_far, np.int64(viewed))
+            return so_far.positions[:0]
+        taken = np.append(so_far.positions, np.int64(viewed))
         chosen = _chosen_with(catalog, viewed, taken)[:count]
         if len(chosen) >= count or catalog.vectors is None:
             return chosen

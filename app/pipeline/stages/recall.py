@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
+from app.pipeline.taken import Taken
 from app.pipeline.trace import ItemIds, Trace, first_ids
 from app.pipeline.types import Asked, Pool, Recalling
 from app.release.catalog import Catalog
@@ -22,9 +23,9 @@ class CandidateSource(Protocol):
         ...
 
     async def candidates(
-        self, recalling: Recalling, so_far: Positions, ctx: RequestContext
+        self, recalling: Recalling, so_far: Taken, ctx: RequestContext
     ) -> Positions:
-        """Candidates absent from `so_far`, in this source's order; none rather than fail."""
+        """Candidates `so_far` lacks, in this source's order; none rather than fail."""
         ...
 
 
@@ -42,11 +43,11 @@ class CandidateRecall:
         sources = ctx.artifacts.page(asked.query.moment.page).sources
         wanted = max(sources.count("ann", self._candidate_count), asked.at_least)
         recalling = Recalling(asked, min(wanted, catalog_size), sources)
-        so_far: Positions = np.empty(0, dtype=np.int64)
+        so_far = Taken(ctx.artifacts.catalog.rows)
         trace, ids = ctx.trace, ctx.artifacts.catalog
         for source in self._sources:
             fresh = await source.candidates(recalling, so_far, ctx)
-            so_far = np.concatenate([so_far, fresh]) if len(so_far) else fresh
+            so_far.add(fresh)
             if trace is not None:
                 _recalled(trace, source.name, fresh, ids)
         if trace is not None:
@@ -54,7 +55,7 @@ class CandidateRecall:
             if trace.follows and trace.followed.source is None:
                 user_vector = asked.user.blob[: ctx.artifacts.schema.embedding_dim]
                 _not_recalled(trace, user_vector, ctx.artifacts.catalog)
-        return Pool(asked, so_far)
+        return Pool(asked, so_far.positions)
 
 
 def _recalled(trace: Trace, source: str, fresh: Positions, ids: ItemIds) -> None:

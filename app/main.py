@@ -21,6 +21,7 @@ from app.api.errors import install_error_handlers
 from app.api.events import router as events_router
 from app.api.gate import Gate, Gated
 from app.api.models import CandidateWorld, EventsRequest, RecommendRequest
+from app.api.recommend import serve
 from app.api.routes import COMMON_ERRORS, router
 from app.core.errors import RecsysError
 from app.core.log_setup import configure_logging
@@ -171,7 +172,7 @@ def _gated_routes(
         max_queue_s=settings.max_queue_s,
     )
     routes = {
-        "/recommend": Gated(admission, RecommendRequest, metrics.observe_request),
+        "/recommend": Gated(admission, RecommendRequest, metrics.observe_request, serve=serve),
         "/events": Gated(events_admission, EventsRequest, authorize=event_access.caller),
     }
     return routes | _operator_routes(settings, lag)

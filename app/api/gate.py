@@ -8,8 +8,9 @@ who the caller is, where the route asks (401/403, before a byte of the body is r
 the content type (415); the body, read whole under a deadline (408) and a size limit (413)
 before the request holds anything a slow sender could keep from others; a large body that
 would make many validation errors (422, app.api.precheck); admission (503
-with Retry-After when the worker is full or behind); then the route. One count and
-duration per request by outcome, and each answer's service time back to admission.
+with Retry-After when the worker is full or behind); then the route, or for /recommend
+with a valid body the gate's direct answer (app.api.recommend). One count and duration per
+request by outcome, and each answer's service time back to admission.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,9 @@ class Gated:
     # Larger bodies get a 413; None: the gate's own limit. The same for the body's deadline.
     max_body_bytes: int | None = None
     body_timeout_s: float | None = None
+    # Answers an admitted request from the body read here and returns its status, or None,
+    # having sent nothing, where the app's route must answer it.
+    serve: Callable[[Scope, bytes, Send], Awaitable[int | None]] | None = None
 
 
 class Gate:
@@ -185,6 +189,10 @@ class Gate:
         state["arrived"] = arrived
         admitted = time.perf_counter()
         try:
+            if gated.serve is not None:
+                served = await gated.serve(scope, body, send)
+                if served is not None:
+                    return served
             return await _run(self.app, scope, _replaying(body, receive), send)
         finally:
             telling = state.get("outcome") in _TELLING or state.get("exhausted", False)

@@ -7,7 +7,7 @@ LOCK := --generate-hashes --python-version 3.11 --quiet
 # PyTorch's CPU wheels (training only; PyPI's default torch is the multi-GB CUDA build).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup lock demo browser java test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime world-large clean
+.PHONY: setup lock demo browser java test test-loaded lint typecheck unit integration bench bench-stages bench-faults bench-overload bench-realtime profile world-large clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed java
 
@@ -111,6 +111,11 @@ bench-overload: setup
 # to an answer without the item), recorded under "realtime" in docs/benchmarks.json.
 bench-realtime: setup
 	$(VENV)/bin/python -m loadtest.realtime --out docs/benchmarks.json
+
+# Where the API's CPU goes at RATE requests/s: a flame graph and a table by part of the request
+# path, under var/profile (py-spy samples the API without pausing it).
+profile: setup
+	$(VENV)/bin/python -m loadtest.profile $(if $(RATE),--rate $(RATE)) $(if $(SECONDS),--seconds $(SECONDS))
 
 world-large: setup
 	$(VENV)/bin/recsys build-demo --large --world var/world-1m

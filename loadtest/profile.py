@@ -1,0 +1,183 @@
+"""Where the API's CPU goes under load: a sampling profile, as a flame graph and a table.
+
+Starts the local stack on a world and the API as its own process, offers it an open-loop
+load, and samples the API with py-spy (on-CPU samples only, without pausing it) for the
+run's length. Writes, under --out:
+
+- `flame.svg`: the flame graph, to open in a browser;
+- `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read);
+- `profile.json`: the table below, with the API's CPU a request and the load's figures.
+
+The table splits the samples by part of the request path: a sample anywhere below a stage
+counts for that stage (its I/O clients and numpy included), any other for the innermost
+part of the edge it is in (the route, the gate, the framework, the HTTP server, metrics) or
+the event loop. The same table before and after a change says what the change paid for.
+
+    python -m loadtest.profile --rate 200 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest.cpu import tree_cpu_seconds
+from loadtest.openloop import Load, demo_bodies, run, summarize
+from loadtest.service import ApiProcess, local_service
+
+WARMUP_S = 3.0
+SAMPLES_PER_S = 200
+
+# The stages, by the files their work runs in: the innermost one on a stack takes the sample.
+STAGE_FILES: tuple[tuple[str, str], ...] = (
+    ("app/pipeline/stages/features.py", "features"),
+    ("app/pipeline/stages/recall.py", "recall"),
+    ("app/pipeline/sources/", "recall"),
+    ("app/pipeline/stages/prerank.py", "pre-rank"),
+    ("app/pipeline/signals.py", "pre-rank"),
+    ("app/pipeline/stages/filter.py", "filter"),
+    ("app/pipeline/filters/", "filter"),
+    ("app/pipeline/stages/fetch.py", "fetch"),
+    ("app/pipeline/stages/pack.py", "pack"),
+    ("app/pipeline/packing.py", "pack"),
+    ("app/pipeline/stages/rank.py", "rank"),
+    ("app/pipeline/stages/rerank.py", "rerank"),
+    ("app/pipeline/selectors/", "rerank"),
+)
+# Outside every stage: the innermost of these on the stack takes the sample.
+EDGE_FILES: tuple[tuple[str, str], ...] = (
+    ("app/pipeline/", "pipeline (step order, timings, trace)"),
+    ("app/api/routes.py", "route"),
+    ("app/api/models.py", "route"),
+    ("app/api/gate.py", "gate"),
+    ("app/api/precheck.py", "gate"),
+    ("app/process/admission.py", "gate"),
+    ("app/process/concurrency_limit.py", "gate"),
+    ("app/core/metrics.py", "metrics"),
+    ("prometheus_client/", "metrics"),
+    ("redis/", "Redis client (callbacks)"),
+    ("grpc/", "gRPC client (callbacks)"),
+    ("tritonclient/", "gRPC client (callbacks)"),
+    ("fastapi/", "framework (FastAPI, Starlette, pydantic)"),
+    ("starlette/", "framework (FastAPI, Starlette, pydantic)"),
+    ("pydantic/", "framework (FastAPI, Starlette, pydantic)"),
+    ("uvicorn/", "HTTP server"),
+    ("asyncio/", "event loop"),
+    ("uvloop/", "event loop"),
+)
+ELSEWHERE = "elsewhere"
+
+
+def _file(frame: str) -> str:
+    """The file of a collapsed frame, `function (path:line)`."""
+    start = frame.rfind(" (")
+    return frame[start + 2 :] if start >= 0 else frame
+
+
+def _innermost(files: Sequence[str], parts: Iterable[tuple[str, str]]) -> str | None:
+    rules = tuple(parts)
+    for path in reversed(files):
+        for marker, part in rules:
+            if marker in path:
+                return part
+    return None
+
+
+def part_of(stack: str) -> str:
+    """The part of the request path one collapsed stack (root first) counts for."""
+    files = [_file(frame) for frame in stack.split(";")]
+    return _innermost(files, STAGE_FILES) or _innermost(files, EDGE_FILES) or ELSEWHERE
+
+
+def shares(collapsed: Iterable[str]) -> dict[str, float]:
+    """Each part's share of the samples (0 to 1), largest first, from collapsed lines."""
+    counts: Counter[str] = Counter()
+    for line in collapsed:
+        stack, _, number = line.rstrip("\n").rpartition(" ")
+        if stack and number.isdigit():
+            counts[part_of(stack)] += int(number)
+    total = sum(counts.values()) or 1
+    return {part: round(n / total, 4) for part, n in counts.most_common()}
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
+    if found is None:
+        raise SystemExit("py-spy is not installed: pip install py-spy (make setup installs it)")
+    return found
+
+
+def _sampler(pid: int, seconds: float, form: str, out: Path) -> subprocess.Popen[bytes]:
+    command = [_py_spy(), "record", "--pid", str(pid), "--duration", str(round(seconds))]
+    command += ["--rate", str(SAMPLES_PER_S), "--nonblocking", "--format", form, "-o", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def profile(api: ApiProcess, rate: float, seconds: float, out: Path) -> dict[str, Any]:
+    bodies = demo_bodies(1000, 20)
+    load = Load(f"{api.url}/recommend", bodies)
+    await run(load, rate, WARMUP_S)
+    samplers = [
+        _sampler(api.pid, seconds, "raw", out / "stacks.txt"),
+        _sampler(api.pid, seconds, "flamegraph", out / "flame.svg"),
+    ]
+    before = tree_cpu_seconds(api.pid)
+    result = summarize(await run(load, rate, seconds))
+    used = tree_cpu_seconds(api.pid) - before
+    for sampler in samplers:
+        _, error = sampler.communicate(timeout=seconds + 30.0)
+        if sampler.returncode != 0:
+            raise RuntimeError(f"py-spy failed: {error.decode(errors='replace')[-2000:]}")
+    with (out / "stacks.txt").open() as stacks:
+        table = shares(stacks)
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "answered": result.ok,
+        "requests": result.requests,
+        "p50_ms": result.latency.p50_ms,
+        "p99_ms": result.latency.p99_ms,
+        "api_cpu_ms_per_request": round(used * 1000.0 / max(result.ok, 1), 3),
+        "shares": table,
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(
+        f"{report['rate']:.0f}/s offered, {report['answered']} of {report['requests']} answered, "
+        f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
+        f"API CPU {report['api_cpu_ms_per_request']:.2f} ms a request"
+    )
+    cpu_ms = report["api_cpu_ms_per_request"]
+    for part, share in report["shares"].items():
+        print(f"  {share * 100:5.1f}%  {share * cpu_ms:5.2f} ms  {part}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=Path, default=Path("var/world"))
+    parser.add_argument("--rate", type=float, default=200.0, help="requests/s, open loop")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long to sample")
+    parser.add_argument("--out", type=Path, default=Path("var/profile"))
+    args = parser.parse_args(argv)
+    _py_spy()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with local_service(args.world) as (api, _stack):
+        report = asyncio.run(profile(api, args.rate, args.seconds, args.out))
+    (args.out / "profile.json").write_text(json.dumps(report, indent=2) + "\n")
+    _print(report)
+    print(f"flame graph: {args.out / 'flame.svg'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

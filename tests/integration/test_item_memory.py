@@ -89,7 +89,7 @@ async def test_the_matrix_is_read_through_a_pause_longer_than_a_requests_redis_t
         memory = services.item_memory
         assert memory is not None
         client.hset("recsys:meta", ITEMS_VERSION_FIELD, "after-a-pause")
-        client.execute_command("CLIENT", "PAUSE", "300", "ALL")
+        client.client_pause(300, all=True)
         assert await memory.refresh() is True
         assert memory.current.version == "after-a-pause"
     finally:

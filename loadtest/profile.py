@@ -5,7 +5,9 @@ load, and samples the API with py-spy (on-CPU samples only, without pausing it) 
 run's length. Writes, under --out:
 
 - `flame.svg`: the flame graph, to open in a browser;
-- `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read);
+- `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read), from a
+  second sampler beside the first (py-spy writes one format a run), so the two hold other
+  samples of the same load;
 - `profile.json`: the table below, with the API's CPU a request and the load's figures.
 
 The table splits the samples by part of the request path: a sample anywhere below a stage
@@ -55,7 +57,9 @@ STAGE_FILES: tuple[tuple[str, str], ...] = (
 )
 # Outside every stage: the innermost of these on the stack takes the sample.
 EDGE_FILES: tuple[tuple[str, str], ...] = (
+    ("app/pipeline/shadow.py", "shadow calls"),
     ("app/pipeline/", "pipeline (step order, timings, trace)"),
+    ("app/api/recommend.py", "answer (validation, JSON, notes)"),
     ("app/api/routes.py", "route"),
     ("app/api/models.py", "route"),
     ("app/api/gate.py", "gate"),

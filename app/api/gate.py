@@ -37,7 +37,6 @@ from app.process.admission import Admission, OverloadedError
 RETRY_AFTER_S = "1"
 refusals = ThrottledLog(logging.getLogger("recsys.admission"))
 _REQUEST_ID = REQUEST_ID_HEADER.encode()
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 # After a body left unread, the connection cannot carry another request.
 _CLOSE = [(b"connection", b"close")]
 # Whole answers are the ones whose service time says how loaded the worker is: a degraded
@@ -61,7 +60,8 @@ _DEBUG_HEADERS = (
 )
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of a header, by its lower-case name (as ASGI gives names)."""
     for key, value in headers:
         if key == name:
             return value
@@ -70,7 +70,7 @@ def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None
 
 def request_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
     """The caller's id when it is 1-64 printable ASCII characters; a fresh one otherwise."""
-    supplied = _header(headers, _REQUEST_ID)
+    supplied = header(headers, _REQUEST_ID)
     if supplied and len(supplied) <= 64 and supplied.isascii():
         text = supplied.decode("ascii")
         if text.isprintable():
@@ -82,6 +82,8 @@ def is_json(content_type: bytes | None) -> bool:
     if content_type is None:
         return False
     media = content_type.split(b";", 1)[0].strip().lower()
+    if media.count(b"/") != 1:  # FastAPI reads such a type as text/plain, never as JSON
+        return False
     return media == b"application/json" or (
         media.startswith(b"application/") and media.endswith(b"+json")
     )
@@ -159,7 +161,7 @@ class Gate:
                 headers = [*caller.headers, *_CLOSE]
                 return await _refuse(send, caller.status, caller.code, caller.message, rid, headers)
             state["caller"] = caller
-        if not is_json(_header(scope["headers"], b"content-type")):
+        if not is_json(header(scope["headers"], b"content-type")):
             message = "send the body as application/json"
             return await _refuse(send, 415, "unsupported_media_type", message, rid)
         # Deadlines count from when the request probably arrived, its unread wait included.
@@ -220,11 +222,17 @@ async def _refuse(
     fields: Sequence[ErrorField] = (),
 ) -> int:
     body = error_body(code, message, rid, fields).model_dump_json().encode()
-    length = [(b"content-length", str(len(body)).encode())]
-    start_headers = _JSON_HEADERS + length + (headers or [])
-    await send({"type": "http.response.start", "status": status, "headers": start_headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, body, headers or ())
     return status
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """A whole JSON response, its length said."""
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

@@ -4,9 +4,9 @@ A valid body is answered by the gate itself (`serve`): the body it already read 
 and validated once, and the answer is written as JSON straight from the pipeline's result,
 without a response model per item or FastAPI's routing, dependencies and response
 validation around it (together about 0.2 ms of CPU a request, a twentieth of the whole).
-A body that fails validation goes on to the FastAPI route, whose validation and error
-handlers answer it as they answer every route; the route makes its answers here too, so
-both paths send the same bytes.
+The answer is rendered by pydantic's JSON writer, as FastAPI renders a response model, so
+the bytes are those the route sent. A body that fails validation goes on to the FastAPI
+route, whose validation and error handlers answer it as they answer every route.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import math
 import time
 from typing import Any
 
+import pydantic_core
 from pydantic import ValidationError
 from starlette.types import Scope, Send
 
 from app.api.access import debug_allowed
 from app.api.errors import error_body
+from app.api.gate import header, send_json
 from app.api.models import (
     BUDGET_HEADER,
     TRACE_HEADER,
@@ -32,6 +34,7 @@ from app.api.models import (
 from app.clients.answer_log import Shown
 from app.core.events import new_answer_id
 from app.core.metrics import Outcome
+from app.core.vocabulary import WorldRole
 from app.pipeline.context import RequestContext, caller_shortened
 from app.pipeline.trace import Trace
 from app.pipeline.types import Recommendation
@@ -39,25 +42,25 @@ from app.process.services import Services
 from app.process.worlds import Worlds
 from app.release.artifacts import ServingArtifacts
 from app.release.attributes import AttributeName
+from app.release.world import WorldStamp
 
 log = logging.getLogger(__name__)
 _BUDGET = BUDGET_HEADER.lower().encode("latin-1")
 _TRACE = TRACE_HEADER.lower().encode("latin-1")
-_JSON = (b"content-type", b"application/json")
+# More digits than a budget needs (the configured one caps it): no number past them is read,
+# so a header of a thousand digits can neither overflow a float nor cost a conversion.
+_BUDGET_DIGITS = 9
 
 
-def json_bytes(content: Any) -> bytes:
-    """As FastAPI's JSONResponse renders it, so either path sends the same bytes."""
-    return json.dumps(
-        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
-    ).encode("utf-8")
+def _error_bytes(error: ErrorBody) -> bytes:
+    """As JSONResponse renders an error body, the way every error of the API is sent."""
+    content = error.model_dump()
+    return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+    value = header(scope["headers"], name)
+    return None if value is None else value.decode("latin-1")
 
 
 def requested_budget_ms(raw: str | None) -> int | None:
@@ -65,10 +68,10 @@ def requested_budget_ms(raw: str | None) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    value = int(text) if text.isascii() and text.isdigit() else 0
-    if value < 1:
+    digits = text.lstrip("0") if text.isascii() and text.isdigit() else ""
+    if not digits:
         raise ValueError(f"{BUDGET_HEADER} must be a positive integer of milliseconds")
-    return value
+    return int(digits) if len(digits) <= _BUDGET_DIGITS else 10**_BUDGET_DIGITS
 
 
 def _traced_request(body: RecommendRequest, budget_s: float) -> dict[str, Any]:
@@ -103,7 +106,39 @@ def items(
 
 
 def _error(status: int, error: ErrorBody) -> tuple[int, bytes]:
-    return status, json_bytes(error.model_dump())
+    return status, _error_bytes(error)
+
+
+def content(
+    ctx: RequestContext,
+    answer_id: str,
+    body: RecommendRequest,
+    result: Recommendation,
+    artifacts: ServingArtifacts,
+    world: tuple[WorldStamp | None, WorldRole],
+) -> dict[str, Any]:
+    """The answer as RecommendResponse documents it: a field left unset there (the timings
+    without debug) is left out here; a null that means something (`model.version` when
+    Triton did not answer, an unscored item's `score`) is always sent."""
+    stamp, role = world
+    answer: dict[str, Any] = {
+        "request_id": ctx.request_id,
+        "answer_id": answer_id,
+        "user_id": body.user_id,
+        "items": items(result, artifacts, body.attributes),
+        "model": {
+            "name": artifacts.model.name,
+            "version": result.model.version or None,
+            "variant": result.model.variant.value,
+        },
+        "artifacts": artifacts.label,
+        "world": {"id": stamp.world_id if stamp is not None else "", "role": role.value},
+        "cold_start": result.cold_start,
+        "degraded": list(ctx.degraded),
+    }
+    if body.debug:
+        answer["timings_ms"] = ctx.timings_ms
+    return answer
 
 
 async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[int, bytes]:
@@ -116,13 +151,12 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
     except ValueError as exc:
         field = ErrorField(field=f"header.{BUDGET_HEADER}", message=str(exc))
         return _error(422, error_body("invalid_request", str(exc), state["request_id"], [field]))
-    arrived: float = state.get("arrived", time.monotonic())
     artifacts = services.artifacts.current
     budget_s = services.budget_s(budget_ms)
     caller_shortened.set(services.shortened(budget_s))  # this request's task only
     ctx = RequestContext.on_budget(
         state["request_id"],
-        arrived=arrived,
+        arrived=state.get("arrived", time.monotonic()),
         budget_s=budget_s,
         reserve_s=services.settings.reserve_s,
         artifacts=artifacts,
@@ -130,6 +164,34 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
         user_id=body.user_id,
     )
     answer_id = new_answer_id()
+    _maybe_traced(services, body, scope, ctx, answer_id, budget_s)
+    try:
+        result = await services.pipeline.run(body.query(), ctx)
+    except Exception:
+        log.exception("request %s failed", ctx.request_id)
+        return _error(500, error_body("internal_error", "the request failed", ctx.request_id))
+    if services.traces is not None and ctx.trace is not None:
+        services.traces.keep(ctx.trace)
+    _remember(services, body, ctx, answer_id, result)
+    made = content(ctx, answer_id, body, result, artifacts, (services.world, role))
+    sent = pydantic_core.to_json(made)
+    # Counted once the answer is made: one that failed on the way is a 500, not an answer.
+    state["outcome"] = Outcome.DEGRADED if ctx.degraded else Outcome.OK
+    services.metrics.world_answer_count[role].inc()
+    # Out of budget on the service's own budget (not one its caller shortened): the gate
+    # lets this answer's service time teach the admission limit (app/api/gate.py).
+    state["exhausted"] = ctx.time_for() <= 0.0 and not caller_shortened.get()
+    return 200, sent
+
+
+def _maybe_traced(
+    services: Services,
+    body: RecommendRequest,
+    scope: Scope,
+    ctx: RequestContext,
+    answer_id: str,
+    budget_s: float,
+) -> None:
     traces = services.traces
     asked = body.debug or (_header(scope, _TRACE) or "") not in ("", "0")
     # Forcing a trace fills the operators' ring: only for who may read it.
@@ -138,38 +200,6 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
     ):
         # Only a chosen request pays for its trace: the others, one random draw.
         ctx.trace = Trace(answer_id, time.time(), _traced_request(body, budget_s))
-    try:
-        result = await services.pipeline.run(body.query(), ctx)
-    except Exception:
-        log.exception("request %s failed", ctx.request_id)
-        return _error(500, error_body("internal_error", "the request failed", ctx.request_id))
-    if traces is not None and ctx.trace is not None:
-        traces.keep(ctx.trace)
-    state["outcome"] = Outcome.DEGRADED if ctx.degraded else Outcome.OK
-    services.metrics.world_answer_count[role].inc()
-    # Out of budget on the service's own budget (not one its caller shortened): the gate
-    # lets this answer's service time teach the admission limit (app/api/gate.py).
-    state["exhausted"] = ctx.time_for() <= 0.0 and not caller_shortened.get()
-    _remember(services, body, ctx, answer_id, result)
-    world = services.world
-    content: dict[str, Any] = {
-        "request_id": ctx.request_id,
-        "answer_id": answer_id,
-        "user_id": body.user_id,
-        "items": items(result, artifacts, body.attributes),
-        "model": {
-            "name": artifacts.model.name,
-            "version": result.model.version or None,
-            "variant": result.model.variant.value,
-        },
-        "artifacts": artifacts.label,
-        "world": {"id": world.world_id if world is not None else "", "role": role.value},
-        "cold_start": result.cold_start,
-        "degraded": list(ctx.degraded),
-    }
-    if body.debug:
-        content["timings_ms"] = ctx.timings_ms
-    return 200, json_bytes(content)
 
 
 def _remember(
@@ -209,8 +239,6 @@ async def serve(scope: Scope, raw: bytes, send: Send) -> int | None:
     except (ValueError, RecursionError, ValidationError):
         return None
     worlds: Worlds = scope["app"].state.worlds
-    status, content = await answer(worlds, body, scope)
-    headers = [_JSON, (b"content-length", str(len(content)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": content})
+    status, sent = await answer(worlds, body, scope)
+    await send_json(send, status, sent)
     return status

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +23,6 @@ from app.api.recommend import answer
 from app.process.health import failing, readiness
 from app.process.workers import exposition
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -46,7 +44,7 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-# Read by the gate and the route from the raw headers, so documented here by hand: a header
+# Read from the raw headers (app.api.gate, app.api.recommend), so documented here by hand: a header
 # is never null, which is what an optional header parameter would be documented as.
 HEADERS = [
     {
@@ -80,17 +78,15 @@ HEADERS = [
 @router.post(
     "/recommend",
     response_model=RecommendResponse,
-    # Unset, not None, is what is left out: `timings_ms` without debug. A null that means
-    # something (`model.version` when Triton did not answer, an unscored item's `score`)
-    # is always sent, as the schema requires.
-    response_model_exclude_unset=True,
     responses=RECOMMEND_ERRORS,
     summary="The top N items for a user",
     openapi_extra={"parameters": HEADERS},
 )
 async def recommend(body: RecommendRequest, request: Request, worlds: WorldsDep) -> Response:
-    # Reached only by a body the gate could not validate (app.api.recommend.serve answers
-    # the others): validation answers it first. Made where the gate makes its answers.
+    # The gate answers every valid body itself (app.api.recommend.serve) and sends here only
+    # the bodies it could not validate, which FastAPI's validation then refuses before this
+    # runs: the route is what documents /recommend and answers its invalid bodies. Were the
+    # app mounted without the gate, its answers would still be made in one place.
     status, content = await answer(worlds, body, request.scope)
     return Response(content, status_code=status, media_type="application/json")
 

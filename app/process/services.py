@@ -241,6 +241,10 @@ def _triton_names(settings: Settings) -> list[str]:
     return ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
 
 
+# The matrix is read by one task at a time (start-up, then a refresh now and then).
+LOADING_CONNECTIONS = 2
+
+
 def _feature_store(
     settings: Settings,
     schema: FeatureSchema,
@@ -292,7 +296,10 @@ def _clients(
     connections, timeout_s = settings.redis_max_connections, settings.redis_timeout_s
     store = _feature_store(settings, schema, breakers["redis"], connections, timeout_s)
     stack.push_async_callback(store.aclose)
-    loading = _feature_store(settings, schema, breakers["redis"], 2, LOAD_CALL_TIMEOUT_S)
+    # The same breaker: a Redis that fails the matrix's reads fails the requests' too.
+    loading = _feature_store(
+        settings, schema, breakers["redis"], LOADING_CONNECTIONS, LOAD_CALL_TIMEOUT_S
+    )
     stack.push_async_callback(loading.aclose)
     model = _triton_pool(settings, schema, breakers)
     stack.push_async_callback(model.close)

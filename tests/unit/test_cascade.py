@@ -100,9 +100,9 @@ async def test_the_similar_source_recalls_the_latest_items_neighbours_closest_fi
 async def test_the_similar_source_adds_nothing_without_positives_or_neighbours() -> None:
     source = SimilarSource(count=10)
     nobody = Recalling(asked((1.0, 0.0), recent=[]), wanted=10)
-    assert len(await source.candidates(nobody, Taken(0), ctx())) == 0
+    assert len(await source.candidates(nobody, Taken.holding(np.empty(0, np.int64)), ctx())) == 0
     someone = Recalling(asked((1.0, 0.0), recent=[2], near=False), wanted=10)
-    assert len(await source.candidates(someone, Taken(0), ctx())) == 0
+    assert len(await source.candidates(someone, Taken.holding(np.empty(0, np.int64)), ctx())) == 0
 
 
 async def test_the_features_stage_finds_what_is_near_the_latest_positives_once() -> None:

@@ -151,6 +151,8 @@ def test_a_supplied_request_id_is_kept_only_when_sane(supplied: bytes, kept: boo
         (b"application/vnd.api+json", True),
         (b"text/plain", False),
         (b"application/x-www-form-urlencoded", False),
+        # Two slashes: FastAPI's parser reads it as text/plain, so the gate does not pass it.
+        (b"application/x/+json", False),
         (None, False),
     ],
 )
@@ -278,3 +280,32 @@ async def test_a_large_events_body_of_unknown_keys_is_refused_with_the_first_one
     fields = [field["field"] for field in response.json()["fields"]]
     assert fields[:2] == ["events.0.x0", "events.0.x1"]
     assert len(fields) == 20
+
+
+async def test_a_route_the_gate_serves_is_answered_there_or_passed_on_whole() -> None:
+    """What the gate's own answer takes (/recommend's valid bodies) never reaches the app;
+    what it declines reaches it with the body intact, and both are counted and let go."""
+    metrics = ServiceMetrics()
+    admission = _admission(max_in_flight=1)
+
+    async def serve(scope: Scope, body: bytes, send: Send) -> int | None:
+        if b"decline" in body:
+            return None
+        scope["state"]["outcome"] = Outcome.OK
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"served"})
+        return 200
+
+    routes = {
+        "/recommend": Gated(admission, RecommendRequest, metrics.observe_request, serve=serve)
+    }
+    gate = Gate(echo, routes, metrics=metrics, max_body_bytes=1024, body_timeout_s=1.0)
+    transport = ASGITransport(app=gate)
+    async with AsyncClient(transport=transport, base_url="http://test") as client:
+        served = await client.post("/recommend", json={"user_id": "u1"})
+        declined = await client.post("/recommend", json={"user_id": "decline"})
+    assert served.content == b"served"
+    assert declined.json() == {"user_id": "decline"}
+    assert served.headers["x-request-id"]
+    assert _count(metrics, Outcome.OK) == 2
+    assert admission.in_flight == 0

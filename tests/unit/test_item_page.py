@@ -135,7 +135,9 @@ async def test_viewed_recalls_what_was_chosen_with_it_then_the_nearest_vectors()
 async def test_viewed_falls_back_to_the_neighbours_when_the_search_fails() -> None:
     search = FakeSearch(error=RecallError(FailureKind.ERROR, "index gone"))
     ctx = _ctx()
-    found = await ViewedSource(search, count=5).candidates(Recalling(_viewing(2), 6), Taken(0), ctx)
+    found = await ViewedSource(search, count=5).candidates(
+        Recalling(_viewing(2), 6), Taken.holding(np.empty(0, np.int64)), ctx
+    )
     assert found.tolist() == [4, 0]
     assert ctx.degraded == ["recall:error"]
 

@@ -1,13 +1,13 @@
 import numpy as np
 
-from app.pipeline.sources.popular import merge_popular
+from app.pipeline.sources.popular import fresh_popular
+from app.pipeline.taken import Taken
 
 
 def _merge(found: list[int], popular: list[int], extra: int) -> list[int]:
-    merged = merge_popular(
-        np.array(found, dtype=np.int64), np.array(popular, dtype=np.int64), extra
-    )
-    return [int(position) for position in merged]
+    so_far = Taken.holding(np.array(found, dtype=np.int64))
+    fresh = fresh_popular(so_far, np.array(popular, dtype=np.int64), extra)
+    return [*found, *(int(position) for position in fresh)]
 
 
 def test_popular_items_follow_ann_hits_without_duplicates() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pydantic_core
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,73 +20,88 @@ from app.api.models import (
     RecommendResponse,
     WorldInfo,
 )
-from app.api.recommend import items, json_bytes
 from app.core.vocabulary import Variant, WorldRole
+from app.pipeline.context import RequestContext
 from app.pipeline.types import ModelUsed, RankedItem, Recommendation
 from app.release.artifacts import ServingArtifacts
+from app.release.world import WorldStamp
 
-scores = st.one_of(st.none(), st.floats(), st.floats(min_value=-1e-300, max_value=1e-300))
-ids = st.text(min_size=1, max_size=8).filter(lambda s: "\x00" not in s and s.isprintable())
+scores = st.one_of(
+    st.none(), st.floats(), st.floats(min_value=-1e-3, max_value=1e-3), st.sampled_from([1.2e-05])
+)
+ids = st.text(min_size=1, max_size=8).filter(lambda s: "\x00" not in s)
 
 
-def _as_the_route_sent(content: Any) -> bytes:
-    """FastAPI: the response model's JSON mode without unset fields, then JSONResponse."""
-    model = RecommendResponse.model_validate(content)
-    return json_bytes(model.model_dump(mode="json", exclude_unset=True))
+def _as_the_route_sent(
+    result: Recommendation, body: RecommendRequest, ctx: Any, stamp: Any, role: WorldRole
+) -> bytes:
+    """What the route built (a model per item) and FastAPI rendered (pydantic's JSON writer,
+    the fields left unset out)."""
+    built = RecommendResponse(
+        request_id=ctx.request_id,
+        answer_id="a1",
+        user_id=body.user_id,
+        items=[
+            RecommendedItem(item_id=item.item_id, score=item.score, rank=rank)
+            for rank, item in enumerate(result.items, start=1)
+        ],
+        model=ModelInfo(
+            name="ranker", version=result.model.version or None, variant=result.model.variant
+        ),
+        artifacts="index:catalog:rules",
+        world=WorldInfo(id=stamp.world_id if stamp is not None else "", role=role),
+        cold_start=result.cold_start,
+        degraded=ctx.degraded,
+        **({"timings_ms": ctx.timings_ms} if body.debug else {}),
+    )
+    return built.model_dump_json(exclude_unset=True).encode()
 
 
 @given(
     ranked=st.lists(st.tuples(ids, scores), max_size=30),
-    timings=st.none() | st.dictionaries(st.sampled_from(["recall", "rank"]), st.floats(0, 1e3)),
+    debug=st.booleans(),
     version=st.sampled_from(["", "3"]),
+    variant=st.sampled_from(list(Variant)),
+    stamped=st.booleans(),
+    role=st.sampled_from(list(WorldRole)),
+    degraded=st.lists(st.sampled_from(["rank:timeout", "features:error"]), max_size=2),
+    cold=st.booleans(),
 )
 def test_an_answer_is_sent_as_the_response_model_sent_it(
-    ranked: list[tuple[str, float | None]], timings: dict[str, float] | None, version: str
+    ranked: list[tuple[str, float | None]],
+    debug: bool,
+    version: str,
+    variant: Variant,
+    stamped: bool,
+    role: WorldRole,
+    degraded: list[str],
+    cold: bool,
 ) -> None:
     result = Recommendation(
-        [RankedItem(item_id, score) for item_id, score in ranked],
-        cold_start=False,
-        model=ModelUsed(Variant.STABLE, version),
+        [RankedItem(item_id, score) for item_id, score in ranked], cold, ModelUsed(variant, version)
     )
-    content: dict[str, Any] = {
-        "request_id": "r1",
-        "answer_id": "a1",
-        "user_id": "u1",
-        "items": items(result, cast(ServingArtifacts, None), []),
-        "model": {"name": "ranker", "version": version or None, "variant": "stable"},
-        "artifacts": "index:catalog:rules",
-        "world": {"id": "", "role": WorldRole.STABLE.value},
-        "cold_start": False,
-        "degraded": ["rank:timeout"],
-    }
-    if timings is not None:
-        content["timings_ms"] = timings
-    assert json_bytes(content) == _as_the_route_sent(content)
-    # As the route built it: a model per item, the response's models around them.
-    built = RecommendResponse(
-        request_id="r1",
-        answer_id="a1",
-        user_id="u1",
-        items=[
-            RecommendedItem(item_id=i.item_id, score=i.score, rank=n)
-            for n, i in enumerate(result.items, 1)
-        ],
-        model=ModelInfo(name="ranker", version=version or None, variant=Variant.STABLE),
-        artifacts="index:catalog:rules",
-        world=WorldInfo(id="", role=WorldRole.STABLE),
-        cold_start=False,
-        degraded=["rank:timeout"],
-        **({"timings_ms": timings} if timings is not None else {}),
+    body = RecommendRequest(user_id="u1", debug=debug)
+    ctx = SimpleNamespace(request_id="r1", degraded=degraded, timings_ms={"recall": 0.25})
+    artifacts = SimpleNamespace(model=SimpleNamespace(name="ranker"), label="index:catalog:rules")
+    stamp = SimpleNamespace(world_id="w-1") if stamped else None
+    made = recommend.content(
+        cast(RequestContext, ctx),
+        "a1",
+        body,
+        result,
+        cast(ServingArtifacts, artifacts),
+        (cast(WorldStamp | None, stamp), role),
     )
-    sent = json.loads(json_bytes(content))
+    sent = pydantic_core.to_json(made)
     if all(score is None or math.isfinite(score) for _, score in ranked):
-        assert json_bytes(content) == json_bytes(built.model_dump(mode="json", exclude_unset=True))
-    else:
-        # The route's JSONResponse refused an infinite score (a 500); it is sent as null.
-        infinite = [
-            n for n, (_, score) in enumerate(ranked) if score is not None and math.isinf(score)
-        ]
-        assert all(sent["items"][n]["score"] is None for n in infinite)
+        assert sent == _as_the_route_sent(result, body, ctx, stamp, role)
+    # A number JSON cannot hold is sent as null, as the response model's JSON sends it.
+    for (_, score), item in zip(ranked, made["items"], strict=True):
+        if score is not None and not math.isfinite(score):
+            assert item["score"] is None
+    assert RecommendResponse.model_validate_json(sent).items == [
+        RecommendedItem.model_validate(item) for item in made["items"]
+    ]
 
 
 async def test_the_gate_answers_a_valid_body_and_leaves_an_invalid_one_to_the_route(
@@ -116,3 +131,19 @@ async def test_the_gate_answers_a_valid_body_and_leaves_an_invalid_one_to_the_ro
         assert await recommend.serve(scope, invalid, send) is None
         assert sent == []
         assert len(asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "budget"),
+    [(None, None), ("25", 25), (" 007 ", 7), ("1" + "0" * 400, 10**9), ("9" * 5000, 10**9)],
+)
+def test_a_budget_header_of_any_length_is_read_without_overflow(
+    raw: str | None, budget: int | None
+) -> None:
+    assert recommend.requested_budget_ms(raw) == budget
+
+
+@pytest.mark.parametrize("raw", ["0", "000", "-5", "1.5", "", "²", "1e3"])
+def test_a_budget_that_is_no_positive_integer_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="positive integer"):
+        recommend.requested_budget_ms(raw)

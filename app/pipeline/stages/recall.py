@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Positions, Stage
 from app.pipeline.context import RequestContext
-from app.pipeline.taken import Taken
+from app.pipeline.taken import Marks, Taken
 from app.pipeline.trace import ItemIds, Trace, first_ids
 from app.pipeline.types import Asked, Pool, Recalling
 from app.release.catalog import Catalog
@@ -37,25 +37,27 @@ class CandidateRecall:
     def __init__(self, sources: Sequence[CandidateSource], candidate_count: int) -> None:
         self._sources = tuple(sources)
         self._candidate_count = candidate_count
+        self._marks = Marks()
 
     async def run(self, asked: Asked, ctx: RequestContext) -> Pool:
         catalog_size = len(ctx.artifacts.popular)
         sources = ctx.artifacts.page(asked.query.moment.page).sources
         wanted = max(sources.count("ann", self._candidate_count), asked.at_least)
         recalling = Recalling(asked, min(wanted, catalog_size), sources)
-        so_far = Taken(ctx.artifacts.catalog.rows)
         trace, ids = ctx.trace, ctx.artifacts.catalog
-        for source in self._sources:
-            fresh = await source.candidates(recalling, so_far, ctx)
-            so_far.add(fresh)
-            if trace is not None:
-                _recalled(trace, source.name, fresh, ids)
+        with self._marks.lent(ctx.artifacts.catalog.rows) as so_far:
+            for source in self._sources:
+                fresh = await source.candidates(recalling, so_far, ctx)
+                so_far.add(fresh)
+                if trace is not None:
+                    _recalled(trace, source.name, fresh, ids)
+            found = so_far.positions
         if trace is not None:
-            trace.record(self.stage).went_out = len(so_far)
+            trace.record(self.stage).went_out = len(found)
             if trace.follows and trace.followed.source is None:
                 user_vector = asked.user.blob[: ctx.artifacts.schema.embedding_dim]
                 _not_recalled(trace, user_vector, ctx.artifacts.catalog)
-        return Pool(asked, so_far.positions)
+        return Pool(asked, found)
 
 
 def _recalled(trace: Trace, source: str, fresh: Positions, ids: ItemIds) -> None:

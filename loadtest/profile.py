@@ -5,9 +5,8 @@ load, and samples the API with py-spy (on-CPU samples only, without pausing it) 
 run's length. Writes, under --out:
 
 - `flame.svg`: the flame graph, to open in a browser;
-- `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read), from a
-  second sampler beside the first (py-spy writes one format a run), so the two hold other
-  samples of the same load;
+- `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read); py-spy
+  writes one format a run, so the flame graph samples a second turn of the same load;
 - `profile.json`: the table below, with the API's CPU a request and the load's figures.
 
 The table splits the samples by part of the request path: a sample anywhere below a stage
@@ -34,10 +33,12 @@ from typing import Any
 
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies, run, summarize
+from loadtest.openloop.stats import Summary
 from loadtest.service import ApiProcess, local_service
 
 WARMUP_S = 3.0
-SAMPLES_PER_S = 200
+# Over a 30 s turn, each part of the table's share within about a percent.
+SAMPLES_PER_S = 50
 
 # The stages, by the files their work runs in: the innermost one on a stack takes the sample.
 STAGE_FILES: tuple[tuple[str, str], ...] = (
@@ -126,21 +127,28 @@ def _sampler(pid: int, seconds: float, form: str, out: Path) -> subprocess.Popen
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+async def _sampled(
+    api: ApiProcess, load: Load, rate: float, seconds: float, form: str, out: Path
+) -> tuple[Summary, float]:
+    """One turn of the load under one sampler: what it answered, and the API's CPU seconds."""
+    sampler = _sampler(api.pid, seconds, form, out)
+    before = tree_cpu_seconds(api.pid)
+    result = summarize(await run(load, rate, seconds))
+    used = tree_cpu_seconds(api.pid) - before
+    _, error = sampler.communicate(timeout=seconds + 30.0)
+    if sampler.returncode != 0:
+        raise RuntimeError(f"py-spy failed: {error.decode(errors='replace')[-2000:]}")
+    return result, used
+
+
 async def profile(api: ApiProcess, rate: float, seconds: float, out: Path) -> dict[str, Any]:
     bodies = demo_bodies(1000, 20)
     load = Load(f"{api.url}/recommend", bodies)
     await run(load, rate, WARMUP_S)
-    samplers = [
-        _sampler(api.pid, seconds, "raw", out / "stacks.txt"),
-        _sampler(api.pid, seconds, "flamegraph", out / "flame.svg"),
-    ]
-    before = tree_cpu_seconds(api.pid)
-    result = summarize(await run(load, rate, seconds))
-    used = tree_cpu_seconds(api.pid) - before
-    for sampler in samplers:
-        _, error = sampler.communicate(timeout=seconds + 30.0)
-        if sampler.returncode != 0:
-            raise RuntimeError(f"py-spy failed: {error.decode(errors='replace')[-2000:]}")
+    # One sampler a turn: two on one process at once slowed it past the load (on a 2-core
+    # machine, half of 200 requests/s shed), one at this rate changes nothing measurable.
+    result, used = await _sampled(api, load, rate, seconds, "raw", out / "stacks.txt")
+    await _sampled(api, load, rate, seconds, "flamegraph", out / "flame.svg")
     with (out / "stacks.txt").open() as stacks:
         table = shares(stacks)
     return {
@@ -170,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=Path, default=Path("var/world"))
     parser.add_argument("--rate", type=float, default=200.0, help="requests/s, open loop")
-    parser.add_argument("--seconds", type=float, default=20.0, help="how long to sample")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long to sample")
     parser.add_argument("--out", type=Path, default=Path("var/profile"))
     args = parser.parse_args(argv)
     _py_spy()

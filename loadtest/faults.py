@@ -26,7 +26,15 @@ from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.release.keyspace import KeySpace
 from app.release.world import world_schema
-from loadtest.openloop import Load, RunResult, demo_bodies, percentile, recovery_time, run
+from loadtest.openloop import (
+    Load,
+    RunResult,
+    demo_bodies,
+    is_good,
+    percentile,
+    recovery_time,
+    run,
+)
 from loadtest.service import local_service
 
 log = logging.getLogger("loadtest.faults")
@@ -68,6 +76,8 @@ class FaultReport:
     before_p50_ms: float | None  # clean answers due before the fault: the machine's pace now
     degraded_p50_ms: float | None  # degraded answers after the first 0.5 s of the fault
     recovery_s: float | None  # None: not clean again before the run ended
+    relapses: int  # bad answers due after the recovery
+    after_recovery: int  # all answers due after it
 
 
 async def run_with_fault(
@@ -111,6 +121,12 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
     settled = timeline.fault_s + 0.5
     during = [r.latency for r in degraded if settled <= r.scheduled < timeline.back_s]
     before = [r.latency for r in ok if not r.degraded and r.scheduled < timeline.fault_s]
+    recovery_s = recovery_time(records, timeline.back_s)
+    after = (
+        []
+        if recovery_s is None
+        else [r for r in records if r.scheduled > timeline.back_s + recovery_s]
+    )
     return FaultReport(
         fault=name,
         requests=len(records),
@@ -131,7 +147,9 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
         max_ms=_ms([r.latency for r in answered], 100),
         before_p50_ms=_ms(before, 50) if before else None,
         degraded_p50_ms=_ms(during, 50) if during else None,
-        recovery_s=recovery_time(records, timeline.back_s),
+        recovery_s=recovery_s,
+        relapses=sum(1 for r in after if not is_good(r)),
+        after_recovery=len(after),
     )
 
 

@@ -32,6 +32,10 @@ _STATUS_KINDS = {
 # Triton answers a request its queue policy rejected (queue full, or the request's own queue
 # timeout passed) with UNAVAILABLE and one of these messages: the server is up but busy.
 _OVERLOAD_MESSAGES = ("exceeds maximum queue size", "timeout expired")
+# How long past its caller's timeout an inference may still answer, unwaited, before gRPC
+# cancels it: an execution under way finishes in milliseconds, and a call to a frozen Triton
+# is still let go of in the end.
+LATE_ANSWER_S = 1.0
 
 # Custom channel arguments replace all of the client's defaults, so the message limits are
 # restated. Reconnect backoff is capped low: after Triton restarts, gRPC's default backoff
@@ -124,10 +128,10 @@ def signature_from_triton(
 class RankingModelClient:
     """Scores packed rows. One gRPC channel, created in the lifespan and reused.
 
-    Every inference goes through this endpoint's circuit breaker and carries the request id,
-    the gRPC deadline and, as Triton's own queue timeout, the same remaining time (honoured
-    where the model's queue policy allows overrides: Triton then drops a request that could no
-    longer be answered in time instead of computing it).
+    Every inference goes through this endpoint's circuit breaker and carries the request id
+    and, as Triton's own queue timeout, the time left (honoured where the model's queue policy
+    allows overrides: Triton then drops a request that could no longer be answered in time
+    instead of computing it). The caller waits that long; the gRPC deadline is later (_send).
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class RankingModelClient:
         self._breaker = breaker
         self.url = url
         self._registration: Registration | None = None
+        self._calls: set[asyncio.Future[Any]] = set()
 
     async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None:
         """Send rows through `slots` from now on; registers the region with Triton."""
@@ -210,6 +215,11 @@ class RankingModelClient:
             )
         return await self.signature(timeout_s, version)
 
+    @property
+    def calls_out(self) -> int:
+        """Inferences sent and not yet answered, those given up on included."""
+        return len(self._calls)
+
     async def _send(
         self,
         rows: npt.NDArray[np.float32],
@@ -218,7 +228,36 @@ class RankingModelClient:
         request_id: str,
         shared: bool,
     ) -> Any:
-        """One inference of `rows`, through the region when `shared` and a slot is free."""
+        """One inference of `rows`, through the region when `shared` and a slot is free.
+
+        The caller stops waiting at timeout_s, or when it is cancelled, but the call itself
+        runs on to its answer (its gRPC deadline is LATE_ANSWER_S later): a cancellation that
+        meets the answer on its way out is a race Triton before 2.53 can die of (server
+        issue 7368), and one still queued is dropped by Triton at its queue timeout anyway.
+        """
+        call = asyncio.ensure_future(self._call(rows, routed, timeout_s, request_id, shared))
+        self._calls.add(call)
+        call.add_done_callback(self._answered)
+        done, _ = await asyncio.wait((call,), timeout=timeout_s)
+        if not done:
+            raise RankingModelError(
+                FailureKind.TIMEOUT, f"infer: no answer within {timeout_s * 1000:.0f} ms"
+            )
+        return call.result()
+
+    def _answered(self, call: asyncio.Future[Any]) -> None:
+        self._calls.discard(call)
+        if not call.cancelled():
+            call.exception()  # a call given up on: its failure was already answered for
+
+    async def _call(
+        self,
+        rows: npt.NDArray[np.float32],
+        routed: Routed,
+        timeout_s: float,
+        request_id: str,
+        shared: bool,
+    ) -> Any:
         signature = routed.signature
         request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
         slot = self._shared_input(rows, request_input) if shared else None
@@ -238,13 +277,14 @@ class RankingModelClient:
                 ],
                 request_id=request_id,
                 timeout=int(timeout_s * 1_000_000),
-                client_timeout=timeout_s,
+                client_timeout=timeout_s + LATE_ANSWER_S,
             )
         except InferenceServerException as exc:
             if slot is not None and region_unknown(exc):
                 raise _RegionLostError from exc
             raise
         finally:
+            # Held until Triton has answered: until then it may still read the rows.
             if slot is not None and self._registration is not None:
                 self._registration.slots.release(slot)
 
@@ -297,7 +337,8 @@ class RankingModelClient:
     ) -> ModelAnswer:
         """One score per row; chunks go out concurrently and are joined in row order.
 
-        When one chunk fails the others are cancelled: the answer needs all of them. Answers
+        When one chunk fails the answer is given up at once (it needs all of them); the other
+        chunks' calls run on to their answers unwaited (see _send). Answers
         from two versions (Triton's latest changed between chunks) are refused: one answer
         is scored by one model. An unguarded call (a shadow's) neither counts towards the
         breaker nor waits for it, so a failing trial version never stops the served one.
@@ -329,6 +370,9 @@ class RankingModelClient:
         return ModelAnswer(np.concatenate([scores for scores, _, _ in parts]), version, joined)
 
     async def close(self) -> None:
+        for call in self._calls:
+            call.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
         if self._registration is not None:
             await self._registration.close()
         await self._client.close()

@@ -16,7 +16,7 @@ scan and the connection pool are plain loop callbacks; only opening a connection
 Per request a `Record` keeps the status, an error kind, the latency, whether a 200 was degraded
 and how many items it held. `summarize` turns a run into counts, rates, nearest-rank latency
 percentiles and a time series of windows; `recovery_time` says how long after an event the
-answers went bad for the last time; `sweep` finds the highest rate meeting a p99 bound.
+answers were clean again for a while; `sweep` finds the highest rate meeting a p99 bound.
 The command line runs on uvloop when it is installed; `run` works in any asyncio loop.
 
 The rooms: request.py (the load and its records), http1.py (reading responses),

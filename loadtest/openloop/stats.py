@@ -146,25 +146,26 @@ def is_good(record: Record) -> bool:
 
 
 def recovery_time(
-    records: Sequence[Record], since_s: float, good: Callable[[Record], bool] = is_good
+    records: Sequence[Record],
+    since_s: float,
+    good: Callable[[Record], bool] = is_good,
+    hold_s: float = 0.5,
 ) -> float | None:
-    """How long after since_s the last bad request was due, judged by due time.
+    """How long after since_s the service was clean again, judged by due time.
 
-    Returns 0.0 when every request due at or after since_s is good; R when the last bad one
-    was due at since_s + R and at least one good one was due after it (so every request due
-    after since_s + R was good); None when no good request came after the last bad one, i.e.
-    the run ended before the service recovered. For "slower than X" pass a predicate such
-    as `lambda r: is_good(r) and r.latency <= X`.
+    Clean again means every request due for hold_s afterwards was good: R is the due time of
+    the last bad request before the first such stretch, less since_s (0.0 when the stretch
+    starts at since_s). A bad request after it is a relapse, not a later recovery: one slow
+    read seconds afterwards on a busy machine says nothing about how long the fault lasted.
+    None when no such stretch came before the run ended. For "slower than X" pass a
+    predicate such as `lambda r: is_good(r) and r.latency <= X`.
     """
-    last_bad: float | None = None
-    good_after = False
+    last_bad = since_s
     for record in sorted(records, key=lambda r: r.scheduled):
         if record.scheduled < since_s:
             continue
-        if good(record):
-            good_after = True
-        else:
-            last_bad, good_after = record.scheduled, False
-    if last_bad is None:
-        return 0.0
-    return last_bad - since_s if good_after else None
+        if not good(record):
+            last_bad = record.scheduled
+        elif record.scheduled - last_bad >= hold_s:
+            return last_bad - since_s
+    return None

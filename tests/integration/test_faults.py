@@ -3,7 +3,8 @@
 Each test starts what it breaks (its own Redis or Triton), points an API process at it,
 keeps RATE requests/s flowing, injects the fault, undoes it, and asserts what clients saw:
 no 5xx, full answers, the affected answers flagged, latency inside the budget plus a small
-margin, and clean answers again within RECOVERY_S of the dependency's return.
+margin, and clean answers again within RECOVERY_S of the dependency's return (staying so, bar
+a few).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ MARGIN_MS = 20.0
 # From the dependency's return to the last degraded answer: a breaker probe every 0.5 s,
 # and a busy machine's restart or backlog, fit well inside.
 RECOVERY_S = 6.0
+# Bad answers after the recovery (a read timed out while a neighbour held the cores) may come
+# on a busy machine; a breaker that flaps or a fault not over makes far more.
+RELAPSE_SHARE = 0.1
 # The answers' p50 before the fault on this machine when it is not busy. A machine running
 # slower (a CI machine two or three times slower, a neighbour on a core) gets proportionally
 # longer to recover: restarts, probes and backlogs all run at its pace.
@@ -144,6 +148,7 @@ def _assert_kept_answering(outcome: FaultReport, api: ApiProcess) -> None:
     assert outcome.degraded > 0, f"the fault went unnoticed: {context}"
     assert outcome.recovery_s is not None, context
     assert outcome.recovery_s <= recovery_bound_s(outcome), context
+    assert outcome.relapses <= RELAPSE_SHARE * outcome.after_recovery, context
 
 
 def _assert_breaker_spares_the_timeout(outcome: FaultReport, timeout_ms: float) -> None:

@@ -19,6 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from recsys_tools.localstack import default_triton_env, start_triton
 from tritonclient.utils import InferenceServerException
 
+from app.clients.breaker import CircuitBreaker
+from app.clients.ranking_model import connect_triton
+from app.core.errors import FailureKind, RankingModelError
+from app.release.plan import Routed
 from tests.integration.conftest import CONTEXT, TEST_MAX_BATCH, Stack, serving
 from tests.integration.models import slow_model_repository
 
@@ -178,6 +182,42 @@ async def test_triton_rejects_requests_beyond_its_queue_at_once(slow_triton: str
     messages = Counter(m for s, m in outcomes if s != "OK")
     assert set(messages) == {"Request timeout expired", *full}
     assert {s for s, _ in outcomes} == {"OK", "StatusCode.UNAVAILABLE"}
+
+
+async def test_a_call_given_up_on_is_not_cancelled_but_answered(slow_triton: str) -> None:
+    """The caller stops waiting at its timeout; the call stays out until Triton answers it.
+
+    Cancelling it instead sends Triton a cancellation that may meet the answer on its way
+    out: Triton 2.51 (the local one) can die of that race on a busy machine.
+    """
+    breaker = CircuitBreaker("triton", failures=5, open_s=1.0)
+    endpoint = connect_triton(slow_triton, MODEL, "", breaker)
+    triton = triton_grpc.InferenceServerClient(slow_triton)
+    try:
+        routed = Routed("", await endpoint.ready_signature(5.0))
+        before = await _statistics(triton)
+        with pytest.raises(RankingModelError) as raised:
+            # A tenth of the model's delay: given up on long before it can answer.
+            await endpoint.score(_features(8), routed, SLOW_MS / 10_000, "given-up-1")
+        assert raised.value.kind is FailureKind.TIMEOUT
+        assert endpoint.calls_out == 1
+        for _ in range(100):
+            if not endpoint.calls_out:
+                break
+            await asyncio.sleep(0.05)
+        assert endpoint.calls_out == 0
+        after = await _statistics(triton)
+    finally:
+        await endpoint.close()
+        await triton.close()
+    # Triton answered it (computed, or refused once its queue timeout passed on a busy
+    # machine): either way the answer, not a cancellation, ended the call.
+    answered = sum(
+        int(after["inference_stats"][kind].get("count", 0))
+        - int(before["inference_stats"][kind].get("count", 0))
+        for kind in ("success", "fail")
+    )
+    assert answered == 1
 
 
 async def test_readyz_names_triton_when_its_model_is_unloaded(

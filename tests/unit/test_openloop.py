@@ -296,14 +296,25 @@ def rec(
     )
 
 
-def test_recovery_time_is_the_last_bad_due_time_after_the_event() -> None:
+def test_recovery_time_is_the_last_bad_due_time_before_a_clean_stretch() -> None:
     records = [rec(0.5, 503), rec(1.0), rec(1.1, 200, True), rec(1.4, 0), rec(1.5), rec(1.6)]
-    assert recovery_time(records, 1.0) == pytest.approx(0.4)
-    assert recovery_time(records, 1.45) == 0.0  # nothing bad after it
-    assert recovery_time(records[:4], 1.0) is None  # still bad when the run ended
+    assert recovery_time(records, 1.0, hold_s=0.15) == pytest.approx(0.4)
+    assert recovery_time(records, 1.45, hold_s=0.1) == 0.0  # nothing bad after it
+    assert recovery_time(records, 1.0, hold_s=0.3) is None  # not clean for long enough
+    assert recovery_time(records[:4], 1.0, hold_s=0.1) is None  # still bad when the run ended
     slow = [rec(1.0, latency=0.2), rec(1.2, latency=0.01)]
-    assert recovery_time(slow, 1.0, lambda r: r.latency < 0.1) == 0.0
-    assert recovery_time(slow, 0.9, lambda r: r.latency < 0.1) == pytest.approx(0.1)
+    assert recovery_time(slow, 1.0, lambda r: r.latency < 0.1, hold_s=0.15) == 0.0
+    assert recovery_time(slow, 0.9, lambda r: r.latency < 0.1, hold_s=0.1) == pytest.approx(0.1)
+
+
+def test_a_relapse_after_a_clean_stretch_is_not_a_later_recovery() -> None:
+    # Clean from 1.3 s for a second, then one timeout at 5 s: recovered at 0.3 s, not 4.0 s.
+    records = [rec(1.0, 0), rec(1.3, 0), *(rec(1.4 + i / 10) for i in range(30)), rec(5.0, 0)]
+    records.append(rec(5.2))
+    assert recovery_time(records, 1.0, hold_s=1.0) == pytest.approx(0.3)
+    # A fault that never settles (bad every 0.4 s) has no stretch of a second.
+    flapping = [rec(1.0 + i / 10, 0 if i % 4 == 0 else 200) for i in range(40)]
+    assert recovery_time(flapping, 1.0, hold_s=1.0) is None
 
 
 def test_summary_counts_rates_latencies_and_windows() -> None:

@@ -8,7 +8,12 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from app.clients.breaker import CircuitBreaker
-from app.clients.ranking_model import RankingModelClient, chunk_bounds, signature_from_triton
+from app.clients.ranking_model import (
+    LATE_ANSWER_S,
+    RankingModelClient,
+    chunk_bounds,
+    signature_from_triton,
+)
 from app.core.errors import FailureKind, RankingModelError
 from app.release.plan import Routed
 from app.release.schema import ModelSignature
@@ -102,6 +107,9 @@ class _FakeTriton:
             raise
         return _Result(rows)
 
+    async def close(self) -> None:
+        pass
+
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 2)
 ROUTED = Routed("", SIGNATURE)
@@ -116,19 +124,42 @@ def _client(fake: _FakeTriton, breaker: CircuitBreaker | None = None) -> Ranking
     )
 
 
-async def test_one_failing_chunk_cancels_its_siblings_and_maps_the_error() -> None:
+async def test_one_failing_chunk_ends_the_answer_and_its_siblings_run_out_uncancelled() -> None:
     fake = _FakeTriton("StatusCode.UNAVAILABLE", "connection refused")
+    client = _client(fake)
     rows = np.zeros((6, 3), dtype=np.float32)
     started = time.monotonic()
     with pytest.raises(RankingModelError) as raised:
-        await _client(fake).score(rows, ROUTED, 0.5, "req-7")
+        await client.score(rows, ROUTED, 0.5, "req-7")
     assert time.monotonic() - started < 0.5
     assert raised.value.kind is FailureKind.UNAVAILABLE
-    assert fake.cancelled == 2
-    # Every chunk carries the request id, the gRPC deadline and Triton's queue timeout.
+    # The siblings are not cancelled: a cancellation racing an answer crashes Triton 2.51.
+    assert client.calls_out == 2
+    assert fake.cancelled == 0
+    # Every chunk carries the request id, Triton's queue timeout (the time left) and a gRPC
+    # deadline later than that.
     assert {c["request_id"] for c in fake.calls} == {"req-7"}
-    assert {c["client_timeout"] for c in fake.calls} == {0.5}
     assert {c["timeout"] for c in fake.calls} == {500_000}
+    assert {c["client_timeout"] for c in fake.calls} == {0.5 + LATE_ANSWER_S}
+    await client.close()  # the one place calls are cancelled
+    assert (client.calls_out, fake.cancelled) == (0, 2)
+
+
+async def test_a_call_past_its_timeout_is_given_up_on_but_runs_to_its_answer() -> None:
+    fake = _FakeTriton("StatusCode.OK", "")
+    fake.calls.append({})  # no chunk fails at once: each takes a second
+    client = _client(fake)
+    started = time.monotonic()
+    with pytest.raises(RankingModelError) as raised:
+        await client.score(np.zeros((1, 3), np.float32), ROUTED, 0.05, "r")
+    assert time.monotonic() - started < 0.5
+    assert raised.value.kind is FailureKind.TIMEOUT
+    assert client.calls_out == 1
+    for _ in range(100):
+        if not client.calls_out:
+            break
+        await asyncio.sleep(0.05)
+    assert (client.calls_out, fake.cancelled) == (0, 0)
 
 
 @pytest.mark.parametrize(

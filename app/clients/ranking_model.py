@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,10 @@ CHANNEL_ARGS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
+
+
+# One chunk's answer: its scores, its heads if the model answers them, the version.
+_Part = tuple[npt.NDArray[np.float32], Heads | None, str]
 
 
 class _RegionLostError(Exception):
@@ -228,36 +233,7 @@ class RankingModelClient:
         request_id: str,
         shared: bool,
     ) -> Any:
-        """One inference of `rows`, through the region when `shared` and a slot is free.
-
-        The caller stops waiting at timeout_s, or when it is cancelled, but the call itself
-        runs on to its answer (its gRPC deadline is LATE_ANSWER_S later): a cancellation that
-        meets the answer on its way out is a race Triton before 2.53 can die of (server
-        issue 7368), and one still queued is dropped by Triton at its queue timeout anyway.
-        """
-        call = asyncio.ensure_future(self._call(rows, routed, timeout_s, request_id, shared))
-        self._calls.add(call)
-        call.add_done_callback(self._answered)
-        done, _ = await asyncio.wait((call,), timeout=timeout_s)
-        if not done:
-            raise RankingModelError(
-                FailureKind.TIMEOUT, f"infer: no answer within {timeout_s * 1000:.0f} ms"
-            )
-        return call.result()
-
-    def _answered(self, call: asyncio.Future[Any]) -> None:
-        self._calls.discard(call)
-        if not call.cancelled():
-            call.exception()  # a call given up on: its failure was already answered for
-
-    async def _call(
-        self,
-        rows: npt.NDArray[np.float32],
-        routed: Routed,
-        timeout_s: float,
-        request_id: str,
-        shared: bool,
-    ) -> Any:
+        """One inference of `rows`, through the region when `shared` and a slot is free."""
         signature = routed.signature
         request_input = triton_grpc.InferInput(signature.input_name, list(rows.shape), "FP32")
         slot = self._shared_input(rows, request_input) if shared else None
@@ -294,7 +270,7 @@ class RankingModelClient:
         routed: Routed,
         timeout_s: float,
         request_id: str,
-    ) -> tuple[npt.NDArray[np.float32], Heads | None, str]:
+    ) -> _Part:
         deadline = time.monotonic() + timeout_s
         try:
             try:
@@ -323,6 +299,17 @@ class RankingModelClient:
             str(result.get_response().model_version),
         )
 
+    def _launch(self, chunk: Coroutine[Any, Any, _Part]) -> asyncio.Task[_Part]:
+        call = asyncio.ensure_future(chunk)
+        self._calls.add(call)
+        call.add_done_callback(self._answered)
+        return call
+
+    def _answered(self, call: asyncio.Task[_Part]) -> None:
+        self._calls.discard(call)
+        if not call.cancelled():
+            call.exception()  # one given up on: the request has already answered for it
+
     def _region_lost(self) -> None:
         if self._registration is not None:
             self._registration.lost()
@@ -337,8 +324,11 @@ class RankingModelClient:
     ) -> ModelAnswer:
         """One score per row; chunks go out concurrently and are joined in row order.
 
-        When one chunk fails the answer is given up at once (it needs all of them); the other
-        chunks' calls run on to their answers unwaited (see _send). Answers
+        The answer is given up when one chunk fails (it needs all of them) or timeout_s has
+        passed, but no call is cancelled: each runs on, unwaited, to its answer (its gRPC
+        deadline is LATE_ANSWER_S later). A cancellation that meets an answer on its way out
+        is a race Triton before 2.53 can die of (server issue 7368); a call still queued is
+        dropped by Triton itself once its queue timeout, the same timeout_s, has passed. Answers
         from two versions (Triton's latest changed between chunks) are refused: one answer
         is scored by one model. An unguarded call (a shadow's) neither counts towards the
         breaker nor waits for it, so a failing trial version never stops the served one.
@@ -350,17 +340,11 @@ class RankingModelClient:
             return ModelAnswer(np.empty(0, np.float32), routed.version)
         guard = self._breaker.guard(RankingModelError) if guarded else contextlib.nullcontext()
         with guard:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [
-                        group.create_task(
-                            self._infer_chunk(rows[a:b], routed, timeout_s, request_id)
-                        )
-                        for a, b in bounds
-                    ]
-            except* RankingModelError as failures:
-                raise failures.exceptions[0] from None
-        parts = [task.result() for task in tasks]
+            calls = [
+                self._launch(self._infer_chunk(rows[a:b], routed, timeout_s, request_id))
+                for a, b in bounds
+            ]
+            parts = await _joined(calls, timeout_s)
         version = parts[0][2]
         if any(other != version for _, _, other in parts):
             versions = " and ".join(sorted({other for _, _, other in parts}))
@@ -376,6 +360,22 @@ class RankingModelClient:
         if self._registration is not None:
             await self._registration.close()
         await self._client.close()
+
+
+async def _joined(calls: list[asyncio.Task[_Part]], timeout_s: float) -> list[_Part]:
+    """The chunks' answers in row order, or the first failure, or TIMEOUT after timeout_s."""
+    done, _ = await asyncio.wait(calls, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+    for call in done:
+        if call.cancelled():  # only close() cancels a call
+            raise RankingModelError(FailureKind.UNAVAILABLE, "infer: the client closed")
+        failure = call.exception()
+        if failure is not None:
+            raise failure
+    if len(done) < len(calls):
+        raise RankingModelError(
+            FailureKind.TIMEOUT, f"infer: no answer within {timeout_s * 1000:.0f} ms"
+        )
+    return [call.result() for call in calls]
 
 
 # Failures that come at once, leaving time to ask another endpoint.

@@ -38,6 +38,8 @@ from loadtest.openloop import (
 from loadtest.service import local_service
 
 log = logging.getLogger("loadtest.faults")
+# How long answers must stay clean for the service to count as recovered.
+CLEAN_S = 0.5
 
 
 # The longest a restore may take (a restart waits for the server to be ready).
@@ -76,8 +78,8 @@ class FaultReport:
     before_p50_ms: float | None  # clean answers due before the fault: the machine's pace now
     degraded_p50_ms: float | None  # degraded answers after the first 0.5 s of the fault
     recovery_s: float | None  # None: not clean again before the run ended
-    relapses: int  # bad answers due after the recovery
-    after_recovery: int  # all answers due after it
+    relapses: int  # bad answers due after the recovery's clean stretch
+    after_recovery: int  # all answers due after that stretch
 
 
 async def run_with_fault(
@@ -121,11 +123,12 @@ def report(name: str, timeline: Timeline, num_items: int) -> FaultReport:
     settled = timeline.fault_s + 0.5
     during = [r.latency for r in degraded if settled <= r.scheduled < timeline.back_s]
     before = [r.latency for r in ok if not r.degraded and r.scheduled < timeline.fault_s]
-    recovery_s = recovery_time(records, timeline.back_s)
+    recovery_s = recovery_time(records, timeline.back_s, hold_s=CLEAN_S)
+    # After the clean stretch that made the recovery, which is clean by definition.
     after = (
         []
         if recovery_s is None
-        else [r for r in records if r.scheduled > timeline.back_s + recovery_s]
+        else [r for r in records if r.scheduled > timeline.back_s + recovery_s + CLEAN_S]
     )
     return FaultReport(
         fault=name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -23,6 +24,8 @@ from app.release.plan import ModelAnswer, Routed
 from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, ModelSignature
 from app.release.world import WORLD_ID_PARAMETER
 
+log = logging.getLogger(__name__)
+
 _STATUS_KINDS = {
     "StatusCode.DEADLINE_EXCEEDED": FailureKind.TIMEOUT,
     "StatusCode.CANCELLED": FailureKind.TIMEOUT,
@@ -33,10 +36,17 @@ _STATUS_KINDS = {
 # Triton answers a request its queue policy rejected (queue full, or the request's own queue
 # timeout passed) with UNAVAILABLE and one of these messages: the server is up but busy.
 _OVERLOAD_MESSAGES = ("exceeds maximum queue size", "timeout expired")
-# How long past its caller's timeout an inference may still answer, unwaited, before gRPC
-# cancels it: an execution under way finishes in milliseconds, and a call to a frozen Triton
-# is still let go of in the end.
-LATE_ANSWER_S = 1.0
+# How long past its caller's timeout a call may still answer, unwaited, before gRPC cancels
+# it, on a Triton older than CANCEL_SAFE_FROM: a cancellation that meets the answer on its
+# way out can end such a Triton with a segmentation fault (server issue 7368, fixed in 2.53,
+# 24.12), and one that has not answered this much later is queued, not on its way out. A
+# newer Triton gets its cancellation at the caller's timeout: with no queue policy in the
+# model's config, cancellation is what drops a queued call nobody waits for.
+LATE_ANSWER_S = 0.25
+CANCEL_SAFE_FROM = (2, 53)
+# Calls out at once (given up on included) past which a call fails at once as OVERLOADED:
+# more would be a backlog Triton answers after its callers have gone.
+MAX_CALLS_OUT = 256
 
 # Custom channel arguments replace all of the client's defaults, so the message limits are
 # restated. Reconnect backoff is capped low: after Triton restarts, gRPC's default backoff
@@ -146,14 +156,18 @@ class RankingModelClient:
         model_version: str,
         breaker: CircuitBreaker,
         url: str = "",
+        late_answer_s: float | None = None,
     ) -> None:
+        """`late_answer_s` fixes the grace; by default it follows the server's version."""
         self._client = client
         self._model_name = model_name
         self._model_version = model_version
         self._breaker = breaker
         self.url = url
         self._registration: Registration | None = None
-        self._calls: set[asyncio.Future[Any]] = set()
+        self._calls: set[asyncio.Task[_Part]] = set()
+        self._grace_fixed = late_answer_s is not None
+        self._late_answer_s = LATE_ANSWER_S if late_answer_s is None else late_answer_s
 
     async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None:
         """Send rows through `slots` from now on; registers the region with Triton."""
@@ -218,7 +232,20 @@ class RankingModelClient:
                 FailureKind.UNAVAILABLE,
                 f"model {self._model_name!r} version {shown or '(latest)'} is not ready",
             )
+        if not self._grace_fixed:
+            try:
+                server = await self._client.get_server_metadata(
+                    as_json=True, client_timeout=timeout_s
+                )
+            except InferenceServerException as exc:
+                raise _mapped(exc, "read server metadata") from exc
+            self._late_answer_s = late_answer_s(str(server.get("version", "")))
         return await self.signature(timeout_s, version)
+
+    @property
+    def late_answer_s(self) -> float:
+        """How long past its caller's timeout a call may still answer before it is cancelled."""
+        return self._late_answer_s
 
     @property
     def calls_out(self) -> int:
@@ -253,7 +280,7 @@ class RankingModelClient:
                 ],
                 request_id=request_id,
                 timeout=int(timeout_s * 1_000_000),
-                client_timeout=timeout_s + LATE_ANSWER_S,
+                client_timeout=timeout_s + self._late_answer_s,
             )
         except InferenceServerException as exc:
             if slot is not None and region_unknown(exc):
@@ -280,6 +307,10 @@ class RankingModelClient:
                 # and the region is registered again beside the requests.
                 self._region_lost()
                 left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RankingModelError(
+                        FailureKind.TIMEOUT, "infer: no time left to send inline"
+                    ) from None
                 result = await self._send(rows, routed, left, request_id, shared=False)
         except InferenceServerException as exc:
             failure = _mapped(exc, "infer")
@@ -307,8 +338,9 @@ class RankingModelClient:
 
     def _answered(self, call: asyncio.Task[_Part]) -> None:
         self._calls.discard(call)
-        if not call.cancelled():
-            call.exception()  # one given up on: the request has already answered for it
+        failure = None if call.cancelled() else call.exception()
+        if failure is not None and not isinstance(failure, RankingModelError):
+            log.error("a ranking call failed", exc_info=failure)  # a fault here, not Triton's
 
     def _region_lost(self) -> None:
         if self._registration is not None:
@@ -325,10 +357,9 @@ class RankingModelClient:
         """One score per row; chunks go out concurrently and are joined in row order.
 
         The answer is given up when one chunk fails (it needs all of them) or timeout_s has
-        passed, but no call is cancelled: each runs on, unwaited, to its answer (its gRPC
-        deadline is LATE_ANSWER_S later). A cancellation that meets an answer on its way out
-        is a race Triton before 2.53 can die of (server issue 7368); a call still queued is
-        dropped by Triton itself once its queue timeout, the same timeout_s, has passed. Answers
+        passed, but the calls are not cancelled here: each runs on, unwaited, until Triton
+        answers or its gRPC deadline passes (timeout_s, or LATE_ANSWER_S later on a Triton
+        whose cancellations race its answers; see late_answer_s). Answers
         from two versions (Triton's latest changed between chunks) are refused: one answer
         is scored by one model. An unguarded call (a shadow's) neither counts towards the
         breaker nor waits for it, so a failing trial version never stops the served one.
@@ -338,6 +369,8 @@ class RankingModelClient:
         bounds = chunk_bounds(rows.shape[0], routed.signature.max_batch_size)
         if not bounds:
             return ModelAnswer(np.empty(0, np.float32), routed.version)
+        if len(self._calls) >= MAX_CALLS_OUT:
+            raise RankingModelError(FailureKind.OVERLOADED, f"{len(self._calls)} calls out")
         guard = self._breaker.guard(RankingModelError) if guarded else contextlib.nullcontext()
         with guard:
             calls = [
@@ -354,7 +387,10 @@ class RankingModelClient:
         return ModelAnswer(np.concatenate([scores for scores, _, _ in parts]), version, joined)
 
     async def close(self) -> None:
-        for call in self._calls:
+        """Lets the calls out answer (their grace and a little more), then cancels the rest."""
+        if self._calls:
+            await asyncio.wait(set(self._calls), timeout=self._late_answer_s + 0.1)
+        for call in list(self._calls):
             call.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
         if self._registration is not None:
@@ -376,6 +412,15 @@ async def _joined(calls: list[asyncio.Task[_Part]], timeout_s: float) -> list[_P
             FailureKind.TIMEOUT, f"infer: no answer within {timeout_s * 1000:.0f} ms"
         )
     return [call.result() for call in calls]
+
+
+def late_answer_s(server_version: str) -> float:
+    """The grace before a late call is cancelled, by the Triton server's version ("2.51.0")."""
+    try:
+        major, minor = (int(part) for part in server_version.split(".")[:2])
+    except ValueError:
+        return LATE_ANSWER_S  # unknown: the safe side
+    return 0.0 if (major, minor) >= CANCEL_SAFE_FROM else LATE_ANSWER_S
 
 
 # Failures that come at once, leaving time to ask another endpoint.

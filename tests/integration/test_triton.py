@@ -20,7 +20,13 @@ from recsys_tools.localstack import default_triton_env, start_triton
 from tritonclient.utils import InferenceServerException
 
 from app.clients.breaker import CircuitBreaker
-from app.clients.ranking_model import connect_triton
+from app.clients.ranking_model import (
+    CHANNEL_ARGS,
+    LATE_ANSWER_S,
+    RankingModelClient,
+    connect_triton,
+    late_answer_s,
+)
 from app.core.errors import FailureKind, RankingModelError
 from app.release.plan import Routed
 from tests.integration.conftest import CONTEXT, TEST_MAX_BATCH, Stack, serving
@@ -191,9 +197,16 @@ async def test_a_call_given_up_on_is_not_cancelled_but_answered(slow_triton: str
     out: Triton 2.51 (the local one) can die of that race on a busy machine.
     """
     breaker = CircuitBreaker("triton", failures=5, open_s=1.0)
-    endpoint = connect_triton(slow_triton, MODEL, "", breaker)
+    learnt = connect_triton(slow_triton, MODEL, "", breaker)
+    # Ten times the model's delay to answer, however busy the machine: this test is about the
+    # caller letting go, not about the grace.
+    channel = triton_grpc.InferenceServerClient(slow_triton, channel_args=CHANNEL_ARGS)
+    endpoint = RankingModelClient(channel, MODEL, "", breaker, late_answer_s=SLOW_MS / 100)
     triton = triton_grpc.InferenceServerClient(slow_triton)
     try:
+        await learnt.ready_signature(5.0)
+        version = (await triton.get_server_metadata(as_json=True))["version"]
+        assert learnt.late_answer_s == late_answer_s(version) == LATE_ANSWER_S  # 2.51 here
         routed = Routed("", await endpoint.ready_signature(5.0))
         before = await _statistics(triton)
         with pytest.raises(RankingModelError) as raised:
@@ -208,6 +221,7 @@ async def test_a_call_given_up_on_is_not_cancelled_but_answered(slow_triton: str
         assert endpoint.calls_out == 0
         after = await _statistics(triton)
     finally:
+        await learnt.close()
         await endpoint.close()
         await triton.close()
     # Triton answered it (computed, or refused once its queue timeout passed on a busy

@@ -7,11 +7,13 @@ import numpy.typing as npt
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from app.clients import ranking_model
 from app.clients.breaker import CircuitBreaker
 from app.clients.ranking_model import (
     LATE_ANSWER_S,
     RankingModelClient,
     chunk_bounds,
+    late_answer_s,
     signature_from_triton,
 )
 from app.core.errors import FailureKind, RankingModelError
@@ -110,6 +112,26 @@ class _FakeTriton:
     async def close(self) -> None:
         pass
 
+    # What ready_signature reads: a ready model and a server of `version`.
+    version = "2.51.0"
+
+    async def is_model_ready(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    async def get_server_metadata(self, **kwargs: Any) -> dict[str, Any]:
+        return {"name": "triton", "version": self.version}
+
+    async def get_model_metadata(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        shape = ["-1", "3"]
+        return {
+            "name": "m",
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": shape}],
+            "outputs": [{"name": "score", "datatype": "FP32", "shape": ["-1", "1"]}],
+        }
+
+    async def get_model_config(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"config": {"name": "m", "max_batch_size": 2}}
+
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 2)
 ROUTED = Routed("", SIGNATURE)
@@ -197,3 +219,71 @@ async def test_an_open_breaker_skips_triton_and_no_time_left_is_not_its_fault() 
         await client.score(rows, ROUTED, 0.5, "r")
     assert raised.value.kind is FailureKind.CIRCUIT_OPEN
     assert len(fake.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "grace"),
+    [
+        ("2.51.0", LATE_ANSWER_S),
+        ("2.52.9", LATE_ANSWER_S),
+        ("2.53.0", 0.0),
+        ("2.62.1", 0.0),
+        ("3.0", 0.0),
+        ("", LATE_ANSWER_S),
+        ("dev", LATE_ANSWER_S),
+    ],
+)
+def test_the_grace_before_a_cancellation_follows_the_server_version(
+    version: str, grace: float
+) -> None:
+    assert late_answer_s(version) == grace
+
+
+async def test_a_triton_whose_cancellations_are_safe_gets_them_at_the_callers_timeout() -> None:
+    fake = _FakeTriton("StatusCode.OK", "")
+    fake.calls.append({})
+    fake.version = "2.62.0"
+    client = _client(fake)
+    assert client.late_answer_s == LATE_ANSWER_S  # before the server has said
+    routed = Routed("", await client.ready_signature(1.0))
+    assert client.late_answer_s == 0.0
+    with pytest.raises(RankingModelError):
+        await client.score(np.zeros((1, 3), np.float32), routed, 0.05, "r")
+    assert fake.calls[-1]["client_timeout"] == 0.05
+    await client.close()
+
+
+async def test_too_many_calls_out_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ranking_model, "MAX_CALLS_OUT", 2)
+    fake = _FakeTriton("StatusCode.OK", "")
+    fake.calls.append({})
+    client = _client(fake)
+    rows = np.zeros((1, 3), np.float32)
+    for _ in range(2):
+        with pytest.raises(RankingModelError) as raised:
+            await client.score(rows, ROUTED, 0.01, "r")
+        assert raised.value.kind is FailureKind.TIMEOUT
+    sent = len(fake.calls)
+    with pytest.raises(RankingModelError) as raised:
+        await client.score(rows, ROUTED, 0.5, "r")
+    assert raised.value.kind is FailureKind.OVERLOADED
+    assert len(fake.calls) == sent  # nothing more sent
+    await client.close()
+
+
+async def test_close_waits_out_the_grace_then_cancels_what_is_still_out() -> None:
+    fake = _FakeTriton("StatusCode.OK", "")
+    fake.calls.append({})  # each call takes a second
+    client = RankingModelClient(
+        fake,
+        "m",
+        "",
+        CircuitBreaker("triton", failures=5, open_s=1.0),
+        late_answer_s=0.1,
+    )
+    with pytest.raises(RankingModelError):
+        await client.score(np.zeros((1, 3), np.float32), ROUTED, 0.01, "r")
+    started = time.monotonic()
+    await client.close()
+    assert 0.1 <= time.monotonic() - started < 0.9
+    assert (client.calls_out, fake.cancelled) == (0, 1)

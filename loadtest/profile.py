@@ -7,12 +7,20 @@ run's length. Writes, under --out:
 - `flame.svg`: the flame graph, to open in a browser;
 - `stacks.txt`: the collapsed stacks (what flame graph tools and speedscope read); py-spy
   writes one format a run, so the flame graph samples a second turn of the same load;
+- `native.txt`: a third turn's stacks with the native frames under the Python ones;
 - `profile.json`: the table below, with the API's CPU a request and the load's figures.
 
 The table splits the samples by part of the request path: a sample anywhere below a stage
 counts for that stage (its I/O clients and numpy included), any other for the innermost
 part of the edge it is in (the route, the gate, the framework, the HTTP server, metrics) or
 the event loop. The same table before and after a change says what the change paid for.
+
+Beside each part, the floor: how much of it is the work itself (FAISS's scan, numpy's
+gathers and products, BLAS, protobuf's serialisation, onnxruntime), from the third turn,
+whose samples name the native code they were taken in. A sample whose innermost frame
+(past the C library's copies) is in one of those libraries is work; the interpreter, the
+event loop and the clients' machinery around them are not. That turn pauses the API for
+each sample (native stacks cannot be read otherwise), so it gives shares, not CPU.
 
     python -m loadtest.profile --rate 200 --seconds 20
 """
@@ -80,6 +88,19 @@ EDGE_FILES: tuple[tuple[str, str], ...] = (
     ("uvloop/", "event loop"),
 )
 ELSEWHERE = "elsewhere"
+# Native libraries whose code is the request's work itself, by a piece of their file name.
+WORK_LIBRARIES = (
+    "swigfaiss",
+    "faiss/",
+    "numpy/",
+    "openblas",
+    "libgomp",
+    "_upb",
+    "protobuf",
+    "onnxruntime",
+)
+# Native frames that take the work of whoever called them (copies, allocation).
+PASSED_THROUGH = ("libc.so", "libc-", "ld-linux", "libm.so")
 
 
 def _file(frame: str) -> str:
@@ -114,6 +135,30 @@ def shares(collapsed: Iterable[str]) -> dict[str, float]:
     return {part: round(n / total, 4) for part, n in counts.most_common()}
 
 
+def is_work(stack: str) -> bool:
+    """Whether a native stack's innermost frame, past the C library's, is the work itself."""
+    for frame in reversed(stack.split(";")):
+        where = _file(frame)
+        if frame.startswith("0x") or any(lib in where for lib in PASSED_THROUGH):
+            continue
+        return ".py:" not in where and any(lib in where for lib in WORK_LIBRARIES)
+    return False
+
+
+def work_shares(collapsed: Iterable[str]) -> dict[str, float]:
+    """Of each part's native samples, the share that was the work itself (0 to 1)."""
+    samples: Counter[str] = Counter()
+    work: Counter[str] = Counter()
+    for line in collapsed:
+        stack, _, number = line.rstrip("\n").rpartition(" ")
+        if stack and number.isdigit():
+            part = part_of(stack)
+            samples[part] += int(number)
+            if is_work(stack):
+                work[part] += int(number)
+    return {part: round(work[part] / n, 4) for part, n in samples.items() if n}
+
+
 def _py_spy() -> str:
     found = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
     if found is None:
@@ -121,17 +166,26 @@ def _py_spy() -> str:
     return found
 
 
-def _sampler(pid: int, seconds: float, form: str, out: Path) -> subprocess.Popen[bytes]:
+def _sampler(
+    pid: int, seconds: float, form: str, out: Path, native: bool
+) -> subprocess.Popen[bytes]:
     command = [_py_spy(), "record", "--pid", str(pid), "--duration", str(round(seconds))]
-    command += ["--rate", str(SAMPLES_PER_S), "--nonblocking", "--format", form, "-o", str(out)]
+    command += ["--rate", str(SAMPLES_PER_S), "--format", form, "-o", str(out)]
+    command += ["--native"] if native else ["--nonblocking"]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 async def _sampled(
-    api: ApiProcess, load: Load, rate: float, seconds: float, form: str, out: Path
+    api: ApiProcess,
+    load: Load,
+    rate: float,
+    seconds: float,
+    form: str,
+    out: Path,
+    native: bool = False,
 ) -> tuple[Summary, float]:
     """One turn of the load under one sampler: what it answered, and the API's CPU seconds."""
-    sampler = _sampler(api.pid, seconds, form, out)
+    sampler = _sampler(api.pid, seconds, form, out, native)
     before = tree_cpu_seconds(api.pid)
     result = summarize(await run(load, rate, seconds))
     used = tree_cpu_seconds(api.pid) - before
@@ -149,8 +203,11 @@ async def profile(api: ApiProcess, rate: float, seconds: float, out: Path) -> di
     # machine, half of 200 requests/s shed), one at this rate changes nothing measurable.
     result, used = await _sampled(api, load, rate, seconds, "raw", out / "stacks.txt")
     await _sampled(api, load, rate, seconds, "flamegraph", out / "flame.svg")
+    await _sampled(api, load, rate, seconds, "raw", out / "native.txt", native=True)
     with (out / "stacks.txt").open() as stacks:
         table = shares(stacks)
+    with (out / "native.txt").open() as stacks:
+        work = work_shares(stacks)
     return {
         "rate": rate,
         "seconds": seconds,
@@ -160,6 +217,7 @@ async def profile(api: ApiProcess, rate: float, seconds: float, out: Path) -> di
         "p99_ms": result.latency.p99_ms,
         "api_cpu_ms_per_request": round(used * 1000.0 / max(result.ok, 1), 3),
         "shares": table,
+        "work_shares": work,
     }
 
 
@@ -170,8 +228,13 @@ def _print(report: dict[str, Any]) -> None:
         f"API CPU {report['api_cpu_ms_per_request']:.2f} ms a request"
     )
     cpu_ms = report["api_cpu_ms_per_request"]
+    print("  share    ms   work ms  part")
+    floor = 0.0
     for part, share in report["shares"].items():
-        print(f"  {share * 100:5.1f}%  {share * cpu_ms:5.2f} ms  {part}")
+        work_ms = share * cpu_ms * report["work_shares"].get(part, 0.0)
+        floor += work_ms
+        print(f"  {share * 100:5.1f}%  {share * cpu_ms:5.2f}  {work_ms:5.2f}  {part}")
+    print(f"  the work itself: {floor:.2f} ms of {cpu_ms:.2f} ms a request")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.profile import EDGE_FILES, ELSEWHERE, STAGE_FILES, part_of, shares
+from loadtest.profile import (
+    EDGE_FILES,
+    ELSEWHERE,
+    STAGE_FILES,
+    is_work,
+    part_of,
+    shares,
+    work_shares,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = "run (uvloop/__init__.py:82);_run_once (asyncio/base_events.py:1922)"
@@ -37,3 +45,28 @@ def test_every_file_the_table_names_is_in_the_service() -> None:
     for marker, _ in STAGE_FILES + EDGE_FILES:
         if marker.startswith("app/"):
             assert (ROOT / marker).exists(), marker
+
+
+NATIVE_RECALL = (
+    f"{GATE};run (app/pipeline/stages/recall.py:50);candidates (app/pipeline/sources/ann.py:110);"
+    "search (faiss/class_wrappers.py:469)"
+)
+
+
+def test_a_native_sample_is_work_when_its_innermost_code_is_a_work_library() -> None:
+    faiss = "faiss::IndexIVFFlat::search (faiss/_swigfaiss.cpython-311-x86_64-linux-gnu.so)"
+    copy = "__memmove_avx_unaligned_erms (libc.so.6)"
+    gather = "mapiter_get (numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so)"
+    assert is_work(f"{NATIVE_RECALL};{faiss}")
+    assert is_work(f"{NATIVE_RECALL};{gather};{copy};0x7f2d1fd8bb75 (libc.so.6)")
+    # The Python around the call, and gRPC's own machinery, are not.
+    assert not is_work(NATIVE_RECALL)
+    grpc = "__pyx_f_4grpc_7_cython_6cygrpc (grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so)"
+    assert not is_work(f"{LOOP};{grpc}")
+    assert not is_work(f"{LOOP};{copy}")
+
+
+def test_work_shares_are_per_part() -> None:
+    faiss = "search (faiss/_swigfaiss.cpython-311-x86_64-linux-gnu.so)"
+    lines = [f"{NATIVE_RECALL};{faiss} 3\n", f"{NATIVE_RECALL} 1\n", f"{LOOP} 2\n"]
+    assert work_shares(lines) == {"recall": 0.75, "event loop": 0.0}

@@ -20,6 +20,7 @@ from app.core.callers import entry
 from app.core.errors import ConfigError
 from app.core.settings import load_settings
 from app.main import create_app
+from loadtest.service import start_api
 from tests.integration.conftest import CONTEXT, Stack, metric_samples
 from tests.integration.test_realtime import (
     APPLIED_WITHIN_S,
@@ -114,6 +115,44 @@ async def test_with_no_callers_configured_events_come_from_loopback_only(
         assert refused.json()["error"] == "forbidden"
     async with _api(settings, client=("127.0.0.1", 51000)) as local:
         assert (await local.post("/events", json=events)).status_code == 202
+
+
+@pytest.mark.parametrize("trusted_proxies", ["", "127.0.0.1"])
+async def test_a_request_a_proxy_forwarded_is_never_loopback_on_a_real_server(
+    stack: Stack, own_redis: tuple[ManagedProcess, str], tmp_path: Path, trusted_proxies: str
+) -> None:
+    """uvicorn itself, as the service starts it: with the proxy trusted it takes the client
+    from X-Forwarded-For (the access log shows it), without it the socket's peer; either
+    way a request that came through a proxy on this host is not a loopback caller, even one
+    that names 127.0.0.1 as its client."""
+    env = {
+        "RECSYS_REDIS_URL": own_redis[1],
+        "RECSYS_TRITON_URL": stack.triton_url,
+        "RECSYS_ARTIFACTS_DIR": str(stack.world),
+        "RECSYS_EVENT_PARTITIONS": str(PARTITIONS),
+        "RECSYS_TRUSTED_PROXIES": trusted_proxies,
+    }
+    log = tmp_path / "api.log"
+    api = await asyncio.to_thread(start_api, env, log, ["--access-log", "--log-level", "info"])
+    events = {"events": [_event(1, "u1", "i1")]}
+    try:
+        async with httpx.AsyncClient(base_url=api.url, timeout=10.0) as client:
+            assert (await client.post("/events", json=events)).status_code == 202
+            for forwarded in ("127.0.0.1", "203.0.113.7"):
+                refused = await client.post(
+                    "/events", json=events, headers={"x-forwarded-for": forwarded}
+                )
+                assert refused.status_code == 403, (forwarded, refused.text)
+    finally:
+        await asyncio.to_thread(api.stop)
+    lines = [line for line in log.read_text().splitlines() if "POST /events" in line]
+    assert len(lines) == 3, lines
+    outsider = lines[2]
+    if trusted_proxies:
+        assert "203.0.113.7" in outsider, outsider
+    else:
+        assert "203.0.113.7" not in outsider, outsider
+        assert "127.0.0.1" in outsider, outsider
 
 
 async def test_a_user_id_that_cannot_tag_its_keys_is_refused(

@@ -173,12 +173,16 @@ def _judged(
             hit[name] = hit_at_k(answers.ranked_by(model), history, held_out, plan.k, positive)
     judged["impressions"] = learnt.report
     judged["held_out_answers_ndcg@10"] = compare_on_answers(answers, held_shown, models)
-    metric = f"hit@{plan.k}"
-    if plan.ranker == "better":  # the lists' on a tie: first of the highest
-        judged["shipped"] = max(hit, key=lambda name: hit[name][metric])
-    elif plan.ranker in hit:
-        judged["shipped"] = plan.ranker
+    judged["shipped"] = shipped_ranker(plan.ranker, hit, f"hit@{plan.k}")
     return judged
+
+
+def shipped_ranker(asked: str, hit: dict[str, dict[str, Any]], metric: str) -> str:
+    """The ranker a new world ships: the one asked for where it was judged, the lists' where
+    it was not; `better` the highest by `metric` (the lists' on a tie: first of the highest)."""
+    if asked == "better":
+        return max(hit, key=lambda name: hit[name][metric])
+    return asked if asked in hit else "lists"
 
 
 def _learnt_models(learnt: ImpressionRanker) -> dict[str, bytes]:

@@ -70,13 +70,19 @@ browser:
 	    >>$(SETUP_LOG) 2>&1 || echo "Chromium could not be installed: the browser test is skipped"; }
 
 # build-world --engine spark runs Spark, which runs on Java (17 or newer): Debian's OpenJDK is
-# installed once where no java is found and this is root with apt-get; elsewhere the Spark
-# engine's tests are skipped and say why.
+# installed once where no java is found and this is root with apt-get. Where Java cannot be
+# had, set-up stops and says so: a run that skipped the Spark engine's tests would pass
+# without them. RECSYS_SKIP_SPARK=1 runs the suite without them, on purpose (the run's
+# summary says so).
 java:
-	@command -v java >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || { \
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || [ "$$RECSYS_SKIP_SPARK" = 1 ] || { \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; } || { \
+	    echo "No Java for the Spark engine's tests, and no apt-get as root to install it:"; \
+	    echo "install a Java 17 runtime, or set RECSYS_SKIP_SPARK=1 to run without them"; exit 1; }; \
 	  mkdir -p var; echo "Installing Debian's OpenJDK for the Spark engine (log: $(SETUP_LOG))"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; } \
-	    >>$(SETUP_LOG) 2>&1 || echo "Java could not be installed: the Spark engine's tests are skipped"; }
+	    >>$(SETUP_LOG) 2>&1 || { echo "Java could not be installed (see $(SETUP_LOG)):"; \
+	    echo "install a Java 17 runtime, or set RECSYS_SKIP_SPARK=1 to run without it"; exit 1; }; }
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-pytest.importorskip("pyspark")
-
 from implicit.cpu.als import user_factor
 from recsys_tools.world.spark.factors import SOLVE_BATCH, solve_keys, start_factors
 from scipy.sparse import csr_matrix

@@ -6,9 +6,6 @@ import os
 import sys
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from recsys_tools.world.spark.session import (
     _executor_python,
     _local_defaults,

@@ -96,15 +96,13 @@ async def test_the_steady_run_reports_stages_triton_and_memory(
 
 
 def test_triton_alone_is_measured_by_perf_analyzer(stack: Stack) -> None:
-    # A loose stability criterion: on a busy machine the default 10% may find no stable
-    # window at all, which the report must then say rather than lose the run.
+    # Any three windows count as stable (1000%): on a busy machine the default 10% may find
+    # none, and this test is about the measuring and its report, not a stable figure. A run
+    # that measures nothing is the next test's.
     alone = triton_alone(
-        stack.triton_url, stack.schema.model_name, 100, 1, interval_ms=500, stability_percent=50
+        stack.triton_url, stack.schema.model_name, 100, 1, interval_ms=500, stability_percent=1000
     )
-    if not alone["points"]:
-        assert alone["triton_alone_max_rate_at_p99"] is None
-        assert alone["error"], alone  # why nothing was measured, in perf_analyzer's words
-        return
+    assert alone["points"], alone
     (point,) = alone["points"]
     assert alone["error"] is None
     assert point["concurrency"] == 1

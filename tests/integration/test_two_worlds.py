@@ -34,6 +34,8 @@ from recsys_tools.world.store.redis_loader import load_world_into_redis
 from app.archive.rows import Kind
 from app.archive.store import ArchiveStore
 from app.core.events import Event, decode_entry
+from app.process import services
+from app.process import worlds as worlds_module
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp
 from app.release.worlds import candidate_user, read_worlds
@@ -341,6 +343,66 @@ def _logged_event_ids(url: str, partitions: int) -> set[str]:
         return found
     finally:
         client.close()
+
+
+# Each file step of a world's start is made this slow: on the event loop, it would stall
+# every request of the world already serving for that long.
+SLOW_STEP_S = 0.8
+OFF_LOOP_STEPS = (
+    (services, "opened_world"),
+    (services, "opened_catalog"),
+    (services, "with_room"),
+    (services, "serving_artifacts"),
+    (worlds_module, "checked_memory"),
+)
+
+
+async def _longest_stall(stop: asyncio.Event) -> float:
+    """How late the event loop ran a 5 ms timer, at most, until `stop`."""
+    longest = 0.0
+    while not stop.is_set():
+        before = time.monotonic()
+        await asyncio.sleep(0.005)
+        longest = max(longest, time.monotonic() - before - 0.005)
+    return longest
+
+
+@IN_SESSION_LOOP
+async def test_a_candidate_world_loads_off_the_event_loop(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack's own world, copied, loaded as the candidate beside itself: every step
+    that reads its files runs while the serving world's event loop goes on."""
+    calls: dict[str, int] = {}
+
+    def slowed(name: str, step: Any) -> Any:
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            time.sleep(SLOW_STEP_S)  # blocks whichever thread runs it
+            return step(*args, **kwargs)
+
+        return slow
+
+    copy = tmp_path / "world-copy"
+    shutil.copytree(stack.world, copy)
+    settings = stack.settings(admin_token=TOKEN, worlds_file=tmp_path / "worlds.toml")
+    candidate = {"artifacts_dir": str(copy), "key_prefix": "recsys", "percent": PERCENT}
+    async with serving(settings) as client:
+        for module, name in OFF_LOOP_STEPS:
+            monkeypatch.setattr(module, name, slowed(name, getattr(module, name)))
+        stop = asyncio.Event()
+        probe = asyncio.create_task(_longest_stall(stop))
+        started = time.monotonic()
+        response = await client.post("/admin/worlds/candidate", json=candidate, headers=ADMIN)
+        took = time.monotonic() - started
+        stop.set()
+        stall = await probe
+    assert response.status_code == 200, response.text
+    # Every slowed step ran (a step renamed or moved would leave this test blind to it) ...
+    assert set(calls) == {name for _, name in OFF_LOOP_STEPS}, calls
+    assert took >= len(OFF_LOOP_STEPS) * SLOW_STEP_S
+    # ... and none of them on the loop: it never stood still for half a step.
+    assert stall < SLOW_STEP_S / 2, (stall, took)
 
 
 @IN_SESSION_LOOP

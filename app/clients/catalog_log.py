@@ -152,10 +152,6 @@ class CatalogLog:
         self._let_go = client.register_script(_LET_GO)
 
     @property
-    def seq_key(self) -> str:
-        return self._seq
-
-    @property
     def withdrawn_seq_key(self) -> str:
         """The number of the last batch that withdrew an item: what a request must have
         applied before it answers (an addition may reach it a moment later)."""

@@ -89,11 +89,6 @@ class Event:
             return self.value is not None and self.value >= POSITIVE_RATING
         return self.type in POSITIVE_TYPES
 
-    @property
-    def consumed(self) -> bool:
-        """The user has had the item (anything but a bare impression): it is seen at once."""
-        return self.type is not EventType.IMPRESSION
-
     def to_json(self) -> dict[str, Any]:
         compact: dict[str, Any] = {
             "e": self.event_id,

@@ -160,34 +160,3 @@ def ranked_lists(pools: Pools, weights: PrerankWeights, depth: int) -> RankedLis
         np.concatenate(signals),
         np.concatenate(labels),
     )
-
-
-def example_signals(
-    users: IntArray,
-    items: IntArray,
-    user_vectors: FloatArray,
-    item_vectors: FloatArray,
-    neighbours: Neighbours,
-    recent: Recent,
-    categories: IntArray | None = None,
-) -> FloatArray:
-    """The signals of each (user, item) example, as the service would compute them."""
-    vectors = item_vectors.astype(np.float32)
-    out = np.zeros((len(users), len(SIGNALS)), dtype=np.float32)
-    order = np.argsort(users, kind="stable")
-    bounds = np.flatnonzero(np.diff(users[order])) + 1
-    for rows in np.split(order, bounds):
-        if not len(rows):
-            continue
-        user = int(users[rows[0]])
-        latest = recent.of(user)
-        out[rows] = prerank_signals(
-            items[rows],
-            user_vectors[user],
-            latest,
-            vectors,
-            nearby(neighbours, latest),
-            DECAY,
-            categories,
-        )
-    return out

@@ -98,7 +98,11 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     request_id = request_id_of(request)
     log.error("unhandled error on %s [request %s]", request.url.path, request_id, exc_info=exc)
-    return _response(500, error_body("internal_error", "the request failed", request_id))
+    # Sent by Starlette's outermost middleware, past the gate that tags every other answer:
+    # the id goes on here, so the caller can quote it as the log line does.
+    headers = {"x-request-id": request_id} if request_id else None
+    body = error_body("internal_error", "the request failed", request_id)
+    return _response(500, body, headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from starlette.types import Receive, Scope, Send
 
+from app.api.errors import install_error_handlers
 from app.api.gate import Gate, Gated, is_json, request_id
 from app.api.models import EventsRequest, RecommendRequest
 from app.core.metrics import Outcome, ServiceMetrics
@@ -309,3 +311,24 @@ async def test_a_route_the_gate_serves_is_answered_there_or_passed_on_whole() ->
     assert served.headers["x-request-id"]
     assert _count(metrics, Outcome.OK) == 2
     assert admission.in_flight == 0
+
+
+async def test_a_route_that_fails_answers_500_with_the_request_id_and_no_trace() -> None:
+    app = FastAPI()
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a secret detail")
+
+    install_error_handlers(app)
+    app.add_middleware(
+        Gate, routes={}, metrics=ServiceMetrics(), max_body_bytes=1024, body_timeout_s=1.0
+    )
+    transport = ASGITransport(app=app, raise_app_exceptions=False)
+    async with AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.get("/boom", headers={"x-request-id": "caller-7"})
+    assert response.status_code == 500
+    assert response.headers["x-request-id"] == "caller-7"
+    assert response.json()["request_id"] == "caller-7"
+    assert response.json()["error"] == "internal_error"
+    assert "secret" not in response.text

@@ -39,7 +39,9 @@ from app.process import worlds as worlds_module
 from app.release.keyspace import KeySpace
 from app.release.world import read_stamp
 from app.release.worlds import candidate_user, read_worlds
+from loadtest.service import start_api
 from tests.integration.conftest import Stack, serving
+from tests.tools.test_judge import write_archive
 
 pytestmark = pytest.mark.integration
 IN_SESSION_LOOP = pytest.mark.asyncio(loop_scope="session")
@@ -542,3 +544,49 @@ def test_a_world_is_staged_under_its_id(
         assert f"--prefix {prefix} --model {model}" in said
     finally:
         process.stop()
+
+
+@IN_SESSION_LOOP
+async def test_the_judge_acts_on_a_real_service_promoting_rolling_back_or_waiting(
+    two_worlds: TwoWorlds, tmp_path: Path
+) -> None:
+    """`recsys release judge --act`, as the hourly timer runs it, against the API as its own
+    process: each verdict read from an archive of the two worlds' answers, and carried out
+    as /admin/worlds says afterwards."""
+    env = {
+        "RECSYS_REDIS_URL": two_worlds.redis_url,
+        "RECSYS_TRITON_URL": two_worlds.triton_url,
+        "RECSYS_ARTIFACTS_DIR": str(two_worlds.stack.world),
+        "RECSYS_ADMIN_TOKEN": TOKEN,
+        "RECSYS_WORLDS_FILE": str(two_worlds.worlds_file),
+    }
+    api = await asyncio.to_thread(start_api, env, tmp_path / "api.log")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    arms = (two_worlds.a_id, two_worlds.b_id)
+
+    async def judged(name: str, clicks: tuple[float, float], answers: int) -> dict[str, Any]:
+        archive = tmp_path / name
+        write_archive(archive, dict(zip(arms, clicks, strict=True)), answers, worlds=arms)
+        argv = ["release", "judge", "--archive", str(archive), "--act", "--url", api.url]
+        assert await asyncio.to_thread(main, [*argv, "--token-file", str(token_file)]) == 0
+        shown: dict[str, Any] = (await admin.get("/admin/worlds")).json()
+        return shown
+
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=ADMIN, timeout=60.0) as admin:
+            loaded = await admin.post("/admin/worlds/candidate", json=two_worlds.candidate_b())
+            assert loaded.status_code == 200, loaded.text
+            # Too few answers to tell: the candidate keeps its share.
+            waited = await judged("wait", (0.1, 0.3), 200)
+            assert (waited["stable"], waited["candidate"]) == arms
+            # Clearly worse: rolled back, the stable world answers everyone.
+            rolled = await judged("worse", (0.2, 0.1), 20_000)
+            assert (rolled["stable"], rolled["candidate"]) == (two_worlds.a_id, "")
+            again = await admin.post("/admin/worlds/candidate", json=two_worlds.candidate_b())
+            assert again.status_code == 200, again.text
+            # Clearly better: promoted, world B answers everyone.
+            promoted = await judged("better", (0.1, 0.2), 20_000)
+            assert (promoted["stable"], promoted["candidate"]) == (two_worlds.b_id, "")
+    finally:
+        await asyncio.to_thread(api.stop)

@@ -56,13 +56,21 @@ def test_the_interval_holds_the_difference_and_widens_with_fewer_answers() -> No
     assert narrow[0] > 0
 
 
-def _archive(root: Path, clicks: dict[str, float], answers: int, seed: int = 3) -> None:
-    """Answers split between two worlds, a share of each clicked (naming its answer)."""
+def write_archive(
+    root: Path,
+    clicks: dict[str, float],
+    answers: int,
+    seed: int = 3,
+    worlds: tuple[str, str] = ("stable-w", "candidate-w"),
+) -> None:
+    """Answers split between two worlds (stable, candidate: a 10% canary), a share of each
+    clicked (naming its answer)."""
     rng = np.random.default_rng(seed)
     store = ArchiveStore(str(root))
     rows, events = [], []
+    stable, candidate = worlds
     for n in range(answers):
-        world = "stable-w" if n % 10 else "candidate-w"  # a 10% canary
+        world = stable if n % 10 else candidate
         answer_id = f"{n:032x}"
         rows.append(
             {
@@ -98,7 +106,7 @@ def _archive(root: Path, clicks: dict[str, float], answers: int, seed: int = 3) 
 
 
 def test_the_arms_are_read_from_the_archive_each_answer_counted_once(tmp_path: Path) -> None:
-    _archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.3}, 20_000)
+    write_archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.3}, 20_000)
     rates = arm_rates(ArchiveStore(str(tmp_path)), "world_id", "", "9999")
     assert rates["stable-w"]["click"].trials == 18_000
     assert rates["candidate-w"]["click"].trials == 2000
@@ -110,12 +118,12 @@ def test_the_arms_are_read_from_the_archive_each_answer_counted_once(tmp_path: P
 def test_the_command_says_promote_for_a_better_canary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.2}, 20_000)
+    write_archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.2}, 20_000)
     assert main(["release", "judge", "--archive", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["stable"], report["candidate"]) == ("stable-w", "candidate-w")
     assert report["verdict"] == "promote"
-    _archive(tmp_path / "worse", {"stable-w": 0.2, "candidate-w": 0.1}, 20_000)
+    write_archive(tmp_path / "worse", {"stable-w": 0.2, "candidate-w": 0.1}, 20_000)
     assert main(["release", "judge", "--archive", str(tmp_path / "worse")]) == 0
     assert "verdict: roll back" in capsys.readouterr().out
 
@@ -134,7 +142,7 @@ def test_acting_on_a_verdict_promotes_rolls_back_or_leaves_the_candidate() -> No
 
 
 def test_a_worlds_first_day_is_its_first_answers(tmp_path: Path) -> None:
-    _archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.2}, 2000)
+    write_archive(tmp_path, {"stable-w": 0.1, "candidate-w": 0.2}, 2000)
     store = ArchiveStore(str(tmp_path))
     assert first_day_of(store, "candidate-w") == day_of(NOW_MS)
     assert first_day_of(store, "never-served") == ""

@@ -194,6 +194,22 @@ def test_an_unreadable_time_fails_with_the_flag_that_fixes_it(
     assert "\n" not in said
 
 
+def test_an_infinite_weight_is_refused_as_the_local_engine_refuses_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "ratings.csv"
+    log.write_text("userId,movieId,rating,timestamp\n1,10,inf,1500000000\n2,10,4.0,1500000000\n")
+    argv = [
+        "build-world",
+        *("--interactions", str(log), "--user-col", "userId", "--item-col", "movieId"),
+        *("--weight-col", "rating", "--world", str(tmp_path / "world")),
+    ]
+    for engine in ("local", "spark"):
+        assert main([*argv, "--engine", engine, *(SMALL if engine == "spark" else ())]) == 2
+        said = caplog.records[-1].getMessage()
+        assert "'rating' is infinite in 1 of its rows" in said, (engine, said)
+
+
 @pytest.fixture(scope="module")
 def served(built: Built) -> Iterator[dict[str, Any]]:
     folder = built.folder / "serving"

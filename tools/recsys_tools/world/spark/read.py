@@ -194,6 +194,9 @@ def read_spark_log(
     vocabulary = None if items is None else sf.broadcast(_item_vocabulary(spark, items))
     no_id = _missing("user_id") | _missing("item_id")
     no_weight = ~no_id & (sf.col("w").isNull() | sf.isnan("w")) if columns.weight else sf.lit(False)
+    # Refused, as the local reader refuses it: a value the file says, that ALS and the mean
+    # weight would meet as a NaN far from here.
+    infinite = ~no_id & (sf.abs(sf.col("w")) == sf.lit(float("inf")))
     frame = frame.withColumn("no_id", no_id).withColumn("no_weight", no_weight)
     if vocabulary is not None:
         frame = frame.join(vocabulary, "item_id", "left")
@@ -206,10 +209,16 @@ def read_spark_log(
         sf.sum(sf.col("no_id").cast("long")).alias("missing_id"),
         sf.sum(sf.col("no_weight").cast("long")).alias("missing_weight"),
         sf.sum(sf.col("unknown").cast("long")).alias("item_not_in_table"),
+        sf.sum(infinite.cast("long")).alias("infinite_weight"),
     ).first()
     assert tally is not None
     if tally["rows"] == 0:
         raise ConfigError(f"{source} has no rows; give {FLAGS['log']} a log with interactions")
+    if tally["infinite_weight"]:
+        raise ConfigError(
+            f"{source}: {columns.weight!r} is infinite in {tally['infinite_weight']:,} of its "
+            "rows; a weight must be a finite number: fix those rows or drop them"
+        )
     dropped = {
         name: int(tally[name] or 0)
         for name in ("missing_id", "missing_weight", "item_not_in_table")

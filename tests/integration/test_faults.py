@@ -148,7 +148,7 @@ def _assert_kept_answering(outcome: FaultReport, api: ApiProcess) -> None:
     assert outcome.degraded > 0, f"the fault went unnoticed: {context}"
     assert outcome.recovery_s is not None, context
     assert outcome.recovery_s <= recovery_bound_s(outcome), context
-    assert outcome.relapses <= RELAPSE_SHARE * outcome.after_recovery, context
+    assert outcome.relapses <= 1 + RELAPSE_SHARE * outcome.after_recovery, context
 
 
 def _assert_breaker_spares_the_timeout(outcome: FaultReport, timeout_ms: float) -> None:

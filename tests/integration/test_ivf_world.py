@@ -64,12 +64,19 @@ async def _arrivals(api: httpx.AsyncClient) -> list[str]:
     return sorted(arrivals["first"])
 
 
-async def _user_answers(api: httpx.AsyncClient, rounds: int) -> list[dict[str, Any]]:
+async def _user_answers(
+    api: httpx.AsyncClient, started: asyncio.Event, stop: asyncio.Event
+) -> list[dict[str, Any]]:
+    """Rounds of two dozen users' requests at once, from `started` on until `stop`, and one
+    more after it: whatever the reload does, requests are in flight beside it."""
     bodies = [{"user_id": f"u{n}", "num_items": 20, "context": CONTEXT} for n in range(24)]
     answers = []
-    for _ in range(rounds):
-        responses = await asyncio.gather(*(api.post("/recommend", json=b) for b in bodies))
-        for response in responses:
+    last = False
+    while not last:
+        last = stop.is_set()
+        rounds = [asyncio.create_task(api.post("/recommend", json=b)) for b in bodies]
+        started.set()
+        for response in await asyncio.gather(*rounds):
             assert response.status_code == 200, response.text
             answers.append(response.json())
     return answers
@@ -110,8 +117,11 @@ async def test_added_items_are_found_through_the_cells_before_and_after_a_reload
         # A new index (other cells) under the same world: the reload reads it and refiles
         # the added items under its cells, while requests for two dozen users keep coming.
         await asyncio.to_thread(_reindexed, ivf_world, 2 * CELLS)
-        load = asyncio.create_task(_user_answers(api, rounds=4))
+        started, stop = asyncio.Event(), asyncio.Event()
+        load = asyncio.create_task(_user_answers(api, started, stop))
+        await started.wait()
         reloaded = await api.post("/admin/reload", headers=AUTH)
+        stop.set()
         during = await load
         assert reloaded.status_code == 200, reloaded.text
         assert {"cell-0", "cell-1", "cell-2"} <= set(await _answer(api, n=200))

@@ -121,7 +121,8 @@ async def _connected(client: redis.asyncio.cluster.RedisCluster, keys: list[str]
             try:
                 await client.get(key)
                 break
-            except (TimeoutError, redis.RedisError):
+            # Mapping the cluster on a slow connect raises RedisClusterException, no RedisError.
+            except (TimeoutError, redis.RedisError, redis.exceptions.RedisClusterException):
                 await asyncio.sleep(0.05)
         else:
             raise AssertionError(f"{key} never read in 50 tries")

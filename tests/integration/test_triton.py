@@ -22,7 +22,6 @@ from tritonclient.utils import InferenceServerException
 from app.clients.breaker import CircuitBreaker
 from app.clients.ranking_model import (
     CHANNEL_ARGS,
-    LATE_ANSWER_S,
     RankingModelClient,
     connect_triton,
     late_answer_s,
@@ -49,8 +48,9 @@ async def _statistics(triton: triton_grpc.InferenceServerClient) -> dict[str, An
         ):
             return current
         previous = current
-        await asyncio.sleep(0.1)
-    raise AssertionError("Triton kept inferring for 5 s")
+        # Longer than the slow model's execution: one still under way is seen finishing.
+        await asyncio.sleep(0.3)
+    raise AssertionError("Triton kept inferring for 15 s")
 
 
 async def _rows_ranked(client: AsyncClient) -> float:
@@ -206,7 +206,7 @@ async def test_a_call_given_up_on_is_not_cancelled_but_answered(slow_triton: str
     try:
         await learnt.ready_signature(5.0)
         version = (await triton.get_server_metadata(as_json=True))["version"]
-        assert learnt.late_answer_s == late_answer_s(version) == LATE_ANSWER_S  # 2.51 here
+        assert learnt.late_answer_s == late_answer_s(version)  # LATE_ANSWER_S on 2.51
         routed = Routed("", await endpoint.ready_signature(5.0))
         before = await _statistics(triton)
         with pytest.raises(RankingModelError) as raised:

@@ -394,6 +394,7 @@ async def test_a_candidate_world_loads_off_the_event_loop(
             monkeypatch.setattr(module, name, slowed(name, getattr(module, name)))
         stop = asyncio.Event()
         probe = asyncio.create_task(_longest_stall(stop))
+        await asyncio.sleep(0)  # the probe's clock runs before the first step can block
         started = time.monotonic()
         response = await client.post("/admin/worlds/candidate", json=candidate, headers=ADMIN)
         took = time.monotonic() - started
@@ -403,8 +404,9 @@ async def test_a_candidate_world_loads_off_the_event_loop(
     # Every slowed step ran (a step renamed or moved would leave this test blind to it) ...
     assert set(calls) == {name for _, name in OFF_LOOP_STEPS}, calls
     assert took >= len(OFF_LOOP_STEPS) * SLOW_STEP_S
-    # ... and none of them on the loop: it never stood still for half a step.
-    assert stall < SLOW_STEP_S / 2, (stall, took)
+    # ... and none of them on the loop: one there stalls it a whole step (0.8 s); the rest of
+    # the start, a garbage collection, a busy machine stay well under 0.6 s.
+    assert stall < SLOW_STEP_S - 0.2, (stall, took)
 
 
 @IN_SESSION_LOOP

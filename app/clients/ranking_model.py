@@ -359,9 +359,9 @@ class RankingModelClient:
         The answer is given up when one chunk fails (it needs all of them) or timeout_s has
         passed, but the calls are not cancelled here: each runs on, unwaited, until Triton
         answers or its gRPC deadline passes (timeout_s, or LATE_ANSWER_S later on a Triton
-        whose cancellations race its answers; see late_answer_s). Answers
-        from two versions (Triton's latest changed between chunks) are refused: one answer
-        is scored by one model. An unguarded call (a shadow's) neither counts towards the
+        whose cancellations race its answers; see late_answer_s). Answers from two versions
+        (Triton's latest changed between chunks) are refused: one answer is scored by one
+        model. An unguarded call (a shadow's) neither counts towards the
         breaker nor waits for it, so a failing trial version never stops the served one.
         """
         if timeout_s <= 0:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from app.clients.ranking_model import TritonPool
+from app.clients.triton_pool import TritonPool
 from app.core.errors import (
     ConfigError,
     DependencyError,

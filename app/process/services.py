@@ -26,9 +26,10 @@ from app.clients.item_memory import (
     read_item_matrix,
 )
 from app.clients.local_ranker import LocalRanker, load_local_ranker
-from app.clients.ranking_model import TritonPool, connect_triton
+from app.clients.ranking_model import connect_triton
 from app.clients.shared_memory import InputSlots, remove_stale_regions
 from app.clients.trending import TrendingItems
+from app.clients.triton_pool import TritonPool
 from app.core.cached import CachedCall
 from app.core.errors import (
     ConfigError,

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from app.clients.feature_store import FeatureStore
-from app.clients.ranking_model import RankingModelClient, TritonPool
+from app.clients.ranking_model import RankingModelClient
+from app.clients.triton_pool import TritonPool
 from app.core.errors import ConfigError, DependencyError, SchemaError, UnreachableError
 from app.core.settings import Settings
 from app.release.catalog import Catalog, load_catalog

@@ -6,6 +6,10 @@ Parity: the same log gives the same items, users, seen lists, positives, dense f
 neighbours, to the bit; the factors solve the same objective from the same start (the local solver
 takes conjugate-gradient steps, the Spark one solves exactly), so they point the same way
 and rank as well.
+
+The local[2] build gathers a sample of the users on its driver (--spark-sample-rows below the
+log's rows), as every production-size log does: the ranker and the blend learn on the sample,
+featured from the whole log; the cluster build gathers every user.
 """
 
 from __future__ import annotations
@@ -25,13 +29,24 @@ import numpy as np
 import pytest
 from recsys_tools.cli import main
 from recsys_tools.localstack.spark_cluster import start_spark_cluster
+from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.learn.derive import item_dense, user_dense
+from recsys_tools.world.read.items import ItemColumns, read_items
+from recsys_tools.world.read.log import LogColumns, read_log
 
-from app.release.catalog import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
+from app.release.catalog import HOLDOUT_FILE, ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.release.foldin import FOLDIN_FILE
 from app.release.neighbours import NEIGHBOURS_FILE
-from app.release.world import SERVED_FILES, read_stamp, verify_files
-from tests.integration.conftest import in_process_settings, serving
-from tests.integration.movie_log import build_movie_world, served_world, write_movie_log
+from app.release.prerank import load_prerank
+from app.release.world import SERVED_FILES, read_stamp, verify_files, world_schema
+from tests.integration.conftest import CONTEXT, PLAIN_RULES, in_process_settings, serving
+from tests.integration.movie_log import (
+    MIN_RATING,
+    build_movie_world,
+    served_world,
+    write_movie_log,
+)
 
 JAVA = bool(shutil.which("java") or os.environ.get("JAVA_HOME"))
 # Skipped only when asked (the run's summary counts them either way): a machine without Java
@@ -48,6 +63,8 @@ pytestmark = [
 ]
 # Few shuffle partitions: the test's log is small, and each partition costs a task.
 SMALL = ("--spark-conf", "spark.sql.shuffle.partitions=2")
+# A third of the log's 3,000 rows: the driver gathers about 40 of its 120 users.
+SAMPLE_ROWS = 1000
 # What both engines must write alike, field by field (the factors are left out: another ALS).
 EXACT = {
     ITEMS_FILE: ("ids", "dense", "categories", "published_at", "popularity"),
@@ -82,7 +99,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     ratings, movies, rated = write_movie_log(folder)
     local, spark = folder / "local", folder / "spark"
     _build(ratings, movies, local)
-    _build(ratings, movies, spark, "--engine", "spark", "--spark-master", "local[2]", *SMALL)
+    _build(
+        ratings,
+        movies,
+        spark,
+        *("--engine", "spark", "--spark-master", "local[2]", *SMALL),
+        *("--spark-sample-rows", str(SAMPLE_ROWS)),
+    )
     return Built(folder, ratings, movies, rated, local, spark)
 
 
@@ -116,28 +139,58 @@ def test_the_spark_world_is_stamped_as_the_local_one(built: Built) -> None:
     assert spark.world_id != local.world_id  # other factors: another world
 
 
-def test_the_factors_rank_as_well(built: Built) -> None:
+def test_the_sampled_world_ranks_as_well(built: Built) -> None:
     local, spark = _report(built.local), _report(built.spark)
     for stage in ("recall", "rank"):
         mine = spark["evaluation"]["stages"][stage]["recall@10"]
         theirs = local["evaluation"]["stages"][stage]["recall@10"]
-        # Generous on 120 users; the benchmark holds them within 5% on real data.
+        # Generous: the sample's 40 users against all 120; the benchmark holds the engines
+        # within 5% on real data.
         assert mine >= 0.75 * theirs, (stage, mine, theirs)
-    # One objective from one seeded start: the factors point the same way, item by item.
-    with np.load(built.spark / ITEMS_FILE) as mine, np.load(built.local / ITEMS_FILE) as theirs:
-        first, second = mine["embeddings"], theirs["embeddings"]
-    lengths = np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)
-    learnt = lengths > 0
-    assert learnt.sum() > 0
-    cosines = np.sum(first * second, axis=1)[learnt] / lengths[learnt]
-    assert np.median(cosines) > 0.95, np.median(cosines)
+    # The same choices from a third of the users: on this log pre-rank weighs the user's
+    # vector alone and the blend leaves the network out, whichever engine learns them.
+    ours, theirs = load_prerank(built.spark), load_prerank(built.local)
+    for signal in ("user", "similar", "recent"):
+        assert getattr(ours, signal) == pytest.approx(getattr(theirs, signal), abs=0.25), signal
+    assert spark["ranker"]["network_in_score"] == local["ranker"]["network_in_score"]
+
+
+def _rows(table: np.ndarray) -> set[bytes]:
+    return {row.tobytes() for row in np.ascontiguousarray(table, dtype=np.float32)}
+
+
+def test_the_sampled_ranker_is_featured_from_the_whole_log(built: Built) -> None:
+    # The ranker's lists are drawn for the sampled users, but their features must be counted
+    # over every user's early part, as the served world's are over every user's rows: the
+    # rows it was judged on (holdout.npz) hold only dense features of that table, computed
+    # here by the local engine's own functions. Featured from the sample's own counts (the
+    # bug e3b7d05 fixed, which cost 0.81x ranked recall at 25M rows), none of them match.
+    items = read_items(built.movies, ItemColumns(item_id="movieId", category="genres"))
+    columns = LogColumns(user="userId", item="movieId", weight="rating", min_weight=MIN_RATING)
+    whole = read_log(built.ratings, columns, items)
+    early = whole.subset(split_holdout(whole, 0.2).train)
+    schema = world_schema(built.spark, None)
+    with np.load(built.spark / HOLDOUT_FILE) as held:
+        rows = held["rows"]
+    assert len(rows) > 0
+    for block, table in (
+        ("item_dense", item_dense(early, schema)),
+        ("user_dense", user_dense(early, schema)),
+    ):
+        block_of = schema.blocks[block]
+        expected = _rows(table)
+        found = [row.tobytes() in expected for row in np.ascontiguousarray(rows[:, block_of])]
+        assert all(found), (block, f"{sum(found)} of {len(found)} rows")
 
 
 def test_the_report_says_which_engine_built_it(built: Built) -> None:
     spark = _report(built.spark)
     assert spark["engine"]["name"] == "spark"
     assert spark["engine"]["master"] == "local[2]"
-    assert spark["engine"]["sampled_users"] == 120  # a log smaller than the sample: all of it
+    assert spark["engine"]["sample_rows"] == SAMPLE_ROWS
+    sampled = spark["engine"]["sampled_users"]
+    assert 20 <= sampled <= 60, sampled  # about a third of 120, by a hash of each user
+    assert spark["engine"]["sampled_rows"] == 25 * sampled  # every row of each: 25 a user
     assert _report(built.local)["engine"] == {"name": "local"}
     assert spark["counts"] == _report(built.local)["counts"]
 
@@ -162,8 +215,20 @@ def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Pat
     assert not any(process.running() for process in processes)
     # Each worker ran executors of the build: the jobs crossed processes.
     assert all("Asked to launch executor" in log for log in workers)
-    _same_tables(built.local, tmp_path / "world")
-    assert _report(tmp_path / "world")["engine"]["master"] == url
+    world = tmp_path / "world"
+    _same_tables(built.local, world)
+    engine = _report(world)["engine"]
+    assert engine["master"] == url
+    assert engine["sampled_users"] == 120  # a log smaller than the sample: all of it
+    # Every user gathered, so the regularisation is chosen on what the local engine chose it
+    # on: one objective from one seeded start, the factors point the same way, item by item.
+    with np.load(world / ITEMS_FILE) as mine, np.load(built.local / ITEMS_FILE) as theirs:
+        first, second = mine["embeddings"], theirs["embeddings"]
+    lengths = np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)
+    learnt = lengths > 0
+    assert learnt.sum() > 0
+    cosines = np.sum(first * second, axis=1)[learnt] / lengths[learnt]
+    assert np.median(cosines) > 0.95, np.median(cosines)
 
 
 def test_an_unreadable_time_fails_with_the_flag_that_fixes_it(
@@ -215,22 +280,34 @@ def test_an_infinite_weight_is_refused_as_the_local_engine_refuses_it(
 @pytest.fixture(scope="module")
 def served(built: Built) -> Iterator[dict[str, Any]]:
     folder = built.folder / "serving"
+    rules = built.folder / "rules.toml"
+    rules.write_text(PLAIN_RULES)
     with served_world(built.spark, folder) as stack:
         yield {
             "artifacts_dir": built.spark,
             "redis_url": stack.redis_url,
             "triton_url": stack.triton_url,
+            "rules_file": rules,
         }
 
 
-async def test_the_spark_world_serves(built: Built, served: dict[str, Any]) -> None:
+async def test_the_sampled_world_serves_what_its_files_say(
+    built: Built, served: dict[str, Any]
+) -> None:
+    # Every user's answer is the list computed offline from the world's own files (the
+    # service's candidate stages, the model through onnxruntime), as the local engine's is.
+    users = sorted(built.rated, key=int)
+    expected = dict(WorldAnswers(built.spark).answers(users, Moment(**CONTEXT)))
     async with serving(in_process_settings(**served)) as api:
-        for user in ("1", "60", "118"):
-            response = await api.post("/recommend", json={"user_id": user, "num_items": 10})
+        for user in users:
+            response = await api.post(
+                "/recommend", json={"user_id": user, "num_items": 10, "context": CONTEXT}
+            )
             assert response.status_code == 200, response.text
             answer = response.json()
             assert answer["degraded"] == []
             assert answer["cold_start"] is False
             items = [item["item_id"] for item in answer["items"]]
+            assert items == expected[user], user
             assert len(items) == 10
             assert not set(items) & built.rated[user]

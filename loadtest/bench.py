@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 
 from app.release.artifacts import serving_artifacts
-from app.release.catalog import ITEMS_FILE, load_catalog
+from app.release.catalog import load_catalog
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, Routed
 from app.release.rules import RerankRules
-from app.release.schema import ModelSignature
-from app.release.world import world_schema
+from app.world.layout import INDEX_FILE, ITEMS_FILE, MODEL_FILE
+from app.world.schema import ModelSignature
+from app.world.stamp import world_schema
 from loadtest.closedloop import closed_loop
 from loadtest.cpu import Processes, cpu_per_request
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot
@@ -222,7 +223,7 @@ def held_data_bytes(world: Path) -> int:
     if catalog.neighbours is not None:
         arrays.extend([catalog.neighbours.positions, catalog.neighbours.similarity])
     item_features = catalog.size * (schema.item_blob_width * 4 + 1)  # matrix + usable flags
-    index_bytes = (world / "index.faiss").stat().st_size
+    index_bytes = (world / INDEX_FILE).stat().st_size
     return sum(a.nbytes for a in arrays) + item_features + index_bytes
 
 
@@ -288,7 +289,7 @@ async def measure(
         },
         "memory": memory_report(api, args.world),
         "model": {
-            "flops_per_row": model_flops_per_row(args.world / "model.onnx"),
+            "flops_per_row": model_flops_per_row(args.world / MODEL_FILE),
             "rows_per_request": args.rows,
         },
     }

@@ -27,9 +27,8 @@ import numpy as np
 from recsys_tools.demo import StackOptions, local_stack, stack_options
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
-from app.release.catalog import ITEMS_FILE
-from app.release.item_prior import ITEM_PRIOR_FILE
-from app.release.schema import load_schema
+from app.world.layout import ITEM_PRIOR_FILE, ITEMS_FILE, MANIFEST_FILE
+from app.world.schema import load_schema
 from loadtest.compare_checkouts import api_cpu_ms
 from loadtest.openloop import Load, demo_bodies, run
 from loadtest.record import record
@@ -42,7 +41,7 @@ BATCH = 1000
 
 def _world(folder: Path, items: int, users: int) -> Path:
     world = folder / f"world-{items}"
-    if not (world / "manifest.json").is_file():
+    if not (world / MANIFEST_FILE).is_file():
         size = DemoSize(items=items, users=users, impressions=users * 10)
         build_demo_world(world, load_schema(), size, seed=7)
     return world

@@ -33,9 +33,8 @@ import httpx
 import numpy as np
 from recsys_tools.demo import local_stack, stack_options
 
-from app.release.catalog import ITEMS_FILE
-from app.release.item_prior import ITEM_PRIOR_FILE
-from app.release.schema import load_schema
+from app.world.layout import ITEM_PRIOR_FILE, ITEMS_FILE
+from app.world.schema import load_schema
 from loadtest.openloop import Load, Summary, demo_bodies, run, summarize
 from loadtest.record import record
 from loadtest.service import api_on

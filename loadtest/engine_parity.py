@@ -27,7 +27,7 @@ from recsys_tools.world.recipes.on_spark import build_world_on_spark
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.spark.session import SparkSettings
 
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from loadtest.served_quality import MIN_RATING, SETS, SHARE
 
 K = 10

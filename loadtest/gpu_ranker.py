@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from app.world.layout import HOLDOUT_FILE, MODEL_FILE
+
 BATCHES = (1, 8, 64, 256, 500, 1024, 2048, 4096, 8192)
 REQUEST_ROWS = 500
 HEADS_MATMUL = "net_heads_m"  # as tools/recsys_tools/model/precision.py names the tail
@@ -336,10 +338,10 @@ def _device_facts() -> dict[str, Any]:
 def run_world(world: Path, repeats: int, device: Any) -> dict[str, Any]:
     import onnx
 
-    path = world / "model.onnx"
+    path = world / MODEL_FILE
     model = onnx.load(str(path))
     width = int(model.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
-    with np.load(world / "holdout.npz") as saved:
+    with np.load(world / HOLDOUT_FILE) as saved:
         rows, labels = saved["rows"].astype(np.float32), saved["labels"].astype(np.int8)
     ops = sorted({node.op_type for node in model.graph.node})
     print(f"{world}: width {width}, {len(rows)} held-out rows, ops {ops}", flush=True)

@@ -46,9 +46,9 @@ from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
-from app.release.catalog import ITEMS_FILE
-from app.release.neighbours import load_neighbours
-from app.release.schema import load_schema
+from app.world.layout import ITEMS_FILE
+from app.world.neighbours import load_neighbours
+from app.world.schema import load_schema
 from loadtest.record import record
 from loadtest.service import api_on
 

@@ -26,9 +26,9 @@ from recsys_tools.world.store.identity import stamp_world
 from recsys_tools.world.store.npz_stream import NpzStream
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
-from app.release.catalog import POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
-from app.release.schema import FeatureSchema, load_schema
+from app.world.layout import ITEMS_FILE, MANIFEST_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
+from app.world.schema import FeatureSchema, load_schema
 
 CHUNK = 100_000
 
@@ -40,10 +40,10 @@ def _chunks(total: int, make: object) -> Iterator[np.ndarray]:
 
 def write_world(folder: Path, users: int, history: int, schema: FeatureSchema) -> Path:
     world = folder / f"world-{users}"
-    if (world / "manifest.json").is_file():
+    if (world / MANIFEST_FILE).is_file():
         return world
     build_demo_world(world, schema, DemoSize(2_000, 100, 1_000), "auto", 7)
-    with np.load(world / "items.npz") as items:
+    with np.load(world / ITEMS_FILE) as items:
         item_ids = items["ids"]
     rng = np.random.default_rng(1)
     width = len(str(users)) + 1

@@ -44,8 +44,8 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
-from app.release.world import read_stamp
+from app.world.schema import load_schema
+from app.world.stamp import read_stamp
 from loadtest.record import record
 from loadtest.service import local_service
 

@@ -52,7 +52,7 @@ from recsys_tools.world.read.log import LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from loadtest import ease
 from loadtest.record import record
 from loadtest.replay_drift import replay_twice

@@ -32,7 +32,7 @@ from recsys_tools.world.store.identity import install_model, model_beside
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from loadtest.openloop import Load, demo_bodies, run
 from loadtest.openloop.request import Record
 from loadtest.openloop.stats import latency_of

@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from app.world.layout import REPORT_FILE
+
 PER_USER, PER_ITEM, GENRES = 154, 400, 20
 START = 1_000_000_000
 YEARS = 10 * 365 * 86_400
@@ -176,7 +178,7 @@ def run_build(
     lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
     recall = rank = None
     if code == 0:
-        report = json.loads((world / "report.json").read_text())
+        report = json.loads((world / REPORT_FILE).read_text())
         recall = report["evaluation"]["stages"]["recall"]["recall@10"]
         rank = report["evaluation"]["stages"]["rank"]["recall@10"]
     return Run(

@@ -23,8 +23,8 @@ from app.core.events import EventType, keyable_user
 from app.core.storable import FLOAT32_MAX, identifier_problem, unicode_problem
 from app.core.vocabulary import Variant, WorldRole
 from app.pipeline.types import Moment, Query
-from app.release.attributes import ATTRIBUTE_NAMES, AttributeName
-from app.release.schema import NAME
+from app.world.attributes import ATTRIBUTE_NAMES, AttributeName
+from app.world.schema import NAME
 
 
 def encodable(value: str) -> str:

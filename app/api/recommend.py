@@ -41,8 +41,8 @@ from app.pipeline.types import Recommendation
 from app.process.services import Services
 from app.process.worlds import Worlds
 from app.release.artifacts import ServingArtifacts
-from app.release.attributes import AttributeName
-from app.release.world import WorldStamp
+from app.world.attributes import AttributeName
+from app.world.stamp import WorldStamp
 
 log = logging.getLogger(__name__)
 _BUDGET = BUDGET_HEADER.lower().encode("latin-1")

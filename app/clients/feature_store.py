@@ -31,7 +31,7 @@ from app.core.errors import FailureKind, FeatureStoreError, SchemaError
 from app.core.settings import Settings
 from app.core.vocabulary import Positions
 from app.release.keyspace import USER_KEYS_FORMAT, KeySpace
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 
 FLOAT32 = np.dtype("<f4")
 SEEN_POSITION = np.dtype("<u4")

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError, FailureKind, RankingModelError, SchemaError
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 
 WARMUP_ROWS = 1024
 # Estimates are taken on an idle process; under load a run takes longer than it did then.

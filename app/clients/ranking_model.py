@@ -21,8 +21,8 @@ from app.clients.shared_memory import InputSlots
 from app.core.errors import FailureKind, RankingModelError
 from app.core.vocabulary import Heads
 from app.release.plan import ModelAnswer, Routed
-from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, ModelSignature
-from app.release.world import WORLD_ID_PARAMETER
+from app.world.schema import HEAD_NAMES, HEADS_OUTPUT, ModelSignature
+from app.world.stamp import WORLD_ID_PARAMETER
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import numpy.typing as npt
 from app.clients.ranking_model import RankingModelClient
 from app.core.errors import FailureKind, RankingModelError
 from app.release.plan import ModelAnswer, Routed
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 
 # Failures that come at once, leaving time to ask another endpoint.
 _FAST_FAILURES = frozenset({FailureKind.UNAVAILABLE, FailureKind.CIRCUIT_OPEN})

@@ -15,7 +15,7 @@ import numpy.typing as npt
 Positions = npt.NDArray[np.int64]  # catalog positions of items, in the order of the stage
 Indices = npt.NDArray[np.intp]  # indices into a stage's own arrays
 Scores = npt.NDArray[np.float32]
-# Each row's head probabilities, one column per objective (app.release.schema.HEAD_NAMES).
+# Each row's head probabilities, one column per objective (app.world.schema.HEAD_NAMES).
 Heads = npt.NDArray[np.float32]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Positions
-from app.release.foldin import FoldInParams, Weighting
+from app.world.foldin import FoldInParams, Weighting
 
 FloatArray = npt.NDArray[np.float32]
 

@@ -1,6 +1,6 @@
 """An added item's vector from the users who chose it: the item side of the fold-in.
 
-An item added while serving starts at its attributes' guess (app.release.item_prior). As
+An item added while serving starts at its attributes' guess (app.world.item_prior). As
 users choose it, its vector is refitted from theirs: a ridge regression of the score the
 world gives an item its users chose (`target`, the mean of x_u . y_i over the world's
 positives) on the vectors x_u of the users who chose it, centred on the guess g and

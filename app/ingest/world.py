@@ -19,9 +19,9 @@ from app.core.vocabulary import Positions
 from app.ingest.foldin import FoldIn
 from app.ingest.item_step import ItemStep, item_step
 from app.release.arrivals import make_room
-from app.release.catalog import DEFAULT_USER_FILE, ITEMS_FILE, SEEN_FILE, USERS_FILE
-from app.release.foldin import PLAIN, FoldInParams, Weighting, load_foldin
-from app.release.schema import FeatureSchema
+from app.world.foldin import PLAIN, FoldInParams, Weighting, load_foldin
+from app.world.layout import DEFAULT_USER_FILE, ITEMS_FILE, SEEN_FILE, USERS_FILE
+from app.world.schema import FeatureSchema
 
 log = logging.getLogger("recsys.ingest")
 FloatArray = npt.NDArray[np.float32]

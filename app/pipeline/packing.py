@@ -7,7 +7,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 
 FloatArray = npt.NDArray[np.float32]
 

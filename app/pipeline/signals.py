@@ -8,9 +8,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Positions
-from app.release.neighbours import Nearby
-from app.release.prerank import PrerankWeights
-from app.release.schema import FeatureSchema
+from app.world.neighbours import Nearby
+from app.world.prerank import PrerankWeights
+from app.world.schema import FeatureSchema
 
 SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category")
 # Pre-rank weighs the first three; the others are for the ranking model's sequence block

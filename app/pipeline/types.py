@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Heads, Indices, Positions, Removal, Scores, Variant
-from app.release.neighbours import NOWHERE, Nearby
 from app.release.rules import PageSources
+from app.world.neighbours import NOWHERE, Nearby
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
 EVERY_SETTING = PageSources()  # a page section that sizes no source: the settings' sizes

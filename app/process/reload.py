@@ -42,8 +42,8 @@ from app.release.catalog import Catalog, in_room
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, ReleasePlan, Routed, read_plan, write_plan
 from app.release.rules import load_rules
-from app.release.schema import FeatureSchema
-from app.release.world import WorldStamp, files_identity
+from app.world.schema import FeatureSchema
+from app.world.stamp import WorldStamp, files_identity
 
 log = logging.getLogger(__name__)
 

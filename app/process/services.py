@@ -58,12 +58,13 @@ from app.process.startup_checks import (
     opened_world,
 )
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
-from app.release.catalog import MODEL_FILE, with_room
+from app.release.catalog import with_room
 from app.release.keyspace import keyspace_of
 from app.release.plan import read_plan
 from app.release.rules import load_rules
-from app.release.schema import FeatureSchema, ModelSignature
-from app.release.world import WorldStamp, files_identity
+from app.world.layout import MODEL_FILE
+from app.world.schema import FeatureSchema, ModelSignature
+from app.world.stamp import WorldStamp, files_identity
 
 log = logging.getLogger(__name__)
 READINESS_TTL_S = 1.0

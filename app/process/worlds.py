@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -30,8 +29,6 @@ from app.core.vocabulary import WorldRole
 from app.process.reload import ReloadRefusedError
 from app.process.services import Services
 from app.process.world_tasks import stop_tasks, watch_task, world_tasks
-from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE
-from app.release.world import world_schema
 from app.release.worlds import (
     WorldRef,
     WorldsPlan,
@@ -40,12 +37,14 @@ from app.release.worlds import (
     world_settings,
     write_worlds,
 )
+from app.world.layout import NOT_LOADED
+from app.world.manifest import manifest_items
+from app.world.stamp import world_schema
 
 log = logging.getLogger(__name__)
 
 StartWorld = Callable[[Settings], Awaitable[Services]]
 # Files a world keeps for the tools, never read by the service.
-_NOT_LOADED = {HOLDOUT_FILE, "report.json", MANIFEST_FILE}
 # How long a retired world's requests may still run: their budget, and a margin for the
 # answer's write-out, before its clients close under them.
 RETIRE_MARGIN_S = 1.0
@@ -67,7 +66,7 @@ def world_memory_bytes(settings: Settings, items: int, blob_width: int) -> int:
     files = sum(
         path.stat().st_size
         for path in settings.artifacts_dir.iterdir()
-        if path.is_file() and path.name not in _NOT_LOADED
+        if path.is_file() and path.name not in NOT_LOADED
     )
     held = 0
     if settings.item_features == "full":
@@ -82,7 +81,7 @@ def checked_memory(settings: Settings, reserve: float, meminfo: Path | None = No
     if not world.is_dir():
         raise ConfigError(f"{world} is not a directory")
     schema = world_schema(world, settings.feature_schema)
-    estimate = world_memory_bytes(settings, _manifest_items(world), schema.item_blob_width)
+    estimate = world_memory_bytes(settings, manifest_items(world), schema.item_blob_width)
     available = available_memory_bytes(meminfo or MEMINFO)
     if available is not None and estimate > int(available * (1.0 - reserve)):
         raise ConfigError(
@@ -299,15 +298,6 @@ async def change_worlds(worlds: Worlds, plan: WorldsPlan) -> WorldsReport:
 def current_plan(worlds: Worlds) -> WorldsPlan:
     candidate = worlds.candidate
     return WorldsPlan(worlds.stable.ref, candidate.ref if candidate else None, worlds.percent)
-
-
-def _manifest_items(world: Path) -> int:
-    """The world's item count as its manifest says; 0 where it says none."""
-    try:
-        manifest = json.loads((world / MANIFEST_FILE).read_text())
-        return int(manifest.get("items", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0
 
 
 def worlds_reload(worlds: Worlds) -> Callable[[], Coroutine[Any, Any, None]]:

@@ -17,7 +17,7 @@ from app.release.keyspace import KeySpace
 from app.release.pages import Page, page_named, resolve_pages
 from app.release.plan import ModelRouting
 from app.release.rules import RerankRules
-from app.release.schema import FeatureSchema, ModelSignature
+from app.world.schema import FeatureSchema, ModelSignature
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,22 +1,7 @@
 """The catalog as the service holds it: item ids and metadata, the FAISS index, defaults.
 
-On disk a world directory holds:
-- items.npz: ids (str), embeddings (n, dim), dense (n, item dense), categories (int),
-  published_at (unix seconds), popularity (float)
-- users.npz: ids (str), embeddings (n, dim), dense (n, user dense)
-- index.faiss: an inner-product FAISS index whose row i is item i
-- default_user.npy: the blob used for users without stored features (cold start)
-- model.onnx: the ranking model Triton serves, also the in-process fallback ranker
-- seen.npz: every user's history (user_ids, offsets, item_ids newest first), loaded into Redis
-  as catalog positions (app.clients.feature_store)
-- holdout.npz: labelled rows (float32, n x width; int8 labels) the model did not learn from,
-  for comparing models (recsys model compare); only a world built from a log has one
-- feature_schema.json: the schema the world was built for; the service serves it by default
-- neighbours.npz: each item's nearest items by co-occurrence (app.release.neighbours); optional
-- prerank.json: the pre-rank score's weights (app.release.prerank); optional
-- attributes.npz: words a client may ask for with each item, a title, the category names
-  (app.release.attributes); optional
-- manifest.json: how the world was built, its id and the digest of each file (app.release.world)
+Read from the world's files (app.world.layout; docs/world-format.md), with room for the items
+added while serving (app.release.arrivals).
 """
 
 from __future__ import annotations
@@ -34,24 +19,13 @@ from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
 from app.release.added_cells import added_cells
 from app.release.arrivals import CatalogRoom, make_room
-from app.release.attributes import ItemAttributes, load_attributes
-from app.release.item_prior import ItemPrior, load_item_prior
-from app.release.neighbours import Neighbours, load_neighbours
-from app.release.prerank import PrerankWeights, load_prerank
-from app.release.schema import FeatureSchema
-from app.release.stored import reading
-
-ITEMS_FILE = "items.npz"
-USERS_FILE = "users.npz"
-INDEX_FILE = "index.faiss"
-DEFAULT_USER_FILE = "default_user.npy"
-MODEL_FILE = "model.onnx"
-SEEN_FILE = "seen.npz"
-# Each user's positives, oldest first, repeats kept: what the consumer folds vectors in from.
-POSITIVES_FILE = "positives.npz"
-HOLDOUT_FILE = "holdout.npz"
-SCHEMA_FILE = "feature_schema.json"
-MANIFEST_FILE = "manifest.json"
+from app.world.attributes import ItemAttributes, load_attributes
+from app.world.item_prior import ItemPrior, load_item_prior
+from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE
+from app.world.neighbours import Neighbours, load_neighbours
+from app.world.prerank import PrerankWeights, load_prerank
+from app.world.schema import FeatureSchema
+from app.world.stored import reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +49,7 @@ class Catalog:
     # Items added while serving (app.release.arrivals): the arrays above are then views of
     # the room's, as long as the world's items and the added ones together.
     room: CatalogRoom | None = None
-    # What an added item's vector is guessed from (app.release.item_prior); None: no guess.
+    # What an added item's vector is guessed from (app.world.item_prior); None: no guess.
     prior: ItemPrior | None = None
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from app.core.errors import ConfigError
 from app.release.rules import PageSources, RerankRules
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 
 OTHER = "other"
 

@@ -24,7 +24,7 @@ from typing import Any
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.core.vocabulary import Heads, Scores, Variant
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 
 _BUCKETS = 10_000  # shares are resolved to 0.01%
 

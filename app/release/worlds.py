@@ -33,7 +33,7 @@ from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.release.plan import in_share
-from app.release.schema import checked_name
+from app.world.schema import checked_name
 
 _SALT = "world:"
 _KEYS = {"artifacts_dir", "key_prefix", "model_name"}

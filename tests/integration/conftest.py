@@ -34,7 +34,7 @@ from recsys_tools.world.store.redis_loader import load_world_into_redis
 from app.core.settings import Settings
 from app.main import create_app
 from app.release.keyspace import KeySpace
-from app.release.schema import FeatureSchema, load_schema
+from app.world.schema import FeatureSchema, load_schema
 
 SMALL_WORLD = DemoSize(items=3000, users=400, impressions=30_000)
 # Small enough that the 500 candidates pre-rank keeps go to Triton in several chunks.

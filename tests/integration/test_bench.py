@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from recsys_tools.localstack import leased_port
 
-from app.release.catalog import MANIFEST_FILE
+from app.world.layout import MANIFEST_FILE
 from loadtest.bench import (
     P99_BOUND_MS,
     held_data_bytes,

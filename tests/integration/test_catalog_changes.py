@@ -22,10 +22,9 @@ from recsys_tools.world.read.items import ItemColumns, read_items
 
 from app.clients.feature_store import decode_seen
 from app.ingest.world import item_step_of
-from app.release.catalog import ITEMS_FILE
-from app.release.item_prior import ITEM_PRIOR_FILE
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
+from app.world.layout import ITEM_PRIOR_FILE, ITEMS_FILE
+from app.world.stamp import read_stamp
 from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, serving
 
 KEYS = KeySpace("recsys")

@@ -26,8 +26,8 @@ from app.clients.catalog_log import CatalogLog
 from app.ingest.refit import ItemRefits
 from app.ingest.world import IngestWorld, load_ingest_world
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
-from app.release.world import read_stamp
+from app.world.schema import load_schema
+from app.world.stamp import read_stamp
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
 from tests.integration.test_catalog_poison import _poison
 

@@ -32,7 +32,7 @@ from app.core.metrics import ServiceMetrics
 from app.process.services import start_services
 from app.release.arrivals import ItemChange, encode_changes
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
+from app.world.stamp import read_stamp
 from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, metric_samples, serving
 from tests.integration.test_catalog_changes import _like_the_top
 

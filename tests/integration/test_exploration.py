@@ -15,7 +15,7 @@ from recsys_tools.localstack import ManagedProcess, start_ingest
 
 from app.clients.exposure import exposure_keys
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
+from app.world.stamp import read_stamp
 from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, metric_samples, serving
 
 KEYS = KeySpace("recsys")

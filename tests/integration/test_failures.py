@@ -16,8 +16,9 @@ from app.clients.feature_store import WORLD_ID_FIELD
 from app.core.errors import ConfigError, SchemaError, UnreachableError
 from app.core.metrics import ServiceMetrics
 from app.process.services import READINESS_TTL_S, start_services
-from app.release.catalog import DEFAULT_USER_FILE, SCHEMA_FILE, load_catalog
+from app.release.catalog import load_catalog
 from app.release.keyspace import KeySpace
+from app.world.layout import DEFAULT_USER_FILE, SCHEMA_FILE
 from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

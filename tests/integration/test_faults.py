@@ -19,7 +19,7 @@ import pytest
 from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
 
 from app.core.settings import Settings
-from app.release.catalog import MODEL_FILE
+from app.world.layout import MODEL_FILE
 from loadtest.faults import (
     Fault,
     FaultReport,

@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import redis
 
-from app.release.catalog import ITEMS_FILE
 from app.release.keyspace import KeySpace
-from app.release.neighbours import load_neighbours
+from app.world.layout import ITEMS_FILE
+from app.world.neighbours import load_neighbours
 from tests.integration.conftest import CONTEXT, Stack, metric_samples, serving
 
 KEYS = KeySpace("recsys")

@@ -17,11 +17,11 @@ from typing import Any
 import faiss
 import httpx
 import pytest
-from recsys_tools.world.store.files import read_manifest, write_manifest
 from recsys_tools.world.store.index import build_index, save_index
 
-from app.release.catalog import INDEX_FILE
-from app.release.world import file_digest
+from app.world.layout import INDEX_FILE
+from app.world.manifest import read_manifest, update_manifest
+from app.world.stamp import file_digest
 from tests.integration.conftest import CONTEXT, Stack, metric_samples, serving
 from tests.integration.test_catalog_changes import USER, _answer, _categories, _like_the_top
 
@@ -41,7 +41,7 @@ def _reindexed(world: Path, cells: int) -> None:
     save_index(world, build_index(vectors, f"IVF{cells},Flat"))
     files = dict(read_manifest(world)["files"])
     files[INDEX_FILE] = file_digest(world / INDEX_FILE)
-    write_manifest(world, files=files)
+    update_manifest(world, files=files)
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ import tritonclient.grpc as triton_grpc
 from recsys_tools.cli import main
 
 from app.core.settings import Settings
-from app.release.world import read_stamp
+from app.world.layout import REPORT_FILE
+from app.world.stamp import read_stamp
 from tests.integration.conftest import in_process_settings, serving
 from tests.integration.movie_log import build_movie_world, served_world, write_movie_log
 
@@ -84,7 +85,7 @@ async def test_answers_hold_unseen_catalog_ids_as_given(movies: Movies) -> None:
 
 
 def test_the_report_has_the_evaluation_and_it_is_printed(movies: Movies) -> None:
-    report = json.loads((movies.world / "report.json").read_text())
+    report = json.loads((movies.world / REPORT_FILE).read_text())
     evaluation = report["evaluation"]
     methods, stages = evaluation["methods"], evaluation["stages"]
     assert set(methods) == {"recall", "prerank", "recall_rank", "popularity", "item_knn"}

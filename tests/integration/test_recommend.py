@@ -14,10 +14,10 @@ from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.clients.feature_store import encode_seen
 from app.pipeline.packing import encode_context, pack_rows
-from app.release.attributes import load_attributes
-from app.release.catalog import MODEL_FILE
 from app.release.keyspace import KeySpace
-from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
+from app.world.attributes import load_attributes
+from app.world.layout import MODEL_FILE
+from app.world.schema import HEAD_NAMES, HEADS_OUTPUT
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -30,7 +30,7 @@ from app.archive.store import ArchiveStore
 from app.clients.catalog_compactor import compact
 from app.clients.catalog_log import CatalogLog
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
+from app.world.stamp import read_stamp
 from tests.debian_tools import redis_7
 from tests.integration.conftest import CONTEXT, Stack, serving
 

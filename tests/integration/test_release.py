@@ -29,9 +29,9 @@ from recsys_tools.world.store.reindex import reindex_beside
 
 from app.core.errors import ConfigError
 from app.core.settings import Settings
-from app.release.catalog import INDEX_FILE, ITEMS_FILE, MANIFEST_FILE
 from app.release.plan import ReleasePlan, in_share, read_plan, write_plan
-from app.release.world import file_digest, read_stamp
+from app.world.layout import INDEX_FILE, ITEMS_FILE, MANIFEST_FILE
+from app.world.stamp import file_digest, read_stamp
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -30,9 +30,9 @@ from recsys_tools.world.store.identity import STAMPED_FILES
 
 from app.archive.rows import EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore
-from app.release.catalog import MODEL_FILE
-from app.release.schema import load_schema
-from app.release.world import WORLD_ID_PARAMETER, read_stamp, verify_files
+from app.world.layout import MODEL_FILE
+from app.world.schema import load_schema
+from app.world.stamp import WORLD_ID_PARAMETER, read_stamp, verify_files
 from loadtest.retrain_drift import write_answers, write_archive
 
 SHAPE = DailyShape(groups=8, items_per_group=40, users=300, history_days=10, later_days=4)

@@ -35,9 +35,9 @@ from recsys_tools.world.learn.ranker.net import MLP, Layer, RankerNet
 from recsys_tools.world.store.identity import stamp_world
 
 from app.core.settings import Settings
-from app.release.catalog import MODEL_FILE
-from app.release.schema import FeatureSchema
-from app.release.world import world_schema
+from app.world.layout import MODEL_FILE
+from app.world.schema import FeatureSchema
+from app.world.stamp import world_schema
 from tests.integration.conftest import PLAIN_RULES, in_process_settings, serving
 from tests.integration.movie_log import build_movie_world, write_movie_log
 

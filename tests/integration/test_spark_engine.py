@@ -35,11 +35,19 @@ from recsys_tools.world.learn.derive import item_dense, user_dense
 from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
 
-from app.release.catalog import HOLDOUT_FILE, ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
-from app.release.foldin import FOLDIN_FILE
-from app.release.neighbours import NEIGHBOURS_FILE
-from app.release.prerank import load_prerank
-from app.release.world import SERVED_FILES, read_stamp, verify_files, world_schema
+from app.world.layout import (
+    FOLDIN_FILE,
+    HOLDOUT_FILE,
+    ITEMS_FILE,
+    NEIGHBOURS_FILE,
+    POSITIVES_FILE,
+    REPORT_FILE,
+    SEEN_FILE,
+    SERVED_FILES,
+    USERS_FILE,
+)
+from app.world.prerank import load_prerank
+from app.world.stamp import read_stamp, verify_files, world_schema
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, in_process_settings, serving
 from tests.integration.movie_log import (
     MIN_RATING,
@@ -118,7 +126,7 @@ def _same_tables(first: Path, second: Path) -> None:
 
 
 def _report(world: Path) -> dict[str, Any]:
-    report: dict[str, Any] = json.loads((world / "report.json").read_text())
+    report: dict[str, Any] = json.loads((world / REPORT_FILE).read_text())
     return report
 
 

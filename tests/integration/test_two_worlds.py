@@ -37,8 +37,8 @@ from app.core.events import Event, decode_entry
 from app.process import services
 from app.process import worlds as worlds_module
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
 from app.release.worlds import candidate_user, read_worlds
+from app.world.stamp import read_stamp
 from loadtest.service import start_api
 from tests.integration.conftest import Stack, serving
 from tests.tools.test_judge import write_archive

@@ -19,8 +19,8 @@ from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from app.core.errors import ConfigError
 from app.core.metrics import ServiceMetrics
 from app.process.services import READINESS_TTL_S, start_services
-from app.release.catalog import INDEX_FILE
-from app.release.world import read_stamp
+from app.world.layout import INDEX_FILE
+from app.world.stamp import read_stamp
 from tests.integration.conftest import Stack, load_redis, metric_samples, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

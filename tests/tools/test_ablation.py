@@ -23,7 +23,7 @@ from recsys_tools.world.learn.ranker.net import MLP
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog, ReadCounts
 
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from tests.unit.tiny_schema import tiny_sequence_schema
 
 WIDTH = 6

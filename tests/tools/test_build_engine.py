@@ -39,8 +39,8 @@ from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError
 from app.core.settings import Settings
-from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
-from app.release.schema import load_schema
+from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE
+from app.world.schema import load_schema
 
 SCHEMA = load_schema()
 WIDTH = SCHEMA.width

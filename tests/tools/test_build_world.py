@@ -30,8 +30,9 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.core.errors import ConfigError
-from app.release.catalog import MODEL_FILE, load_catalog
-from app.release.schema import FeatureSchema, load_schema
+from app.release.catalog import load_catalog
+from app.world.layout import MANIFEST_FILE, MODEL_FILE, REPORT_FILE
+from app.world.schema import FeatureSchema, load_schema
 
 START = 1_600_000_000
 DAY = 86_400
@@ -110,7 +111,7 @@ def test_the_world_has_every_file_and_loads_as_the_service_loads_it(
     rows = np.zeros((3, schema.width), dtype=np.float32)
     (scores,) = session.run([schema.output_name], {schema.input_name: rows})
     assert scores.shape == (3, 1)
-    assert json.loads((world / "manifest.json").read_text())["source"] == "interactions"
+    assert json.loads((world / MANIFEST_FILE).read_text())["source"] == "interactions"
 
 
 def test_ids_stay_as_written_and_categories_take_the_first_listed(
@@ -142,7 +143,7 @@ def test_seen_lists_hold_every_rated_item_newest_first(
 
 
 def test_the_report_has_the_figures(public: Public, built: dict[str, Any]) -> None:
-    report = json.loads((public.folder / "world" / "report.json").read_text())
+    report = json.loads((public.folder / "world" / REPORT_FILE).read_text())
     assert report == json.loads(json.dumps(built))
     counts = report["counts"]
     assert counts["rows_read"] == len(public.rows)

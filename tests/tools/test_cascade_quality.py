@@ -25,7 +25,7 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.pipeline.signals import SIGNALS
 from app.release.catalog import load_catalog
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 
 pytestmark = pytest.mark.integration
 COLUMNS = LogColumns(user="user_id", item="item_id", time="timestamp", weight="rating")

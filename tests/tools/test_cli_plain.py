@@ -19,7 +19,7 @@ import pytest
 from recsys_tools.localstack import lease_ports, leased_port
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 
 TINY = DemoSize(items=400, users=60, impressions=4000)
 RECSYS = [sys.executable, "-c", "import sys; from recsys_tools.cli import main; sys.exit(main())"]

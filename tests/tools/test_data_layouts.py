@@ -17,7 +17,7 @@ from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
 
 from app.core.errors import ConfigError
-from app.release.attributes import load_attributes
+from app.world.attributes import load_attributes
 
 # user, item, rating, unix seconds: the 100k ratings set's u.data, tab-separated, no header.
 RATINGS = [

@@ -16,15 +16,9 @@ from recsys_tools.world.store.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError
-from app.release.catalog import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
-from app.release.schema import load_schema
-from app.release.world import (
-    file_digest,
-    part_mismatch,
-    read_stamp,
-    verify_files,
-    world_schema,
-)
+from app.world.layout import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
+from app.world.schema import load_schema
+from app.world.stamp import file_digest, part_mismatch, read_stamp, verify_files, world_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [

@@ -10,7 +10,7 @@ from recsys_tools.world.read.importer import read_items
 
 from app.core.errors import ConfigError
 from app.release.catalog import load_catalog
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 
 
 def _write_tables(folder: Path, n_items: int = 50, n_users: int = 5) -> tuple[Path, Path]:

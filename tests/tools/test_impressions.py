@@ -18,7 +18,7 @@ from recsys_tools.world.learn.ranker.from_impressions import (
 )
 
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA
-from app.release.schema import HEADS_OUTPUT, FeatureSchema, load_schema
+from app.world.schema import HEADS_OUTPUT, FeatureSchema, load_schema
 
 T0_MS = 1_764_547_200_000
 

@@ -23,8 +23,8 @@ from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 from recsys_tools.world.store.files import load_items, load_users
 
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA
-from app.release.catalog import MODEL_FILE
-from app.release.schema import FeatureSchema, load_schema
+from app.world.layout import MODEL_FILE
+from app.world.schema import FeatureSchema, load_schema
 
 TINY = DemoSize(items=600, users=100, impressions=8000)
 T0_MS = 1_764_547_200_000

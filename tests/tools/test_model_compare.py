@@ -19,11 +19,11 @@ from recsys_tools.model.compare import (
 )
 from recsys_tools.model.holdout import load_holdout
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
-from recsys_tools.world.store.files import read_manifest, write_manifest
 
 from app.core.errors import ConfigError
-from app.release.catalog import HOLDOUT_FILE, MODEL_FILE
-from app.release.schema import FeatureSchema, load_schema
+from app.world.layout import HOLDOUT_FILE, MODEL_FILE
+from app.world.manifest import read_manifest, update_manifest
+from app.world.schema import FeatureSchema, load_schema
 
 TINY = DemoSize(items=600, users=100, impressions=8000)
 OPTIONS = CompareOptions(candidates=200, top=20)
@@ -147,7 +147,7 @@ def test_a_log_world_without_holdout_is_refused(
     world: Path, schema: FeatureSchema, tmp_path: Path
 ) -> None:
     copy = _copy(world, tmp_path)
-    write_manifest(copy, source="interactions")
+    update_manifest(copy, source="interactions")
     with pytest.raises(ConfigError, match=f"{HOLDOUT_FILE} is missing: rebuild the world"):
         compare_models(copy, schema, OPTIONS)
 
@@ -156,7 +156,7 @@ def test_a_world_the_seed_no_longer_makes_is_refused(
     world: Path, schema: FeatureSchema, tmp_path: Path
 ) -> None:
     copy = _copy(world, tmp_path)
-    write_manifest(copy, seed=6)
+    update_manifest(copy, seed=6)
     with pytest.raises(ConfigError, match="is not what build-demo makes from seed 6"):
         compare_models(copy, schema, OPTIONS)
 

@@ -10,7 +10,7 @@ from recsys_tools.world.learn.ranker.train import TrainedRanker, train_ranker, t
 from recsys_tools.world.store.index import build_index, default_factory
 
 from app.release.catalog import set_search_breadth
-from app.release.schema import HEADS_OUTPUT, FeatureSchema, load_schema
+from app.world.schema import HEADS_OUTPUT, FeatureSchema, load_schema
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from recsys_tools.cli import main
 from recsys_tools.retrain import CANDIDATE_LINK
-from recsys_tools.world.store.files import write_manifest
 from recsys_tools.world_advance import ADVANCED_FILE, loaded_before, next_world
+
+from app.world.manifest import update_manifest
 
 NEW = "20261204-031500-abc123"
 OLD = "20261203-031500-def456"
@@ -19,7 +20,7 @@ OLD = "20261203-031500-def456"
 def _worlds(tmp_path: Path) -> Path:
     worlds = tmp_path / "worlds"
     (worlds / NEW).mkdir(parents=True)
-    write_manifest(worlds / NEW, world_id=NEW, files={})
+    update_manifest(worlds / NEW, world_id=NEW, files={})
     (worlds / CANDIDATE_LINK).symlink_to(NEW)
     return worlds
 

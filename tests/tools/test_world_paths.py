@@ -13,7 +13,6 @@ import redis
 from google.protobuf import text_format
 from recsys_tools.retrain import CANDIDATE_LINK
 from recsys_tools.world.learn.derive import interactions_schema_path
-from recsys_tools.world.store.files import write_manifest
 from recsys_tools.world.store.identity import (
     install_model,
     model_beside,
@@ -25,8 +24,9 @@ from recsys_tools.worlds_client import candidate_names, stage
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError, SchemaError
-from app.release.catalog import MODEL_FILE, SCHEMA_FILE
-from app.release.schema import is_name, load_schema
+from app.world.layout import MODEL_FILE, SCHEMA_FILE
+from app.world.manifest import update_manifest
+from app.world.schema import is_name, load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_CONFIG = ROOT / "model_repository" / "ranking_model" / "config.pbtxt"
@@ -47,7 +47,7 @@ def _world(tmp_path: Path, world_id: str, model: str = "ranking_model") -> Path:
     spec["model"]["name"] = model
     (world / SCHEMA_FILE).write_text(json.dumps(spec))
     (world / MODEL_FILE).write_bytes(b"onnx")
-    write_manifest(world, world_id=world_id, files={})
+    update_manifest(world, world_id=world_id, files={})
     return world
 
 

@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# From the ground up: a package may import its own floor and those below, never above.
-FLOORS = ("core", "release", "clients", "pipeline", "process", "ingest", "archive", "api", "")
+# From the ground up: a package may import its own floor and those below, never above. The
+# world's format (its files, their records) sits under what serves it.
+FLOORS = (
+    *("core", "world", "release", "clients", "pipeline"),
+    *("process", "ingest", "archive", "api", ""),
+)
 # The tools, from the ground up: the command plumbing and the measuring helpers, the local
 # servers, the world builder, the model tools, tuning, the doctor; the entry points on top.
 TOOL_FLOORS = ("commands", "measure", "localstack", "world", "model", "tune", "doctor", "")

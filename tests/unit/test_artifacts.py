@@ -7,7 +7,7 @@ from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, Routed
 from app.release.rules import BlockRule, DiversityRule, RerankRules
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
 
 

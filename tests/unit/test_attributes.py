@@ -9,12 +9,7 @@ import numpy as np
 import pytest
 
 from app.core.errors import ConfigError
-from app.release.attributes import (
-    ATTRIBUTE_NAMES,
-    ItemAttributes,
-    load_attributes,
-    save_attributes,
-)
+from app.world.attributes import ATTRIBUTE_NAMES, ItemAttributes, load_attributes, save_attributes
 
 
 def test_each_position_gets_what_was_asked_and_null_where_the_world_has_none(

@@ -18,8 +18,8 @@ from app.core.vocabulary import WorldRole
 from app.process import worlds as worlds_module
 from app.process.services import Services, start_services
 from app.process.worlds import Worlds, _Serving, open_worlds
-from app.release.catalog import ITEMS_FILE, MANIFEST_FILE, SCHEMA_FILE
 from app.release.worlds import WorldRef, WorldsPlan, write_worlds
+from app.world.layout import ITEMS_FILE, MANIFEST_FILE, SCHEMA_FILE
 
 # Each as a retrain job, a full disk or a bad copy could leave it; the service's readers
 # meet the first two in a library's own error (UnicodeDecodeError, AttributeError), the

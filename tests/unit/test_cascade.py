@@ -31,8 +31,9 @@ from app.pipeline.types import (
     UserFeatures,
 )
 from app.release.artifacts import serving_artifacts
-from app.release.neighbours import NOWHERE, Neighbours, load_neighbours, save_neighbours
-from app.release.prerank import PRERANK_FILE, PrerankWeights, load_prerank
+from app.world.layout import PRERANK_FILE
+from app.world.neighbours import NOWHERE, Neighbours, load_neighbours, save_neighbours
+from app.world.prerank import PrerankWeights, load_prerank
 from tests.unit.fakes import KEYS, FakeUserStore, artifacts, user_record
 from tests.unit.tiny_schema import tiny_sequence_schema
 

@@ -9,7 +9,7 @@ from scipy.sparse import csr_matrix
 from threadpoolctl import threadpool_limits
 
 from app.ingest.foldin import FoldIn
-from app.release.foldin import PLAIN, FoldInParams, Weighting
+from app.world.foldin import PLAIN, FoldInParams, Weighting
 
 implicit_als = pytest.importorskip("implicit.cpu.als")
 bm25 = pytest.importorskip("implicit.nearest_neighbours")

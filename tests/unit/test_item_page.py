@@ -34,7 +34,6 @@ from app.pipeline.types import (
     UserFeatures,
 )
 from app.release.artifacts import ServingArtifacts, serving_artifacts
-from app.release.neighbours import Neighbours
 from app.release.rules import (
     DiversityRule,
     ObjectivesRule,
@@ -43,6 +42,7 @@ from app.release.rules import (
     RerankRules,
     load_rules,
 )
+from app.world.neighbours import Neighbours
 from tests.unit.fakes import KEYS, FakeSearch, FakeUserStore, World, artifacts, user_record
 
 # Item n's vector is (1, n / 5): the higher n, the nearer each other's direction.

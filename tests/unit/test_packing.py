@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from app.pipeline.packing import encode_context, language_of, pack_rows
-from app.release.schema import parse_schema
+from app.world.schema import parse_schema
 from tests.unit.tiny_schema import TINY_SCHEMA_JSON, tiny_schema
 
 

@@ -18,7 +18,7 @@ from app.clients.ranking_model import (
 )
 from app.core.errors import FailureKind, RankingModelError
 from app.release.plan import Routed
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from app.core.vocabulary import Variant, WorldRole
 from app.pipeline.context import RequestContext
 from app.pipeline.types import ModelUsed, RankedItem, Recommendation
 from app.release.artifacts import ServingArtifacts
-from app.release.world import WorldStamp
+from app.world.stamp import WorldStamp
 
 scores = st.one_of(
     st.none(), st.floats(), st.floats(min_value=-1e-3, max_value=1e-3), st.sampled_from([1.2e-05])

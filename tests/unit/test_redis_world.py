@@ -13,7 +13,7 @@ from app.core.metrics import ServiceMetrics
 from app.core.vocabulary import RedisWorld
 from app.process.health import watch_redis_world
 from app.process.services import Services
-from app.release.world import built_at, redis_world
+from app.world.stamp import built_at, redis_world
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from app.clients.registration import RETRY_S
 from app.clients.shared_memory import InputSlots
 from app.core.errors import FailureKind, RankingModelError
 from app.release.plan import Routed
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 3), "score", "FP32", 8)
 ROUTED = Routed("", SIGNATURE)

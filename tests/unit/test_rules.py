@@ -9,7 +9,7 @@ from app.pipeline.selectors.boost import Boost, adjusted_scores, log_factors
 from app.pipeline.selectors.category_cap import rank_within_group
 from app.pipeline.selectors.rerank import rerank
 from app.release.rules import BoostRule, DiversityRule, ObjectivesRule, RerankRules, load_rules
-from app.release.schema import ScoreScale
+from app.world.schema import ScoreScale
 
 NO_RULES = RerankRules()
 CAP_ONE = RerankRules(diversity=DiversityRule(max_per_category=1))

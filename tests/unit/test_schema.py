@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import SchemaError
-from app.release.schema import (
+from app.world.schema import (
     HEAD_NAMES,
     HEADS_OUTPUT,
     ModelSignature,

@@ -11,7 +11,7 @@ from app.clients.shared_memory import PREFIX, SHM_DIR, InputSlots
 from app.core.errors import ConfigError, FailureKind, RankingModelError
 from app.core.settings import Settings
 from app.process.services import share_memory
-from app.release.schema import ModelSignature
+from app.world.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
 
 SIGNATURE = ModelSignature("m", "1", "features", "FP32", (-1, 7), "score", "FP32", 8)

@@ -10,10 +10,10 @@ import pytest
 
 from app.core.errors import ConfigError, SchemaError
 from app.core.settings import Settings
-from app.release.catalog import MANIFEST_FILE
-from app.release.schema import is_name, load_schema, parse_schema
-from app.release.world import read_stamp
 from app.release.worlds import WorldRef, read_worlds, world_settings
+from app.world.layout import MANIFEST_FILE
+from app.world.schema import is_name, load_schema, parse_schema
+from app.world.stamp import read_stamp
 
 TRAVERSAL = "x/../../../../escaped"
 # A quote and a newline would end the config's string and add a field of their own.

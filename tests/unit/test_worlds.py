@@ -11,7 +11,6 @@ from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.process.worlds import checked_memory, world_memory_bytes
 from app.release.plan import in_share
-from app.release.schema import load_schema
 from app.release.worlds import (
     WorldRef,
     WorldsPlan,
@@ -20,6 +19,7 @@ from app.release.worlds import (
     world_settings,
     write_worlds,
 )
+from app.world.schema import load_schema
 
 NEXT = WorldRef(Path('/srv/worlds/next "b"'), "recsys-next", "ranking_model_next")
 

@@ -1,6 +1,6 @@
 """A schema small enough to write its packed rows out by hand."""
 
-from app.release.schema import FeatureSchema, parse_schema
+from app.world.schema import FeatureSchema, parse_schema
 
 TINY_SCHEMA_JSON = """
 {

@@ -24,10 +24,10 @@ import numpy as np
 import redis
 
 from app.core.errors import ConfigError
-from app.release.attributes import load_attributes
-from app.release.catalog import ITEMS_FILE
 from app.release.keyspace import KeySpace
-from app.release.world import read_stamp
+from app.world.attributes import load_attributes
+from app.world.layout import ITEMS_FILE
+from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
 
 COLUMNS = ("item_id", "title", "categories", "published_at")

@@ -31,11 +31,18 @@ from app.cli import ensure_port_free
 from app.core.errors import ConfigError, RecsysError
 from app.core.settings import Settings, load_settings
 from app.main import create_app
-from app.release.attributes import ATTRIBUTES_FILE
-from app.release.catalog import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, MODEL_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
-from app.release.world import world_schema
+from app.world.layout import (
+    ATTRIBUTES_FILE,
+    DEFAULT_USER_FILE,
+    INDEX_FILE,
+    ITEMS_FILE,
+    MODEL_FILE,
+    USERS_FILE,
+)
+from app.world.manifest import read_manifest
+from app.world.schema import load_schema
+from app.world.stamp import world_schema
 from recsys_tools.demo_screen import answer_table, demo_logging, said_answer, said_training
 from recsys_tools.localstack import (
     ManagedProcess,
@@ -46,7 +53,6 @@ from recsys_tools.localstack import (
     start_triton,
 )
 from recsys_tools.world.recipes.demo import DEMO, SYNTHETIC, build_demo_world
-from recsys_tools.world.store.files import read_manifest
 from recsys_tools.world.store.identity import CONFIG_FILE, install_model
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 

@@ -42,8 +42,8 @@ import redis
 from app.archive.rows import Kind, day_of
 from app.archive.store import ArchiveStore
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
-from app.release.world import read_stamp, world_schema
+from app.world.schema import load_schema
+from app.world.stamp import read_stamp, world_schema
 from recsys_tools.commands import Commands
 from recsys_tools.demo import StackOptions, prepare_model_repository
 from recsys_tools.judge import Judgement, Verdict, arm_rates, judge

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from app.release.catalog import ITEMS_FILE
-from app.release.item_prior import ITEM_PRIOR_FILE
+from app.world.layout import ITEM_PRIOR_FILE, ITEMS_FILE
 from recsys_tools.world.read.items import ItemInfo
 
 # The catalog call takes at most this many categories an item.

@@ -56,9 +56,9 @@ import pyarrow.parquet as pq
 
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
-from app.release.catalog import MODEL_FILE
-from app.release.schema import load_schema
-from app.release.world import read_stamp
+from app.world.layout import MODEL_FILE
+from app.world.schema import load_schema
+from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
 from recsys_tools.retrain_rows import (
     RetrainPlan,

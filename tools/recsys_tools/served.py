@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from app.core.errors import ConfigError
+from app.world.layout import REPORT_FILE
 from recsys_tools.commands import Commands
 from recsys_tools.world.commands import add_log_flags, log_columns
 from recsys_tools.world.judge.answers import Moment, WorldAnswers
@@ -184,7 +185,7 @@ def agreement(live: Answers, offline: Answers) -> dict[str, Any]:
 
 def build_claim(world: Path, k: int) -> dict[str, float | None]:
     """What the world's build said its answer would score on its own holdout."""
-    report_path = world / "report.json"
+    report_path = world / REPORT_FILE
     try:
         report = json.loads(report_path.read_text())
         stages = report["evaluation"]["stages"]

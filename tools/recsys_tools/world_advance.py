@@ -28,7 +28,7 @@ import redis
 
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
-from app.release.world import read_stamp
+from app.world.stamp import read_stamp
 from recsys_tools.model.load import load_versions
 from recsys_tools.retrain import CANDIDATE_LINK
 from recsys_tools.worlds_client import call, candidate_names, said, stage

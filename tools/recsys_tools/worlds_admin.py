@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 from app.core.errors import ConfigError, UnreachableError
-from app.release.schema import checked_name
+from app.world.schema import checked_name
 from recsys_tools.model.load import load_versions
 from recsys_tools.world_advance import Advance, advance
 from recsys_tools.worlds_client import call, candidate_names, said, stage, token_of

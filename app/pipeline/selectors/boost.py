@@ -12,7 +12,7 @@ import numpy.typing as npt
 from app.core.vocabulary import Scores
 from app.pipeline.selectors.selecting import Candidates, Selecting, best_first
 from app.release.rules import RerankRules
-from app.release.schema import ScoreScale
+from app.world.schema import ScoreScale
 
 
 def log_factors(

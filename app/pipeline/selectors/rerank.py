@@ -21,7 +21,7 @@ from app.pipeline.selectors.selecting import (
     run_selectors,
 )
 from app.release.rules import RerankRules
-from app.release.schema import ScoreScale
+from app.world.schema import ScoreScale
 
 SELECTORS: tuple[Selector, ...] = (
     Boost(),

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Indices, Scores
 from app.release.rules import ExploreRule, RerankRules
-from app.release.schema import ScoreScale
+from app.world.schema import ScoreScale
 
 NONE: Indices = np.empty(0, dtype=np.intp)
 

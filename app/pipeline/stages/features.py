@@ -17,8 +17,8 @@ from app.pipeline.packing import encode_context
 from app.pipeline.types import Asked, Moment, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts
 from app.release.catalog import Catalog
-from app.release.neighbours import NOWHERE, Nearby
-from app.release.schema import FeatureSchema
+from app.world.neighbours import NOWHERE, Nearby
+from app.world.schema import FeatureSchema
 
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
 

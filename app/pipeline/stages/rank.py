@@ -13,7 +13,7 @@ from app.pipeline.context import RequestContext
 from app.pipeline.trace import TOP_SCORED, ItemIds, Trace, model_order
 from app.pipeline.types import HydratedCandidates, ModelUsed, Packed, Ranked, Scored
 from app.release.plan import ModelAnswer, Routed
-from app.release.schema import HEAD_NAMES, FeatureSchema
+from app.world.schema import HEAD_NAMES, FeatureSchema
 
 # Left after a fallback for the rerank and the answer itself.
 ANSWER_S = 0.002

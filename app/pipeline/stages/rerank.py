@@ -20,7 +20,7 @@ from app.pipeline.trace import Trace, model_order
 from app.pipeline.types import Ranked, RankedItem, Recommendation, Scored
 from app.release.catalog import Catalog
 from app.release.rules import ExploreRule
-from app.release.schema import HEAD_NAMES
+from app.world.schema import HEAD_NAMES
 
 SECONDS_PER_DAY = 86_400.0
 Counts = npt.NDArray[np.float64]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.core.settings import Settings
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from recsys_tools.commands import Commands
 from recsys_tools.doctor.checks import (
     check_cdi_spec,

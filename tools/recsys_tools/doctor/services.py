@@ -13,7 +13,7 @@ from app.clients.feature_store import FeatureStore, connect_redis
 from app.clients.ranking_model import connect_triton
 from app.core.errors import FeatureStoreError, RankingModelError, SchemaError
 from app.release.keyspace import KeySpace
-from app.release.schema import FeatureSchema, signature_mismatches
+from app.world.schema import FeatureSchema, signature_mismatches
 from recsys_tools.doctor.findings import Outcome, fail, ok
 from recsys_tools.doctor.redis_memory import StreamBudget, judge, measure
 

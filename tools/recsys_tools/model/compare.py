@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.pipeline.packing import pack_rows
-from app.release.catalog import MODEL_FILE
+from app.world.layout import MODEL_FILE
 from recsys_tools.model.holdout import load_holdout
 from recsys_tools.model.precision import fp16_copy, ties_made
 from recsys_tools.world.judge.measures import auc
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from app.release.schema import FeatureSchema
+    from app.world.schema import FeatureSchema
 
     FloatArray = npt.NDArray[np.float32]
 

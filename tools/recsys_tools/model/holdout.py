@@ -7,17 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.core.errors import ConfigError
-from app.release.catalog import HOLDOUT_FILE, USERS_FILE
+from app.world.layout import HOLDOUT_FILE, USERS_FILE
+from app.world.manifest import read_manifest
 from recsys_tools.world.generate.synth import generate_world
 from recsys_tools.world.learn.ranker.train import training_rows
 from recsys_tools.world.recipes.demo import SYNTHETIC
-from recsys_tools.world.store.files import load_users, read_manifest
+from recsys_tools.world.store.files import load_users
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from app.release.schema import FeatureSchema
+    from app.world.schema import FeatureSchema
 
     FloatArray = npt.NDArray[np.float32]
 

@@ -20,7 +20,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from app.core.errors import ConfigError, UnreachableError
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from recsys_tools.commands import Commands
 
 ADMIN_HEADER = "triton-grpc-protocol-admin-key"

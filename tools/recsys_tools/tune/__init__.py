@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.core.errors import ConfigError
 from app.core.settings import Settings
-from app.release.schema import load_schema
+from app.world.schema import load_schema
 from recsys_tools.commands import Commands
 from recsys_tools.tune.files import write_outputs
 from recsys_tools.tune.report import render_text, report_json

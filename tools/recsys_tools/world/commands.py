@@ -14,8 +14,9 @@ from redis.cluster import RedisCluster
 
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
-from app.release.schema import load_schema
-from app.release.world import world_schema
+from app.world.layout import REPORT_FILE
+from app.world.schema import load_schema
+from app.world.stamp import world_schema
 from recsys_tools.commands import Commands
 from recsys_tools.world.flags import add_layout_flags, layout_from
 from recsys_tools.world.judge.ablation import ITEM_FEATURES
@@ -77,7 +78,7 @@ def _build_world(args: argparse.Namespace) -> None:
             raise too_big(recipe.interactions, "it ran out of memory") from None
     print(_evaluation_table(report))
     print(_inputs_table(report["inputs"]))
-    print(f"\nThe world is in {args.world}; the full report in {args.world / 'report.json'}.")
+    print(f"\nThe world is in {args.world}; the full report in {args.world / REPORT_FILE}.")
 
 
 def _build_on_spark(recipe: WorldRecipe, args: argparse.Namespace) -> dict[str, Any]:

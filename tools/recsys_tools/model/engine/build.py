@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
-from app.release.catalog import MODEL_FILE
-from app.release.schema import HEADS_OUTPUT
-from app.release.world import read_stamp, world_schema
+from app.world.layout import MODEL_FILE
+from app.world.schema import HEADS_OUTPUT
+from app.world.stamp import read_stamp, world_schema
 from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,
@@ -40,7 +40,7 @@ from recsys_tools.model.holdout import load_holdout
 from recsys_tools.model.precision import score_tail
 
 if TYPE_CHECKING:
-    from app.release.schema import FeatureSchema
+    from app.world.schema import FeatureSchema
 
 
 def _prepare_out(out: Path, model_name: str) -> Path:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
-from app.release.schema import HEAD_NAMES, HEADS_OUTPUT
+from app.world.schema import HEAD_NAMES, HEADS_OUTPUT
 from recsys_tools.model.engine.config import find_accelerator
 from recsys_tools.model.engine.graph import ONNX_FLOAT, Tensor, graph_io
 from recsys_tools.model.engine.options import DEFAULT_CONFIG
 
 if TYPE_CHECKING:
-    from app.release.schema import FeatureSchema
+    from app.world.schema import FeatureSchema
     from recsys_tools.model.engine.options import BuildOptions
 
 # Every key the onnxruntime backend accepts for its TensorRT accelerator (its README's table

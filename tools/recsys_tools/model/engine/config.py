@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
-from app.release.schema import HEADS_OUTPUT
-from app.release.world import WORLD_ID_PARAMETER
+from app.world.schema import HEADS_OUTPUT
+from app.world.stamp import WORLD_ID_PARAMETER
 from recsys_tools.model.engine.options import shown
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.pipeline.packing import encode_context
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 from recsys_tools.world.store.files import ItemTable, SeenLists, UserTable
 
 DAY = 86_400

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 from recsys_tools.world.read.log import InteractionLog
 
 log = logging.getLogger("recsys.build")

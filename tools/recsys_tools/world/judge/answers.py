@@ -20,10 +20,11 @@ import numpy.typing as npt
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context
-from app.release.catalog import INDEX_FILE, MODEL_FILE, SCHEMA_FILE, read_index
-from app.release.neighbours import load_neighbours
-from app.release.prerank import load_prerank
-from app.release.schema import FeatureSchema, load_schema
+from app.release.catalog import read_index
+from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, MODEL_FILE, SCHEMA_FILE
+from app.world.neighbours import load_neighbours
+from app.world.prerank import load_prerank
+from app.world.schema import FeatureSchema, load_schema
 from recsys_tools.world.judge.evaluate import RANK_BATCH, Evaluator, Query, ServedModel
 from recsys_tools.world.judge.served_view import nearby
 from recsys_tools.world.store.files import load_items, load_positives, load_seen, load_users
@@ -101,7 +102,7 @@ class WorldAnswers:
             else _lists(positives.user_ids, positives.offsets, positions(positives.item_ids))
         )
         self._positions = positions
-        self._default = np.load(world / "default_user.npy").astype(np.float32)
+        self._default = np.load(world / DEFAULT_USER_FILE).astype(np.float32)
         user_blobs = np.concatenate([users.embeddings, users.dense], axis=1).astype(np.float32)
         # The last row is the default user: a cold start's blob.
         self._user_blobs = np.concatenate([user_blobs, self._default[None, :]])

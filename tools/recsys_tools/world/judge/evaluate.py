@@ -29,9 +29,9 @@ from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
 from app.release.catalog import set_search_breadth
-from app.release.neighbours import Nearby, Neighbours
-from app.release.prerank import PrerankWeights
-from app.release.schema import FeatureSchema
+from app.world.neighbours import Nearby, Neighbours
+from app.world.prerank import PrerankWeights
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.served_view import (
     DECAY,
     SIMILAR,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.core.settings import Settings
-from app.release.neighbours import NOWHERE, Nearby, Neighbours
+from app.world.neighbours import NOWHERE, Nearby, Neighbours
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 

@@ -26,11 +26,11 @@ from app.pipeline.types import Asked, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts, serving_artifacts
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
-from app.release.neighbours import Nearby, Neighbours
 from app.release.plan import ModelRouting, Routed
-from app.release.prerank import PrerankWeights
 from app.release.rules import RerankRules
-from app.release.schema import FeatureSchema, ModelSignature
+from app.world.neighbours import Nearby, Neighbours
+from app.world.prerank import PrerankWeights
+from app.world.schema import FeatureSchema, ModelSignature
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.release.prerank import PrerankWeights
-from app.release.schema import FeatureSchema
+from app.world.prerank import PrerankWeights
+from app.world.schema import FeatureSchema
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray

@@ -16,7 +16,7 @@ from implicit.nearest_neighbours import bm25_weight
 from scipy.sparse import csr_matrix
 from threadpoolctl import threadpool_limits
 
-from app.release.foldin import FoldInParams, Weighting
+from app.world.foldin import FoldInParams, Weighting
 from recsys_tools.world.read.log import InteractionLog
 
 FloatArray = npt.NDArray[np.float32]

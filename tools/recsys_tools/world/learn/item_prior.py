@@ -17,7 +17,7 @@ import numpy.typing as npt
 import scipy.linalg
 import scipy.sparse
 
-from app.release.item_prior import TITLE_BUCKETS, ItemPrior, attribute_row
+from app.world.item_prior import TITLE_BUCKETS, ItemPrior, attribute_row
 from recsys_tools.world.read.items import ItemInfo
 
 FloatArray = npt.NDArray[np.float32]

@@ -4,7 +4,7 @@ Two items are close when the same users chose both: C = XᵀX over the binary us
 of positives, divided by sqrt(nᵢ·nⱼ) plus a shrink term, so a pair seen together once among
 few users does not outrank one seen together often. Each user's latest HISTORY positives
 count, which bounds the pairs a long history adds (their square). The service recalls and
-pre-ranks with the result (app.release.neighbours); the build's item-to-item baseline scores
+pre-ranks with the result (app.world.neighbours); the build's item-to-item baseline scores
 with it too.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from app.release.neighbours import Neighbours
+from app.world.neighbours import Neighbours
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 

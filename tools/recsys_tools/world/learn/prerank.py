@@ -16,8 +16,8 @@ import numpy.typing as npt
 
 from app.core.settings import Settings
 from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
-from app.release.neighbours import Neighbours
-from app.release.prerank import PrerankWeights
+from app.world.neighbours import Neighbours
+from app.world.prerank import PrerankWeights
 from recsys_tools.world.judge.served_view import (
     DECAY,
     Recent,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from app.core.errors import ConfigError
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 from recsys_tools.world.store.files import ItemTable, UserTable
 
 

@@ -9,22 +9,20 @@ from pathlib import Path
 
 import numpy as np
 
-from app.release.attributes import save_attributes
-from app.release.catalog import MODEL_FILE
-from app.release.foldin import PLAIN, save_foldin
-from app.release.item_prior import save_item_prior
-from app.release.neighbours import save_neighbours
-from app.release.schema import FeatureSchema
+from app.world.attributes import save_attributes
+from app.world.foldin import PLAIN, save_foldin
+from app.world.item_prior import save_item_prior
+from app.world.layout import MODEL_FILE
+from app.world.manifest import update_manifest
+from app.world.neighbours import save_neighbours
+from app.world.schema import FeatureSchema
 from recsys_tools.world.generate.synth import generate_world
 from recsys_tools.world.generate.titles import generated_attributes, genre_names
 from recsys_tools.world.learn.item_prior import ItemAttributesIn, fit_item_prior
 from recsys_tools.world.learn.neighbours import item_neighbours
 from recsys_tools.world.learn.ranker.train import train_ranker
 from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.files import (
-    save_table,
-    write_manifest,
-)
+from recsys_tools.world.store.files import save_table
 from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger(__name__)
@@ -85,7 +83,7 @@ def build_demo_world(
     )
     save_item_prior(world, prior)
     report = trained.report.as_dict()
-    write_manifest(
+    update_manifest(
         world,
         source=SYNTHETIC,
         seed=seed,

@@ -16,33 +16,31 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from app.core.errors import ConfigError
-from app.release.attributes import save_attributes
-from app.release.catalog import MODEL_FILE
-from app.release.foldin import save_foldin
-from app.release.item_prior import save_item_prior
-from app.release.neighbours import save_neighbours
-from app.release.prerank import save_prerank
-from app.release.schema import FeatureSchema
+from app.world.layout import REPORT_FILE
+from app.world.manifest import update_manifest
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, weigh_inputs
 from recsys_tools.world.judge.evaluate import Holdout, evaluate, split_holdout
-from recsys_tools.world.learn.derive import check_derivable, item_attributes
+from recsys_tools.world.learn.derive import check_derivable
 from recsys_tools.world.learn.factorize import foldin_params
-from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
 from recsys_tools.world.learn.ranker.from_log import ListRanker
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
-from recsys_tools.world.recipes.learnt import Learnt, learn, positive_lists, served_tables
+from recsys_tools.world.recipes.learnt import (
+    Learnt,
+    learn,
+    positive_lists,
+    served_tables,
+    world_parts,
+)
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.recipes.report import counts, histories
-from recsys_tools.world.store.catalog import REPORT_FILE, write_catalog
-from recsys_tools.world.store.files import SeenLists, save_holdout, save_table, write_manifest
+from recsys_tools.world.store.files import SeenLists, save_table
 from recsys_tools.world.store.identity import stamp_world
+from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
 
@@ -68,29 +66,24 @@ def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:
 
 
 def _write(
-    world: Path,
-    schema: FeatureSchema,
-    recipe: WorldRecipe,
-    part: InteractionLog,
-    learnt: Learnt,
-    attributes: dict[str, npt.NDArray[np.str_]],
+    world: Path, schema: FeatureSchema, recipe: WorldRecipe, part: InteractionLog, learnt: Learnt
 ) -> tuple[int, SeenLists]:
     """Write the world's files; returns how many users have features, and the seen lists."""
     items, users, seen = served_tables(part, learnt)
-    write_catalog(world, schema, items, users, recipe.index_factory)
-    save_attributes(world, attributes)
-    save_table(world, seen)
-    save_table(world, positive_lists(part))
-    save_foldin(world, foldin_params(part, recipe.shrink))
-    save_neighbours(world, learnt.neighbours)
-    prior, prior_report = fit_item_prior(
-        log_attributes(part.items, learnt.item_dense), learnt.embeddings.items, recipe.seed
+    parts = world_parts(
+        (items, users),
+        part.items,
+        foldin_params(part, recipe.shrink),
+        learnt.neighbours,
+        learnt.ranker,
+        recipe.seed,
     )
-    save_item_prior(world, prior)
-    write_manifest(world, item_prior=prior_report.as_dict())
-    save_prerank(world, learnt.ranker.prerank)
-    (world / MODEL_FILE).write_bytes(learnt.ranker.onnx_model)
-    save_holdout(world, learnt.ranker.holdout_rows, learnt.ranker.holdout_labels)
+
+    def lists(world: Path) -> None:
+        save_table(world, seen)
+        save_table(world, positive_lists(part))
+
+    write_world(world, schema, parts, recipe.index_factory, lists)
     return len(users.ids), seen
 
 
@@ -238,7 +231,7 @@ def ranker_report(ranker: ListRanker) -> dict[str, Any]:
 def finish(world: Path, schema: FeatureSchema, recipe: WorldRecipe, report: dict[str, Any]) -> None:
     """The report beside the world, its manifest, and the stamp that names it whole."""
     (world / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    write_manifest(
+    update_manifest(
         world,
         source="interactions",
         interactions=recipe.interactions.name,
@@ -267,7 +260,7 @@ def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema
         served = whole
         learnt = learn(whole, schema, recipe, clock, "all")
     with clock.step("write"):
-        users, seen = _write(world, schema, recipe, served, learnt, item_attributes(whole.items))
+        users, seen = _write(world, schema, recipe, served, learnt)
     log.info("wrote the world to %s %s", world, clock.took("write"))
     report = _report(recipe, judged, learnt, choice, counts(whole, served, users), seen)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}

@@ -8,23 +8,28 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.release.neighbours import Neighbours
-from app.release.schema import FeatureSchema
+from app.world.foldin import FoldInParams
+from app.world.neighbours import Neighbours
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import ServedModel
 from recsys_tools.world.learn.derive import (
     category_codes,
+    item_attributes,
     item_dense,
     popularity,
     published_at,
     user_dense,
 )
 from recsys_tools.world.learn.factorize import Embeddings, factorize
+from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
 from recsys_tools.world.learn.neighbours import positive_neighbours
 from recsys_tools.world.learn.ranker.from_log import ListRanker, train_list_ranker
+from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.store.files import ItemTable, PositiveLists, SeenLists, UserTable
+from recsys_tools.world.store.world import WorldParts
 
 log = logging.getLogger("recsys.build")
 FloatArray = npt.NDArray[np.float32]
@@ -144,3 +149,30 @@ def served_tables(part: InteractionLog, learnt: Learnt) -> tuple[ItemTable, User
         dense=learnt.user_dense[served],
     )
     return items, users, seen_lists(part)
+
+
+def world_parts(
+    tables: tuple[ItemTable, UserTable],
+    catalog: ItemInfo,
+    foldin: FoldInParams,
+    neighbours: Neighbours,
+    ranker: ListRanker,
+    seed: int,
+) -> WorldParts:
+    """What either engine hands write_world; the one thing learnt here is the item prior (a
+    new item's vector from its attributes), fitted on the served items' vectors."""
+    items, users = tables
+    prior, report = fit_item_prior(log_attributes(catalog, items.dense), items.embeddings, seed)
+    return WorldParts(
+        items,
+        users,
+        item_attributes(catalog),
+        foldin,
+        neighbours,
+        prior,
+        report.as_dict(),
+        ranker.prerank,
+        ranker.onnx_model,
+        ranker.holdout_rows,
+        ranker.holdout_labels,
+    )

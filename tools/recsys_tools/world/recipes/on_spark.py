@@ -20,26 +20,21 @@ from typing import Any
 import numpy as np
 
 from app.core.errors import ConfigError
-from app.release.attributes import save_attributes
-from app.release.catalog import MODEL_FILE, POSITIVES_FILE, SEEN_FILE
-from app.release.foldin import FoldInParams, save_foldin
-from app.release.item_prior import save_item_prior
-from app.release.neighbours import Neighbours, save_neighbours
-from app.release.prerank import save_prerank
-from app.release.schema import FeatureSchema
+from app.world.foldin import FoldInParams
+from app.world.layout import POSITIVES_FILE, SEEN_FILE
+from app.world.neighbours import Neighbours
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import Holdout, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import (
     ItemFacts,
     UserFacts,
     category_codes,
     check_derivable,
-    item_attributes,
     item_dense_from,
     published_from,
     user_dense_from,
 )
 from recsys_tools.world.learn.factorize import Embeddings
-from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
 from recsys_tools.world.learn.ranker.from_log import Known, train_list_ranker
 from recsys_tools.world.learn.regularization import Choice
 from recsys_tools.world.read.items import read_items
@@ -52,7 +47,7 @@ from recsys_tools.world.recipes.from_log import (
     ranker_report,
     regularize,
 )
-from recsys_tools.world.recipes.learnt import Learnt
+from recsys_tools.world.recipes.learnt import Learnt, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
 from recsys_tools.world.spark.neighbours import neighbours_on_spark
@@ -72,8 +67,8 @@ from recsys_tools.world.spark.tables import (
     write_positives,
     write_seen,
 )
-from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.files import ItemTable, UserTable, save_holdout, write_manifest
+from recsys_tools.world.store.files import ItemTable, UserTable
+from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
 
@@ -214,20 +209,17 @@ def _write(
     )
     served = learnt.served_users
     users = UserTable(ids[served], learnt.embeddings.users[served], learnt.user_dense[served])
-    write_catalog(world, schema, items, users, recipe.index_factory)
-    save_attributes(world, item_attributes(items_info))
-    seen_users, longest = write_seen(part, world / SEEN_FILE, ids)
-    write_positives(part, world / POSITIVES_FILE, ids)
-    save_foldin(world, learnt.foldin)
-    save_neighbours(world, learnt.neighbours)
-    prior, prior_report = fit_item_prior(
-        log_attributes(items_info, learnt.item_dense), learnt.embeddings.items, recipe.seed
+    parts = world_parts(
+        (items, users), items_info, learnt.foldin, learnt.neighbours, whole.ranker, recipe.seed
     )
-    save_item_prior(world, prior)
-    write_manifest(world, item_prior=prior_report.as_dict())
-    save_prerank(world, whole.ranker.prerank)
-    (world / MODEL_FILE).write_bytes(whole.ranker.onnx_model)
-    save_holdout(world, whole.ranker.holdout_rows, whole.ranker.holdout_labels)
+
+    def lists(world: Path) -> tuple[int, int]:
+        # Streamed from the cluster into their files, never whole on the driver.
+        seen = write_seen(part, world / SEEN_FILE, ids)
+        write_positives(part, world / POSITIVES_FILE, ids)
+        return seen
+
+    seen_users, longest = write_world(world, schema, parts, recipe.index_factory, lists)
     return {"users": len(users.ids), "seen_users": seen_users, "longest": longest}
 
 

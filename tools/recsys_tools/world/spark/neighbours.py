@@ -23,7 +23,7 @@ from pyspark import Broadcast
 from pyspark.sql import Window
 from pyspark.sql import functions as sf
 
-from app.release.neighbours import Neighbours
+from app.world.neighbours import Neighbours
 from recsys_tools.world.learn.neighbours import HISTORY, NEIGHBOURS_K, closest
 from recsys_tools.world.spark.tables import Part
 

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as sf
 
 from app.core.errors import ConfigError
-from app.release.foldin import FoldInParams, Weighting
+from app.world.foldin import FoldInParams, Weighting
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import BM25_B, BM25_K1
 from recsys_tools.world.read.tables import StrArray

@@ -7,21 +7,14 @@ import logging
 import time
 from pathlib import Path
 
-from app.release.catalog import HOLDOUT_FILE, MANIFEST_FILE
-from app.release.schema import FeatureSchema
-from recsys_tools.world.store.files import (
-    ItemTable,
-    UserTable,
-    save_default_user,
-    save_table,
-    write_manifest,
-)
+from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, REPORT_FILE
+from app.world.manifest import update_manifest
+from app.world.schema import FeatureSchema
+from recsys_tools.world.store.files import ItemTable, UserTable, save_default_user, save_table
 from recsys_tools.world.store.identity import STAMPED_FILES
 from recsys_tools.world.store.index import build_index, save_index
 
 log = logging.getLogger(__name__)
-# What build-world's evaluation writes beside the world.
-REPORT_FILE = "report.json"
 
 
 def write_catalog(
@@ -49,7 +42,7 @@ def write_catalog(
         index_factory,
         time.perf_counter() - started,
     )
-    write_manifest(
+    update_manifest(
         world,
         schema_version=schema.version,
         embedding_dim=schema.embedding_dim,

@@ -1,8 +1,7 @@
-"""Reading and writing a world directory (the layout is documented in app.release.catalog)."""
+"""The world's tables as the builders write them (the format: docs/world-format.md)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,16 +11,15 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
-from app.release.catalog import (
+from app.world.layout import (
     DEFAULT_USER_FILE,
     HOLDOUT_FILE,
     ITEMS_FILE,
-    MANIFEST_FILE,
     POSITIVES_FILE,
     SEEN_FILE,
     USERS_FILE,
 )
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,16 +146,3 @@ def save_holdout(world: Path, rows: npt.NDArray[np.float32], labels: npt.NDArray
     `recsys model compare` scores them to judge a reduced-precision copy of the model.
     """
     np.savez(world / HOLDOUT_FILE, rows=rows.astype(np.float32), labels=labels.astype(np.int8))
-
-
-def write_manifest(world: Path, **fields: Any) -> None:
-    path = world / MANIFEST_FILE
-    current = json.loads(path.read_text()) if path.is_file() else {}
-    current.update(fields)
-    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-
-
-def read_manifest(world: Path) -> dict[str, Any]:
-    path = world / MANIFEST_FILE
-    data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    return data

@@ -3,7 +3,7 @@
 The id goes into the manifest beside each file's digest, into the ONNX model's metadata,
 into the model's Triton config (the `world_id` parameter, which the service reads back
 from Triton) and, when the world is loaded, into the Redis layout record. The service
-checks all of them at start-up (app.release.world).
+checks all of them at start-up (app.world.stamp).
 """
 
 from __future__ import annotations
@@ -15,24 +15,24 @@ from pathlib import Path
 
 from app.core.atomic_files import copy_atomically, write_atomically
 from app.core.errors import ConfigError
-from app.release.attributes import ATTRIBUTES_FILE
-from app.release.catalog import (
+from app.world.layout import (
+    ATTRIBUTES_FILE,
     DEFAULT_USER_FILE,
+    FOLDIN_FILE,
     INDEX_FILE,
+    ITEM_PRIOR_FILE,
     ITEMS_FILE,
     MODEL_FILE,
+    NEIGHBOURS_FILE,
     POSITIVES_FILE,
+    PRERANK_FILE,
     SCHEMA_FILE,
     SEEN_FILE,
     USERS_FILE,
 )
-from app.release.foldin import FOLDIN_FILE
-from app.release.item_prior import ITEM_PRIOR_FILE
-from app.release.neighbours import NEIGHBOURS_FILE
-from app.release.prerank import PRERANK_FILE
-from app.release.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name
-from app.release.world import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
-from recsys_tools.world.store.files import write_manifest
+from app.world.manifest import update_manifest
+from app.world.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name
+from app.world.stamp import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
 
 STAMPED_FILES = (
     ITEMS_FILE,
@@ -77,7 +77,7 @@ def stamp_world(world: Path, schema: FeatureSchema) -> str:
     digests = {
         name: file_digest(world / name) for name in STAMPED_FILES if (world / name).is_file()
     }
-    write_manifest(world, world_id=world_id, files=digests)
+    update_manifest(world, world_id=world_id, files=digests)
     return world_id
 
 

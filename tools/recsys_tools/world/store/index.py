@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-from app.release.catalog import INDEX_FILE
+from app.world.layout import INDEX_FILE
 
 # Below this many items an exact (flat) search is fast enough and needs no training.
 FLAT_LIMIT = 20_000

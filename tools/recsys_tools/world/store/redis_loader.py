@@ -32,10 +32,10 @@ from app.clients.feature_store import (
 )
 from app.core.errors import RecsysError
 from app.core.membership import lookup
-from app.release.catalog import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.release.keyspace import KeySpace
-from app.release.schema import FeatureSchema
-from app.release.world import read_stamp, verify_files
+from app.world.layout import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
+from app.world.schema import FeatureSchema
+from app.world.stamp import read_stamp, verify_files
 from recsys_tools.world.store.files import SeenLists, UserTable, load_items
 from recsys_tools.world.store.npz_stream import mapped
 

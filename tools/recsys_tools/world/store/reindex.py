@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from app.core.errors import ConfigError
-from app.release.catalog import INDEX_FILE, MANIFEST_FILE
-from app.release.world import file_digest, read_stamp
-from recsys_tools.world.store.files import load_items, read_manifest, write_manifest
+from app.world.layout import INDEX_FILE, MANIFEST_FILE
+from app.world.manifest import read_manifest, update_manifest
+from app.world.stamp import file_digest, read_stamp
+from recsys_tools.world.store.files import load_items
 from recsys_tools.world.store.index import build_index, save_index
 
 
@@ -39,7 +40,7 @@ def reindex_beside(world: Path, out: Path, factory: str) -> str:
     items = load_items(out)
     save_index(out, build_index(items.embeddings, factory))
     files = {**read_manifest(out).get("files", {}), INDEX_FILE: file_digest(out / INDEX_FILE)}
-    write_manifest(out, files=files)
+    update_manifest(out, files=files)
     return stamp.world_id
 
 

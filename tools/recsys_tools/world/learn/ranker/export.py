@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from app.release.schema import HEADS_OUTPUT
+from app.world.schema import HEADS_OUTPUT
 from recsys_tools.world.learn.ranker.net import HEADS, LIKE_FLOOR, Layer, RankerNet
 
 if TYPE_CHECKING:

@@ -33,8 +33,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from app.release.prerank import load_prerank
-from app.release.schema import FeatureSchema
+from app.world.prerank import load_prerank
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.answers import Moment, WorldAnswers
 from recsys_tools.world.learn.blend import (
     blended_onnx,

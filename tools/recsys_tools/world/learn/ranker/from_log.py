@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.pipeline.signals import sequence_columns
-from app.release.neighbours import Neighbours
-from app.release.prerank import PrerankWeights
-from app.release.schema import FeatureSchema
+from app.world.neighbours import Neighbours
+from app.world.prerank import PrerankWeights
+from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
 from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.judge.served_view import latest_positives

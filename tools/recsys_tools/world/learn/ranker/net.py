@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.release.schema import HEAD_NAMES
+from app.world.schema import HEAD_NAMES
 
 FloatArray = npt.NDArray[np.float32]
 Labels = npt.NDArray[np.int8]

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.pipeline.packing import encode_context, pack_rows
-from app.release.schema import FeatureSchema
+from app.world.schema import FeatureSchema
 from recsys_tools.world.generate.synth import World
 from recsys_tools.world.judge.measures import auc
 from recsys_tools.world.learn.ranker.export import export_net

@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
-from app.release.stored import reading
+from app.world.layout import ITEM_PRIOR_FILE
+from app.world.stored import reading
 
-ITEM_PRIOR_FILE = "item_prior.npz"
 TITLE_BUCKETS = 2048
 _WORD = re.compile(r"[^\W_]+")
 FloatArray = npt.NDArray[np.float32]

@@ -17,9 +17,9 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
-from app.release.stored import reading
+from app.world.layout import ATTRIBUTES_FILE
+from app.world.stored import reading
 
-ATTRIBUTES_FILE = "attributes.npz"
 # The attributes a world may hold, and a client ask for: a fixed set, so the API's schema
 # names them. A world without one answers null for it.
 AttributeName = Literal["title", "categories"]

@@ -18,9 +18,8 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
-from app.release.stored import reading
-
-NEIGHBOURS_FILE = "neighbours.npz"
+from app.world.layout import NEIGHBOURS_FILE
+from app.world.stored import reading
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ before stamping existed has no id: it is served with a warning, unchecked.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,31 +17,12 @@ from pathlib import Path
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import RedisWorld
-from app.release.attributes import ATTRIBUTES_FILE
-from app.release.catalog import (
-    DEFAULT_USER_FILE,
-    INDEX_FILE,
-    ITEMS_FILE,
-    MANIFEST_FILE,
-    SCHEMA_FILE,
-)
-from app.release.item_prior import ITEM_PRIOR_FILE
-from app.release.neighbours import NEIGHBOURS_FILE
-from app.release.prerank import PRERANK_FILE
-from app.release.schema import FeatureSchema, checked_name, load_schema
+from app.world.layout import MANIFEST_FILE, SCHEMA_FILE, SERVED_FILES
+from app.world.manifest import read_manifest
+from app.world.schema import FeatureSchema, checked_name, load_schema
 
 log = logging.getLogger(__name__)
 
-# What the service itself reads from the world directory, checked against the manifest.
-SERVED_FILES = (
-    ITEMS_FILE,
-    INDEX_FILE,
-    DEFAULT_USER_FILE,
-    NEIGHBOURS_FILE,
-    PRERANK_FILE,
-    ATTRIBUTES_FILE,
-    ITEM_PRIOR_FILE,
-)
 WORLD_ID_PARAMETER = "world_id"
 
 
@@ -71,14 +51,7 @@ def file_digest(path: Path) -> str:
 def read_stamp(world: Path) -> WorldStamp | None:
     """The world's id and file digests; None for a world built before stamping."""
     path = world / MANIFEST_FILE
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc}): rebuild the world") from exc
-    if not isinstance(manifest, dict):
-        raise ConfigError(f"{path} is not a JSON object: rebuild the world")
+    manifest = read_manifest(world)
     world_id = manifest.get("world_id")
     if world_id is None or world_id == "":
         return None

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app.core.errors import ConfigError
-
-PRERANK_FILE = "prerank.json"
+from app.world.layout import PRERANK_FILE
 
 
 @dataclass(frozen=True, slots=True)

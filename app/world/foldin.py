@@ -16,9 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import ConfigError
-from app.release.stored import reading
-
-FOLDIN_FILE = "foldin.npz"
+from app.world.layout import FOLDIN_FILE
+from app.world.stored import reading
 
 
 class Weighting(StrEnum):

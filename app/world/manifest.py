@@ -1,0 +1,42 @@
+"""manifest.json: how a world was built, its id and each file's digest.
+
+The only place the file is read or written. A build writes it in steps (the catalog's
+counts, the item prior's report, the stamp last), so a write merges into what is there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import ConfigError
+from app.world.layout import MANIFEST_FILE
+
+
+def read_manifest(world: Path) -> dict[str, Any]:
+    """Its fields; empty where the world has no manifest (built before stamping)."""
+    path = world / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}): rebuild the world") from exc
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a JSON object: rebuild the world")
+    return manifest
+
+
+def update_manifest(world: Path, **fields: Any) -> None:
+    """Sets `fields`, keeping the rest."""
+    merged = {**read_manifest(world), **fields}
+    (world / MANIFEST_FILE).write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+
+def manifest_items(world: Path) -> int:
+    """The world's item count as its manifest says; 0 where it says none or cannot be read."""
+    try:
+        return int(read_manifest(world).get("items", 0))
+    except (ConfigError, ValueError, TypeError):
+        return 0

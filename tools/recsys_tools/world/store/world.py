@@ -1,0 +1,67 @@
+"""A whole world written in one order, whichever engine learnt it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from app.world.attributes import save_attributes
+from app.world.foldin import FoldInParams, save_foldin
+from app.world.item_prior import ItemPrior, save_item_prior
+from app.world.layout import MODEL_FILE
+from app.world.manifest import update_manifest
+from app.world.neighbours import Neighbours, save_neighbours
+from app.world.prerank import PrerankWeights, save_prerank
+from app.world.schema import FeatureSchema
+from recsys_tools.world.store.catalog import write_catalog
+from recsys_tools.world.store.files import ItemTable, UserTable, save_holdout
+
+Listed = TypeVar("Listed")
+
+
+@dataclass(frozen=True, slots=True)
+class WorldParts:
+    """Every table and model of a world, learnt and ready to write, but the users' lists: an
+    engine writes those its own way (from memory, or streamed from its cluster)."""
+
+    items: ItemTable
+    users: UserTable
+    attributes: Mapping[str, npt.NDArray[np.str_]]
+    foldin: FoldInParams
+    neighbours: Neighbours
+    prior: ItemPrior
+    prior_report: dict[str, Any]  # how the prior was fitted, kept in the manifest
+    prerank: PrerankWeights
+    model: bytes  # model.onnx
+    holdout_rows: npt.NDArray[np.float32]
+    holdout_labels: npt.NDArray[np.int8]
+
+
+def write_world(
+    world: Path,
+    schema: FeatureSchema,
+    parts: WorldParts,
+    index_factory: str,
+    write_lists: Callable[[Path], Listed],
+) -> Listed:
+    """The world's files; returns what `write_lists` (the seen lists and positives) returned.
+
+    The catalog goes first: writing it clears what an earlier build left in the directory.
+    The stamp is not written here; the build stamps the world once its report is beside it.
+    """
+    write_catalog(world, schema, parts.items, parts.users, index_factory)
+    save_attributes(world, parts.attributes)
+    listed = write_lists(world)
+    save_foldin(world, parts.foldin)
+    save_neighbours(world, parts.neighbours)
+    save_item_prior(world, parts.prior)
+    update_manifest(world, item_prior=parts.prior_report)
+    save_prerank(world, parts.prerank)
+    (world / MODEL_FILE).write_bytes(parts.model)
+    save_holdout(world, parts.holdout_rows, parts.holdout_labels)
+    return listed

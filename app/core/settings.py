@@ -13,6 +13,16 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import SettingsConfigDict
 
 from app.core.archive_settings import ArchiveSettings
+from app.core.cascade import (
+    CANDIDATE_COUNT,
+    INDEX_NPROBE,
+    POPULAR_CANDIDATES,
+    PRERANK_KEEP,
+    RECENT_DECAY,
+    RECENT_ITEMS,
+    SIMILAR_CANDIDATES,
+    VIEWED_CANDIDATES,
+)
 from app.core.errors import ConfigError
 from app.core.realtime_settings import seconds
 
@@ -215,47 +225,47 @@ class Settings(ArchiveSettings):
 
     # Request path
     candidate_count: int = Field(
-        default=2500,
+        default=CANDIDATE_COUNT,
         ge=1,
         le=5000,
         description="nearest items to the user's vector that recall asks the index for; with "
         "the similar, trending and popular sources they make the pool pre-rank cuts down",
     )
-    popular_candidates: int = Field(default=100, ge=0, le=5000)
+    popular_candidates: int = Field(default=POPULAR_CANDIDATES, ge=0, le=5000)
     similar_candidates: int = Field(
-        default=400,
+        default=SIMILAR_CANDIDATES,
         ge=0,
         le=5000,
         description="the most items recall takes from the neighbours of the user's latest "
         "positives (a world built with neighbours); 0: none",
     )
     viewed_candidates: int = Field(
-        default=300,
+        default=VIEWED_CANDIDATES,
         ge=0,
         le=5000,
         description="on an item page, the most items recall takes around the item shown: its "
         "neighbours, then the items nearest its vector; 0: none",
     )
     recent_items: int = Field(
-        default=20,
+        default=RECENT_ITEMS,
         ge=0,
         le=200,
         description="the user's latest positives read with their features, for the similar "
         "source and the pre-rank score",
     )
     recent_decay: float = Field(
-        default=0.9,
+        default=RECENT_DECAY,
         gt=0,
         le=1,
         description="how much less each older positive counts in the similar source's score",
     )
     prerank_keep: int = Field(
-        default=500,
+        default=PRERANK_KEEP,
         ge=1,
         le=5000,
         description="candidates the in-process pre-rank keeps for the model to score",
     )
-    index_nprobe: int = Field(default=32, ge=1, le=65536)
+    index_nprobe: int = Field(default=INDEX_NPROBE, ge=1, le=65536)
     index_mmap: bool = Field(
         default=False,
         description="map the FAISS index file instead of reading it: workers share its pages; "

@@ -44,7 +44,6 @@ from app.world.stamp import world_schema
 log = logging.getLogger(__name__)
 
 StartWorld = Callable[[Settings], Awaitable[Services]]
-# Files a world keeps for the tools, never read by the service.
 # How long a retired world's requests may still run: their budget, and a margin for the
 # answer's write-out, before its clients close under them.
 RETIRE_MARGIN_S = 1.0

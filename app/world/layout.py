@@ -1,7 +1,8 @@
 """Every file a world directory holds, by name: the one place a world's layout is spelt.
 
-What each holds, field by field, is in docs/world-format.md; each file's typed record and its
-read (and, where the service writes it, its write) live in this package beside this module.
+What each holds, field by field, is in docs/world-format.md. The optional parts' records and
+readers live in this package beside this module; the catalog's three files (items, index,
+default user) are read by app.release.catalog, which holds them as the service serves them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ SERVED_FILES = (
     PRERANK_FILE,
     ATTRIBUTES_FILE,
     ITEM_PRIOR_FILE,
+)
+# What the stamp digests (all but the manifest, the report and the held-out rows).
+STAMPED_FILES = (
+    ITEMS_FILE,
+    USERS_FILE,
+    SEEN_FILE,
+    POSITIVES_FILE,
+    FOLDIN_FILE,
+    INDEX_FILE,
+    DEFAULT_USER_FILE,
+    MODEL_FILE,
+    SCHEMA_FILE,
+    NEIGHBOURS_FILE,
+    ITEM_PRIOR_FILE,
+    PRERANK_FILE,
+    ATTRIBUTES_FILE,
 )
 # In the directory but never loaded into a serving process's memory.
 NOT_LOADED = frozenset({HOLDOUT_FILE, REPORT_FILE, MANIFEST_FILE})

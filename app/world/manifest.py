@@ -1,7 +1,8 @@
 """manifest.json: how a world was built, its id and each file's digest.
 
 The only place the file is read or written. A build writes it in steps (the catalog's
-counts, the item prior's report, the stamp last), so a write merges into what is there.
+counts, the item prior's report, the stamp last), so a write merges into what is there, and
+replaces the file whole: a crash mid-stamp leaves the old manifest, not half of a new one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.world.layout import MANIFEST_FILE
 
@@ -21,8 +23,10 @@ def read_manifest(world: Path) -> dict[str, Any]:
         return {}
     try:
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc}): rebuild the world") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the parser's stack, a hostile file's.
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+        raise ConfigError(f"{path} is not readable JSON ({reason}): rebuild the world") from exc
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path} is not a JSON object: rebuild the world")
     return manifest
@@ -31,12 +35,14 @@ def read_manifest(world: Path) -> dict[str, Any]:
 def update_manifest(world: Path, **fields: Any) -> None:
     """Sets `fields`, keeping the rest."""
     merged = {**read_manifest(world), **fields}
-    (world / MANIFEST_FILE).write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
+    write_atomically(world / MANIFEST_FILE, text.encode())
 
 
 def manifest_items(world: Path) -> int:
-    """The world's item count as its manifest says; 0 where it says none or cannot be read."""
+    """The world's item count as its manifest says; 0 where it says none, cannot be read, or
+    says something no count is (negative, infinite, not a number)."""
     try:
-        return int(read_manifest(world).get("items", 0))
-    except (ConfigError, ValueError, TypeError):
+        return max(0, int(read_manifest(world).get("items", 0)))
+    except (ConfigError, ValueError, TypeError, OverflowError):
         return 0

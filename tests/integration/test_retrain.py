@@ -26,11 +26,10 @@ from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
-from recsys_tools.world.store.identity import STAMPED_FILES
 
 from app.archive.rows import EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore
-from app.world.layout import MODEL_FILE
+from app.world.layout import MODEL_FILE, STAMPED_FILES
 from app.world.schema import load_schema
 from app.world.stamp import WORLD_ID_PARAMETER, read_stamp, verify_files
 from loadtest.retrain_drift import write_answers, write_archive

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.core.cascade import PRERANK_KEEP
 from app.core.errors import ConfigError
-from app.core.settings import Settings
 from app.pipeline.packing import pack_rows
 from app.world.layout import MODEL_FILE
 from recsys_tools.model.holdout import load_holdout
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float32]
 
 PRECISIONS = ("fp16", "int8")
-CANDIDATES: int = Settings.model_fields["prerank_keep"].default  # rows one request ranks
+CANDIDATES: int = PRERANK_KEEP  # rows one request ranks
 INT8_AUC_BUDGET = 0.005  # the AUC loss the serving article accepted for INT8 after an A/B
 TIMED_RUNS = 30
 TENSORRT_NOTE = (

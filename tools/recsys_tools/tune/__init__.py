@@ -15,8 +15,8 @@ import json
 import math
 from pathlib import Path
 
+from app.core.cascade import PRERANK_KEEP
 from app.core.errors import ConfigError
-from app.core.settings import Settings
 from app.world.schema import load_schema
 from recsys_tools.commands import Commands
 from recsys_tools.tune.files import write_outputs
@@ -24,7 +24,7 @@ from recsys_tools.tune.report import render_text, report_json
 from recsys_tools.tune.sweep import TuneOptions, tune_batching
 
 # One service request's rows: what pre-rank keeps of the pool.
-ROWS: int = Settings.model_fields["prerank_keep"].default
+ROWS: int = PRERANK_KEEP
 
 
 def _int_list(text: str) -> tuple[int, ...]:

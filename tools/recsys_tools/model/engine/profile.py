@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.clients.ranking_model import chunk_bounds
-from app.core.settings import Settings
+from app.core.cascade import PRERANK_KEEP
 
 # A request's model rows: what pre-rank keeps of the pool.
-REQUEST_ROWS: int = Settings.model_fields["prerank_keep"].default
+REQUEST_ROWS: int = PRERANK_KEEP
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from app.core.cascade import RECENT_ITEMS
 from app.core.errors import ConfigError
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context
@@ -31,7 +32,7 @@ from recsys_tools.world.store.files import load_items, load_positives, load_seen
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]
-RECENT: int = Settings.model_fields["recent_items"].default
+RECENT: int = RECENT_ITEMS
 
 
 @dataclass(frozen=True, slots=True)

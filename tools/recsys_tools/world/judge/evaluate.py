@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.core.cascade import CANDIDATE_COUNT, INDEX_NPROBE, POPULAR_CANDIDATES, PRERANK_KEEP
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
@@ -48,10 +49,10 @@ from recsys_tools.world.store.index import build_index
 
 FloatArray = npt.NDArray[np.float32]
 K = 10
-CANDIDATES: int = Settings.model_fields["candidate_count"].default
-POPULAR_CANDIDATES: int = Settings.model_fields["popular_candidates"].default
-KEEP: int = Settings.model_fields["prerank_keep"].default
-NPROBE: int = Settings.model_fields["index_nprobe"].default
+CANDIDATES: int = CANDIDATE_COUNT
+POPULAR_CANDIDATES: int = POPULAR_CANDIDATES
+KEEP: int = PRERANK_KEEP
+NPROBE: int = INDEX_NPROBE
 # Enough users for figures to two decimals; a large log stays quick.
 MAX_USERS = 2000
 # Users ranked per onnxruntime call: one call over many rows beats many small ones.

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.settings import Settings
+from app.core.cascade import RECENT_DECAY, RECENT_ITEMS, SIMILAR_CANDIDATES
 from app.world.neighbours import NOWHERE, Nearby, Neighbours
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 
-RECENT: int = Settings.model_fields["recent_items"].default
-DECAY: float = Settings.model_fields["recent_decay"].default
-SIMILAR: int = Settings.model_fields["similar_candidates"].default
+RECENT: int = RECENT_ITEMS
+DECAY: float = RECENT_DECAY
+SIMILAR: int = SIMILAR_CANDIDATES
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.core.settings import Settings
+from app.core.cascade import PRERANK_KEEP
 from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
 from app.world.neighbours import Neighbours
 from app.world.prerank import PrerankWeights
@@ -27,7 +27,7 @@ from recsys_tools.world.judge.served_view import (
 from recsys_tools.world.read.tables import IntArray
 
 FloatArray = npt.NDArray[np.float32]
-KEEP: int = Settings.model_fields["prerank_keep"].default
+KEEP: int = PRERANK_KEEP
 K = 10
 # The nearest items per fitted user: deep enough that pre-rank has a choice to make.
 FIT_DEPTH = 2 * KEEP

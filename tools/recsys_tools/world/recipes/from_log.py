@@ -71,6 +71,7 @@ def _write(
     """Write the world's files; returns how many users have features, and the seen lists."""
     items, users, seen = served_tables(part, learnt)
     parts = world_parts(
+        schema,
         (items, users),
         part.items,
         foldin_params(part, recipe.shrink),

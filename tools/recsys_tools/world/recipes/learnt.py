@@ -28,7 +28,13 @@ from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
-from recsys_tools.world.store.files import ItemTable, PositiveLists, SeenLists, UserTable
+from recsys_tools.world.store.files import (
+    HeldOut,
+    ItemTable,
+    PositiveLists,
+    SeenLists,
+    UserTable,
+)
 from recsys_tools.world.store.world import WorldParts
 
 log = logging.getLogger("recsys.build")
@@ -152,6 +158,7 @@ def served_tables(part: InteractionLog, learnt: Learnt) -> tuple[ItemTable, User
 
 
 def world_parts(
+    schema: FeatureSchema,
     tables: tuple[ItemTable, UserTable],
     catalog: ItemInfo,
     foldin: FoldInParams,
@@ -162,6 +169,8 @@ def world_parts(
     """What either engine hands write_world; the one thing learnt here is the item prior (a
     new item's vector from its attributes), fitted on the served items' vectors."""
     items, users = tables
+    items.check(schema)  # before the prior learns from them: a table's fault named as such
+    users.check(schema)
     prior, report = fit_item_prior(log_attributes(catalog, items.dense), items.embeddings, seed)
     return WorldParts(
         items,
@@ -173,6 +182,10 @@ def world_parts(
         report.as_dict(),
         ranker.prerank,
         ranker.onnx_model,
-        ranker.holdout_rows,
-        ranker.holdout_labels,
+        HeldOut(
+            ranker.holdout_rows,
+            ranker.holdout_labels,
+            ranker.holdout_users,
+            ranker.holdout_items,
+        ),
     )

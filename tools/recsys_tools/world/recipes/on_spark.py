@@ -210,7 +210,13 @@ def _write(
     served = learnt.served_users
     users = UserTable(ids[served], learnt.embeddings.users[served], learnt.user_dense[served])
     parts = world_parts(
-        (items, users), items_info, learnt.foldin, learnt.neighbours, whole.ranker, recipe.seed
+        schema,
+        (items, users),
+        items_info,
+        learnt.foldin,
+        learnt.neighbours,
+        whole.ranker,
+        recipe.seed,
     )
 
     def lists(world: Path) -> tuple[int, int]:

@@ -7,11 +7,10 @@ import logging
 import time
 from pathlib import Path
 
-from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, REPORT_FILE
+from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, REPORT_FILE, STAMPED_FILES
 from app.world.manifest import update_manifest
 from app.world.schema import FeatureSchema
 from recsys_tools.world.store.files import ItemTable, UserTable, save_default_user, save_table
-from recsys_tools.world.store.identity import STAMPED_FILES
 from recsys_tools.world.store.index import build_index, save_index
 
 log = logging.getLogger(__name__)

@@ -140,9 +140,24 @@ def save_default_user(world: Path, users: UserTable) -> None:
     np.save(world / DEFAULT_USER_FILE, blob)
 
 
-def save_holdout(world: Path, rows: npt.NDArray[np.float32], labels: npt.NDArray[np.int8]) -> None:
-    """Labelled rows, packed as served, that the served model did not learn from.
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    rows: npt.NDArray[np.float32]  # (n, schema width)
+    labels: npt.NDArray[np.int8]  # 1: the user took the item
+    users: npt.NDArray[np.str_]  # each row's user id
+    items: npt.NDArray[np.str_]  # each row's item id
+
+
+def save_holdout(world: Path, held: HeldOut) -> None:
+    """Labelled rows, packed as served, that the served model did not learn from, with the
+    user and the item of each.
 
     `recsys model compare` scores them to judge a reduced-precision copy of the model.
     """
-    np.savez(world / HOLDOUT_FILE, rows=rows.astype(np.float32), labels=labels.astype(np.int8))
+    np.savez(
+        world / HOLDOUT_FILE,
+        rows=held.rows.astype(np.float32),
+        labels=held.labels.astype(np.int8),
+        users=held.users.astype(np.str_),
+        items=held.items.astype(np.str_),
+    )

@@ -15,40 +15,11 @@ from pathlib import Path
 
 from app.core.atomic_files import copy_atomically, write_atomically
 from app.core.errors import ConfigError
-from app.world.layout import (
-    ATTRIBUTES_FILE,
-    DEFAULT_USER_FILE,
-    FOLDIN_FILE,
-    INDEX_FILE,
-    ITEM_PRIOR_FILE,
-    ITEMS_FILE,
-    MODEL_FILE,
-    NEIGHBOURS_FILE,
-    POSITIVES_FILE,
-    PRERANK_FILE,
-    SCHEMA_FILE,
-    SEEN_FILE,
-    USERS_FILE,
-)
+from app.world.layout import MODEL_FILE, SCHEMA_FILE, STAMPED_FILES
 from app.world.manifest import update_manifest
 from app.world.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name
 from app.world.stamp import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
 
-STAMPED_FILES = (
-    ITEMS_FILE,
-    USERS_FILE,
-    SEEN_FILE,
-    POSITIVES_FILE,
-    FOLDIN_FILE,
-    INDEX_FILE,
-    DEFAULT_USER_FILE,
-    MODEL_FILE,
-    SCHEMA_FILE,
-    NEIGHBOURS_FILE,
-    ITEM_PRIOR_FILE,
-    PRERANK_FILE,
-    ATTRIBUTES_FILE,
-)
 CONFIG_FILE = "config.pbtxt"
 
 

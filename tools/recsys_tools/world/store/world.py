@@ -19,7 +19,7 @@ from app.world.neighbours import Neighbours, save_neighbours
 from app.world.prerank import PrerankWeights, save_prerank
 from app.world.schema import FeatureSchema
 from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.files import ItemTable, UserTable, save_holdout
+from recsys_tools.world.store.files import HeldOut, ItemTable, UserTable, save_holdout
 
 Listed = TypeVar("Listed")
 
@@ -38,8 +38,7 @@ class WorldParts:
     prior_report: dict[str, Any]  # how the prior was fitted, kept in the manifest
     prerank: PrerankWeights
     model: bytes  # model.onnx
-    holdout_rows: npt.NDArray[np.float32]
-    holdout_labels: npt.NDArray[np.int8]
+    held_out: HeldOut  # the ranker's rows it never learnt from
 
 
 def write_world(
@@ -63,5 +62,5 @@ def write_world(
     update_manifest(world, item_prior=parts.prior_report)
     save_prerank(world, parts.prerank)
     (world / MODEL_FILE).write_bytes(parts.model)
-    save_holdout(world, parts.holdout_rows, parts.holdout_labels)
+    save_holdout(world, parts.held_out)
     return listed

@@ -84,6 +84,9 @@ class ListRanker:
     # The blending users' examples: the MLP never learns from them.
     holdout_rows: FloatArray
     holdout_labels: npt.NDArray[np.int8]
+    # Whose rows they are: each row's user id and item id.
+    holdout_users: npt.NDArray[np.str_]
+    holdout_items: npt.NDArray[np.str_]
     # The network's shape, cost and each head's AUC on the blending users' examples.
     network: dict[str, Any]
 
@@ -209,6 +212,8 @@ def train_list_ranker(
         lists.prerank,
         holdout_rows=lists.listed_rows,
         holdout_labels=listed.labels,
+        holdout_users=part.user_ids[listed.users].astype(np.str_),
+        holdout_items=part.items.ids[listed.items].astype(np.str_),
         network=_network_report(model, lists, _liked(part, lists.liked, listed)),
     )
 

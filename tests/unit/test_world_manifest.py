@@ -1,0 +1,77 @@
+"""manifest.json read and written in one place: whatever a file holds, a reader gets the
+manifest's fields or one ConfigError naming the file, never a parser's traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.core.errors import ConfigError
+from app.world.layout import MANIFEST_FILE
+from app.world.manifest import manifest_items, read_manifest, update_manifest
+
+
+def _world(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / MANIFEST_FILE
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]",
+        "null",
+        "7",
+        "",
+        "{",
+        b"\xff\xfe{}",  # not UTF-8
+        "[" * 100_000,  # deeper than the parser's stack
+    ],
+)
+def test_a_manifest_that_is_no_json_object_is_one_config_error(
+    tmp_path: Path, text: str | bytes
+) -> None:
+    world = _world(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"manifest\.json .*rebuild the world"):
+        read_manifest(world)
+    with pytest.raises(ConfigError, match=r"manifest\.json"):
+        update_manifest(world, items=3)  # nothing to merge into: the build says so
+    assert manifest_items(world) == 0  # the memory estimate reads none
+
+
+def test_a_world_without_a_manifest_reads_empty(tmp_path: Path) -> None:
+    assert read_manifest(tmp_path) == {}
+    assert manifest_items(tmp_path) == 0
+
+
+@pytest.mark.parametrize(
+    ("items", "counted"),
+    [(1200, 1200), ("1200", 1200), (-5, 0), ("x", 0), ([3], 0), (None, 0)],
+)
+def test_the_item_count_is_a_count_or_none(tmp_path: Path, items: object, counted: int) -> None:
+    world = _world(tmp_path, json.dumps({"items": items}))
+    assert manifest_items(world) == counted
+
+
+def test_an_infinite_item_count_reads_none(tmp_path: Path) -> None:
+    # Python's parser reads 1e400 as inf and takes Infinity; int() of either overflows.
+    for text in ('{"items": 1e400}', '{"items": Infinity}'):
+        assert manifest_items(_world(tmp_path, text)) == 0
+
+
+def test_a_write_merges_into_what_is_there(tmp_path: Path) -> None:
+    update_manifest(tmp_path, items=3, files={"items.npz": "ab"})
+    update_manifest(tmp_path, world_id="20261206-120000-abcdef")
+    assert read_manifest(tmp_path) == {
+        "items": 3,
+        "files": {"items.npz": "ab"},
+        "world_id": "20261206-120000-abcdef",
+    }
+    # Replaced whole: no temporary file is left beside it.
+    assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_FILE]

@@ -48,8 +48,7 @@ from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, Routed
 from app.release.rules import RerankRules
 from app.world.layout import INDEX_FILE, ITEMS_FILE, MODEL_FILE
-from app.world.schema import ModelSignature
-from app.world.stamp import world_schema
+from app.world.schema import ModelSignature, world_schema
 from loadtest.closedloop import closed_loop
 from loadtest.cpu import Processes, cpu_per_request
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from recsys_tools.served import questions
+from recsys_tools.live_evaluation import questions
 from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.read.log import InteractionLog
 

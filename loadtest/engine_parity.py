@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recsys_tools.served import from_files, questions, score
-from recsys_tools.world.judge.answers import Moment
+from recsys_tools.live_evaluation import from_files, questions, score
+from recsys_tools.world.judge.answers import AskContext
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns, read_log
@@ -58,7 +58,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
             build_world_on_spark(recipe, str(split.earlier), world, schema, settings)
         figures[engine] = {
             "build_seconds": round(time.perf_counter() - started, 1),
-            **score(asked, from_files(world, users, Moment()), K),
+            **score(asked, from_files(world, users, AskContext()), K),
         }
     key = f"recall@{K}"
     return {

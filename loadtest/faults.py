@@ -25,7 +25,7 @@ from recsys_tools.localstack import ManagedProcess
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.release.keyspace import KeySpace
-from app.world.stamp import world_schema
+from app.world.schema import world_schema
 from loadtest.openloop import (
     Load,
     RunResult,

@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 import numpy as np
 from recsys_tools.demo import local_stack, stack_options
-from recsys_tools.served import Answers, agreement, from_files
+from recsys_tools.live_evaluation import Answers, agreement, from_files
 from recsys_tools.world.generate.drift import write_drift_log
 from recsys_tools.world.generate.sessions import write_session_items, write_session_log
-from recsys_tools.world.judge.answers import Moment
+from recsys_tools.world.judge.answers import AskContext
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.items import ItemColumns
@@ -173,7 +173,7 @@ def measure(kind: str, folder: Path, seed: int) -> dict[str, Any]:
     )
     build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     chosen = visits(read_log(split.earlier, COLUMNS), read_log(split.later, COLUMNS))
-    moment = Moment(page="home")
+    moment = AskContext(page="home")
     files = from_files(world, [visit.user for visit in chosen], moment)
     plain = folder / "plain.toml"
     plain.write_text(PLAIN_RULES)

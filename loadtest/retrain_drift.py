@@ -32,10 +32,11 @@ import pyarrow as pa
 import redis
 from recsys_tools.localstack import start_ingest, unapplied
 from recsys_tools.replay import Row, replay
-from recsys_tools.retrain import hit_at_k, retrain
+from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan, archive_rows, as_of, base_rows
+from recsys_tools.retrain_verdict import hit_at_k
 from recsys_tools.world.generate.drift import DAY, START, DailyDrift, DailyShape, daily_drift
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.from_log import build_world_from_log
@@ -96,7 +97,7 @@ def write_answers(root: Path, world: Path, drift: DailyDrift, seed: int) -> dict
     for (hour, weekday), asks in sorted(by_moment.items()):
         users = [user for user, _, _ in asks]
         for (user, day, at), (_, items) in zip(
-            asks, served.answers(users, Moment(hour=hour, weekday=weekday)), strict=True
+            asks, served.answers(users, AskContext(hour=hour, weekday=weekday)), strict=True
         ):
             answer_id = f"a{len(answers)}"
             answers.append(

@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 from recsys_tools.demo import local_stack, stack_options
-from recsys_tools.replay import rows_in_time_order
-from recsys_tools.served import (
+from recsys_tools.live_evaluation import (
     Answers,
     agreement,
     ask_all,
@@ -43,7 +42,8 @@ from recsys_tools.served import (
     questions,
     score,
 )
-from recsys_tools.world.judge.answers import Moment
+from recsys_tools.replay import rows_in_time_order
+from recsys_tools.world.judge.answers import AskContext
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.formats import FileLayout
@@ -146,7 +146,7 @@ def _live(url: str, later: Path, earlier: Path, files: Answers) -> dict[str, Any
     columns = LogColumns(weight="rating", min_weight=MIN_RATING)
     asked = questions(read_log(later, columns), read_log(earlier, columns))
     users = [one.user for one in asked]
-    moment = Moment()
+    moment = AskContext()
     started = time.perf_counter()
     live = asyncio.run(ask_all(url, users, K, {"context": moment.as_json()}))
     figures = score(asked, live, K)
@@ -173,7 +173,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     baselines = _baselines(split.earlier, split.later)
     columns = LogColumns(weight="rating", min_weight=MIN_RATING)
     asked = questions(read_log(split.later, columns), read_log(split.earlier, columns))
-    files = from_files(world, [one.user for one in asked], Moment())
+    files = from_files(world, [one.user for one in asked], AskContext())
     plain = folder / "plain.toml"
     plain.write_text(PLAIN_RULES)
     options = stack_options(world)

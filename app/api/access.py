@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from app.core.callers import LOOPBACK, UNKNOWN, Callers
-from app.core.metrics import EventPost, ServiceMetrics
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import EventPost
 from app.core.token_bucket import TokenBuckets
 
 _FORWARDED = frozenset({b"x-forwarded-for", b"forwarded", b"x-real-ip"})

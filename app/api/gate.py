@@ -30,7 +30,8 @@ from app.api.access import Refused
 from app.api.errors import error_body, summary
 from app.api.models import REQUEST_ID_HEADER, ErrorField
 from app.api.precheck import many_errors
-from app.core.metrics import Outcome, ServiceMetrics
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import Outcome
 from app.core.throttled_log import ThrottledLog
 from app.process.admission import Admission, OverloadedError
 

@@ -31,14 +31,12 @@ from app.api.models import (
     ErrorField,
     RecommendRequest,
 )
-from app.clients.answer_log import Shown
-from app.core.events import new_answer_id
-from app.core.metrics import Outcome
+from app.core.outcomes import Outcome
 from app.core.vocabulary import WorldRole
 from app.pipeline.context import RequestContext, caller_shortened
-from app.pipeline.trace import Trace
 from app.pipeline.types import Recommendation
-from app.process.services import Services
+from app.process import answering
+from app.process.answering import Asking
 from app.process.worlds import Worlds
 from app.release.artifacts import ServingArtifacts
 from app.world.attributes import AttributeName
@@ -151,29 +149,23 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
     except ValueError as exc:
         field = ErrorField(field=f"header.{BUDGET_HEADER}", message=str(exc))
         return _error(422, error_body("invalid_request", str(exc), state["request_id"], [field]))
-    artifacts = services.artifacts.current
-    budget_s = services.budget_s(budget_ms)
-    caller_shortened.set(services.shortened(budget_s))  # this request's task only
-    ctx = RequestContext.on_budget(
+    wanted = body.debug or (_header(scope, _TRACE) or "") not in ("", "0")
+    asking = Asking(
         state["request_id"],
         arrived=state.get("arrived", time.monotonic()),
-        budget_s=budget_s,
-        reserve_s=services.settings.reserve_s,
-        artifacts=artifacts,
-        metrics=services.metrics,
-        user_id=body.user_id,
+        budget_ms=budget_ms,
+        trace_wanted=wanted and debug_allowed(scope, services.settings.debug_token),
+        described=lambda budget_s: _traced_request(body, budget_s),
     )
-    answer_id = new_answer_id()
-    _maybe_traced(services, body, scope, ctx, answer_id, budget_s)
     try:
-        result = await services.pipeline.run(body.query(), ctx)
+        answered = await answering.answer(services, body.query(), asking)
     except Exception:
-        log.exception("request %s failed", ctx.request_id)
-        return _error(500, error_body("internal_error", "the request failed", ctx.request_id))
-    if services.traces is not None and ctx.trace is not None:
-        services.traces.keep(ctx.trace)
-    _remember(services, body, ctx, answer_id, result)
-    made = content(ctx, answer_id, body, result, artifacts, (services.world, role))
+        log.exception("request %s failed", asking.request_id)
+        return _error(500, error_body("internal_error", "the request failed", asking.request_id))
+    ctx = answered.ctx
+    made = content(
+        ctx, answered.answer_id, body, answered.result, answered.artifacts, (services.world, role)
+    )
     sent = pydantic_core.to_json(made)
     # Counted once the answer is made: one that failed on the way is a 500, not an answer.
     state["outcome"] = Outcome.DEGRADED if ctx.degraded else Outcome.OK
@@ -182,53 +174,6 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
     # lets this answer's service time teach the admission limit (app/api/gate.py).
     state["exhausted"] = ctx.time_for() <= 0.0 and not caller_shortened.get()
     return 200, sent
-
-
-def _maybe_traced(
-    services: Services,
-    body: RecommendRequest,
-    scope: Scope,
-    ctx: RequestContext,
-    answer_id: str,
-    budget_s: float,
-) -> None:
-    traces = services.traces
-    asked = body.debug or (_header(scope, _TRACE) or "") not in ("", "0")
-    # Forcing a trace fills the operators' ring: only for who may read it.
-    if traces is not None and traces.chosen(
-        asked and debug_allowed(scope, services.settings.debug_token)
-    ):
-        # Only a chosen request pays for its trace: the others, one random draw.
-        ctx.trace = Trace(answer_id, time.time(), _traced_request(body, budget_s))
-
-
-def _remember(
-    services: Services,
-    body: RecommendRequest,
-    ctx: RequestContext,
-    answer_id: str,
-    result: Recommendation,
-) -> None:
-    """The answer's variant for the events that credit it, and what was shown, for the log."""
-    services.events.remember_answer(
-        answer_id, result.model.variant.value, services.settings.answer_ttl_s
-    )
-    answers = services.answers
-    if answers is not None and answers.wanted():
-        world = services.world
-        answers.shown(
-            Shown(
-                answer_id,
-                int(time.time() * 1000),
-                body.user_id,
-                body.context.page,
-                result.model.variant.value,
-                result.model.version,
-                world.world_id if world is not None else "",
-                bool(ctx.degraded),
-                result.items,
-            )
-        )
 
 
 async def serve(scope: Scope, raw: bytes, send: Send) -> int | None:

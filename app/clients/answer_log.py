@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 
 from app.clients.feature_store import RedisClient
-from app.core.metrics import AnswerLogged as Logged
+from app.core.outcomes import AnswerLogged as Logged
 from app.release.keyspace import KeySpace
 
 log = logging.getLogger("recsys.answer_log")

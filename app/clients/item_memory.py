@@ -22,7 +22,7 @@ import numpy.typing as npt
 from app.clients.feature_store import ItemBlobs
 from app.core.cancelling import cancel_requested
 from app.core.errors import FeatureStoreError
-from app.world.stamp import same_world
+from app.release.world_match import same_world
 
 log = logging.getLogger(__name__)
 

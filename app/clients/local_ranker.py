@@ -14,11 +14,11 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from app.clients.onnx_scorer import MissingOnnxRuntimeError, OnnxScorer, onnx_scorer
 from app.core.errors import ConfigError, FailureKind, RankingModelError, SchemaError
 from app.world.schema import FeatureSchema
 
@@ -28,42 +28,31 @@ SAFETY_FACTOR = 2.0
 SMOOTHING = 0.2
 
 
-def _session(path: Path) -> Any:
+def _scorer(path: Path) -> OnnxScorer:
+    if not path.is_file():
+        raise ConfigError(f"fallback model {path} is missing (RECSYS_FALLBACK_MODEL)")
     try:
-        import onnxruntime as ort
-    except ImportError as exc:
+        # One thread: the fallback must not take every core from the event loop and Redis.
+        return onnx_scorer(path, threads=1)
+    except MissingOnnxRuntimeError:
         raise ConfigError(
             "the fallback ranker needs onnxruntime: install the `fallback` extra, "
             "or set RECSYS_FALLBACK_RANKER=false to fall back to recall order"
-        ) from exc
-    if not path.is_file():
-        raise ConfigError(f"fallback model {path} is missing (RECSYS_FALLBACK_MODEL)")
-    options = ort.SessionOptions()
-    # One thread: the fallback must not take every core from the event loop and Redis.
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        ) from None
 
 
 class LocalRanker:
-    def __init__(self, session: Any, schema: FeatureSchema) -> None:
-        self._session = session
-        self._input = session.get_inputs()[0].name
-        self._output = session.get_outputs()[0].name
+    def __init__(self, scorer: OnnxScorer, schema: FeatureSchema) -> None:
+        self._scorer = scorer
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="local-ranker")
         self._seconds_per_row = self._measure(schema.width)
         self._busy_until = 0.0  # when the runs already handed to the thread should end
 
-    def _run(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        (scores,) = self._session.run([self._output], {self._input: rows})
-        flat: npt.NDArray[np.float32] = np.asarray(scores, dtype=np.float32).reshape(-1)
-        return flat
-
     def _measure(self, width: int) -> float:
         rows = np.zeros((WARMUP_ROWS, width), dtype=np.float32)
-        self._run(rows)  # the first run allocates; time the second
+        self._scorer.score(rows)  # the first run allocates; time the second
         start = time.perf_counter()
-        self._run(rows)
+        self._scorer.score(rows)
         return (time.perf_counter() - start) / WARMUP_ROWS
 
     def rows_within(self, seconds: float) -> int:
@@ -93,7 +82,7 @@ class LocalRanker:
     def _timed(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """One run, its cost per row learnt in the thread (so a run abandoned late counts)."""
         start = time.perf_counter()
-        scores = self._run(rows)
+        scores = self._scorer.score(rows)
         per_row = (time.perf_counter() - start) / len(rows)
         self._seconds_per_row += SMOOTHING * (per_row - self._seconds_per_row)
         return scores
@@ -104,10 +93,10 @@ class LocalRanker:
 
 def load_local_ranker(path: Path, schema: FeatureSchema) -> LocalRanker:
     """Load the ONNX file and refuse one that does not take the schema's row."""
-    session = _session(path)
-    shape = session.get_inputs()[0].shape
+    scorer = _scorer(path)
+    shape = scorer.input_shape
     if not shape or shape[-1] != schema.width:
         raise SchemaError(
             f"fallback model {path} takes rows of shape {shape}, schema packs {schema.width}"
         )
-    return LocalRanker(session, schema)
+    return LocalRanker(scorer, schema)

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from app.core.metrics import Declared
+from app.core.collectors import Declared
 
 ARCHIVE_KINDS = ("events", "answers")
 

@@ -7,8 +7,8 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.core.collectors import LATENCY_BUCKETS, Declared
 from app.core.events import EventType, IngestOutcome
-from app.core.metrics import LATENCY_BUCKETS, Declared
 from app.core.vocabulary import Variant
 
 # The ingest consumer's collectors (its own process, its own /metrics).

@@ -2,67 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.core.callers import UNKNOWN
+from app.core.collectors import (
+    AGREEMENT_BUCKETS,
+    CANDIDATE_BUCKETS,
+    LATENCY_BUCKETS,
+    Declared,
+)
 from app.core.errors import FailureKind
 from app.core.events import EventOutcome
+from app.core.outcomes import (
+    AnswerLogged,
+    EventPost,
+    Outcome,
+    Refusal,
+    ReloadOutcome,
+    ShadowOutcome,
+    WorldChange,
+)
 from app.core.vocabulary import RedisWorld, Removal, Stage, Variant, Viewed, WorldRole
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    DEGRADED = "degraded"
-    INVALID = "invalid"
-    SHED = "shed"
-    ERROR = "error"
-
-
-class Refusal(StrEnum):
-    """Why admission refused a request (a metric label: a fixed set)."""
-
-    LOOP_BEHIND = "loop_behind"  # the event loop stays behind: requests wait unread
-    FULL = "full"  # every slot taken, and the line full or the worker full for a while
-    NO_SLOT = "no_slot"  # waited in line, no slot came free in time
-
-
-class EventPost(StrEnum):
-    """What became of a caller's POST /events (a metric label: a fixed set)."""
-
-    ACCEPTED = "accepted"  # within the caller's quota: handed to the route
-    OVER_QUOTA = "over_quota"  # 429
-    UNAUTHENTICATED = "unauthenticated"  # no caller's token, or off loopback with none set
-
-
-class AnswerLogged(StrEnum):
-    """What became of an answer offered to the answer log (a metric label: a fixed set)."""
-
-    WRITTEN = "written"
-    DROPPED = "dropped"  # the worker's buffer was full
-    FAILED = "failed"  # Redis did not take the flush that held it
-
-
-class ShadowOutcome(StrEnum):
-    SCORED = "scored"
-    SKIPPED = "skipped"  # too many shadow calls in flight already: the shadow never queues
-    FAILED = "failed"
-
-
-class ReloadOutcome(StrEnum):
-    APPLIED = "applied"
-    REFUSED = "refused"  # the new artifacts or versions failed a check; the old ones serve
-    UNCHANGED = "unchanged"  # the files and versions read again were those served
-
-
-class WorldChange(StrEnum):
-    LOAD = "load"  # a candidate world started beside the stable one
-    PROMOTE = "promote"  # the candidate made stable for everyone
-    ROLLBACK = "rollback"  # the candidate dropped: the stable world answers everyone
-
 
 # The stages that have something to fall back from.
 DEGRADABLE_STAGES = (Stage.FEATURES, Stage.RECALL, Stage.PRERANK, Stage.FETCH, Stage.RANK)
@@ -74,61 +36,6 @@ COUNTED_STAGES = (
     Stage.RANK,
     Stage.RERANK,
 )
-
-# Sub-millisecond resolution where the cheap stages live, up to 1 s for a stuck dependency.
-LATENCY_BUCKETS = (
-    0.0001,
-    0.0002,
-    0.0003,
-    0.0005,
-    0.00075,
-    0.001,
-    0.0015,
-    0.002,
-    0.003,
-    0.004,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.03,
-    0.05,
-    0.075,
-    0.1,
-    0.125,
-    0.15,
-    0.25,
-    0.5,
-    1.0,
-)
-AGREEMENT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
-CANDIDATE_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 3000, 5000)
-
-
-Collector = Counter | Gauge | Histogram
-
-
-@dataclass(frozen=True, slots=True)
-class Declared:
-    """One collector: its kind, name, help and labels, and its buckets or, for a gauge, how
-    the workers' values combine (Prometheus multiprocess mode)."""
-
-    kind: type[Counter] | type[Gauge] | type[Histogram]
-    name: str
-    doc: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None
-    mode: str | None = None
-
-    def make(self, registry: CollectorRegistry) -> Collector:
-        options: dict[str, Any] = {"registry": registry}
-        if self.buckets is not None:
-            options["buckets"] = self.buckets
-        if self.mode is not None:
-            options["multiprocess_mode"] = self.mode
-        return self.kind(self.name, self.doc, list(self.labels), **options)
-
 
 # Every collector of the service, by the ServiceMetrics attribute that holds it.
 DECLARED: dict[str, Declared] = {

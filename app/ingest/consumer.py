@@ -29,7 +29,6 @@ nothing until they are that world.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,15 +39,12 @@ import numpy as np
 
 from app.clients.event_stream import Entry, EventStream, SetAside, transient
 from app.core.events import (
-    Event,
     IngestOutcome,
-    MalformedEventError,
-    decode_entry,
-    keyable_user,
 )
 from app.core.ingest_metrics import DeadLetter, IngestMetrics
 from app.core.vocabulary import Variant
 from app.ingest.apply import UserChange, UserState, change_for
+from app.ingest.batch import Sorted, set_aside, sort_batch, split_stale
 from app.ingest.refit import ItemRefits
 from app.ingest.user_store import UserStore
 from app.ingest.world import IngestWorld
@@ -67,18 +63,6 @@ class Limits:
     claim_idle_s: float
     max_deliveries: int
     trending_user_per_minute: int  # 0: no limit
-
-
-@dataclass(slots=True)
-class Sorted:
-    """A batch's entries: the events of each user in order, and those set aside."""
-
-    by_user: dict[str, list[tuple[Event, int]]]
-    dead: list[SetAside]
-    entry_of: dict[int, bytes]  # by id() of each decoded event: to set a user's aside
-
-    def entries_of(self, user_id: str) -> set[bytes]:
-        return {self.entry_of[id(event)] for event, _ in self.by_user[user_id]}
 
 
 class HeldError(Exception):
@@ -218,8 +202,9 @@ class Consumer:
         self._metrics.lag.set(self.lag_s)
         world = await self._current_world()
         await world.follow_catalog()
-        fresh, stale = self._split_stale(entries, redelivered)
-        batch = self._sort(fresh, world)
+        stale_before_ms = (time.time() - self._limits.dedupe_s) * 1000.0
+        fresh, stale = split_stale(entries, stale_before_ms if redelivered else None)
+        batch = sort_batch(fresh, world.lookup)
         batch.dead += stale
         failed: dict[str, str] = {}
         changes: dict[str, UserChange] = {}
@@ -264,7 +249,7 @@ class Consumer:
         for user_id, events in by_user.items():
             state = states[user_id]
             if isinstance(state, str):
-                dead.extend(_set_aside(batch, events, DeadLetter.BAD_STATE, state))
+                dead.extend(set_aside(batch, events, DeadLetter.BAD_STATE, state))
                 continue
             change = change_for(
                 state,
@@ -275,7 +260,7 @@ class Consumer:
             )
             if change.blob is not None and not np.isfinite(change.blob).all():
                 why = "the folded-in vector is not finite"
-                dead.extend(_set_aside(batch, events, DeadLetter.BAD_STATE, why))
+                dead.extend(set_aside(batch, events, DeadLetter.BAD_STATE, why))
                 continue
             changes[user_id] = change
         await self._store.write(changes, _states_of(states))
@@ -317,25 +302,8 @@ class Consumer:
                 if batch.entry_of[id(event)] not in held
             ]
             reason = f"failed {self._limits.max_deliveries} times: {why}"
-            batch.dead.extend(_set_aside(batch, given_up, DeadLetter.FAILED, reason))
+            batch.dead.extend(set_aside(batch, given_up, DeadLetter.FAILED, reason))
         return held
-
-    def _split_stale(
-        self, entries: list[Entry], redelivered: bool
-    ) -> tuple[list[Entry], list[SetAside]]:
-        """A redelivered entry older than the dedupe window may have applied already, its
-        ids since forgotten: set aside, never applied twice."""
-        if not redelivered:
-            return entries, []
-        oldest_ms = (time.time() - self._limits.dedupe_s) * 1000.0
-        fresh = [entry for entry in entries if entry.ms >= oldest_ms]
-        why = "pending longer than RECSYS_EVENT_DEDUPE_S: it may have applied already"
-        stale = [
-            SetAside(entry.entry_id, entry.fields, DeadLetter.STALE, why)
-            for entry in entries
-            if entry.ms < oldest_ms
-        ]
-        return fresh, stale
 
     async def _current_world(self) -> IngestWorld:
         """The world Redis holds, loaded again from the files when Redis changed worlds;
@@ -355,34 +323,6 @@ class Consumer:
                 return loaded
             self._metrics.world_change_count["waiting"].inc()
         raise HeldError(f"Redis holds world {found}, the files world {current.world_id}")
-
-    def _sort(self, entries: list[Entry], world: IngestWorld) -> Sorted:
-        by_user: dict[str, list[tuple[Event, int]]] = {}
-        dead: list[SetAside] = []
-        decoded: list[tuple[bytes, Event]] = []
-        for entry in entries:
-            try:
-                events = decode_entry(entry.fields)
-            except MalformedEventError as exc:
-                dead.append(SetAside(entry.entry_id, entry.fields, DeadLetter.MALFORMED, str(exc)))
-                continue
-            for event in events:
-                if isinstance(event, MalformedEventError):
-                    kept = {b"event": str(event).encode()}
-                    dead.append(SetAside(entry.entry_id, kept, DeadLetter.MALFORMED, str(event)))
-                elif not keyable_user(event.user_id):
-                    why = "a user id with { or } cannot tag its keys"
-                    dead.append(SetAside(entry.entry_id, _kept(event), DeadLetter.BAD_USER_ID, why))
-                else:
-                    decoded.append((entry.entry_id, event))
-        positions = world.lookup([event.item_id for _, event in decoded])
-        for (entry_id, event), position in zip(decoded, positions.tolist(), strict=True):
-            if position < 0:
-                why = "the catalog has no such item"
-                dead.append(SetAside(entry_id, _kept(event), DeadLetter.UNKNOWN_ITEM, why))
-            else:
-                by_user.setdefault(event.user_id, []).append((event, position))
-        return Sorted(by_user, dead, {id(event): entry_id for entry_id, event in decoded})
 
     async def _dead_letters(self, partition: int, dead: list[SetAside]) -> None:
         if not dead:
@@ -442,16 +382,6 @@ class Consumer:
 
 def _states_of(states: dict[str, UserState | str]) -> dict[str, Any]:
     return {user: state for user, state in states.items() if not isinstance(state, str)}
-
-
-def _kept(event: Event) -> dict[bytes, bytes]:
-    return {b"event": json.dumps(event.to_json()).encode()}
-
-
-def _set_aside(
-    batch: Sorted, events: list[tuple[Event, int]], reason: DeadLetter, why: str
-) -> list[SetAside]:
-    return [SetAside(batch.entry_of[id(event)], _kept(event), reason, why) for event, _ in events]
 
 
 def _variant(raw: bytes | None) -> Variant | None:

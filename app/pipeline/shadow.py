@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.errors import RankingModelError
-from app.core.metrics import ServiceMetrics, ShadowOutcome
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import ShadowOutcome
 from app.core.throttled_log import ThrottledLog
 from app.core.vocabulary import Scores
 from app.pipeline.stages.rank import RemoteModel

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from app.core.metrics import Refusal
+from app.core.outcomes import Refusal
 from app.process.concurrency_limit import AdaptiveLimit
 from app.process.loop_lag import LoopLag
 

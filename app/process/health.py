@@ -23,8 +23,9 @@ import time
 from app.core.errors import RankingModelError
 from app.core.vocabulary import RedisWorld
 from app.process.services import Services
+from app.release.world_match import redis_world, same_world
 from app.world.schema import signature_mismatches
-from app.world.stamp import built_at, redis_world, same_world
+from app.world.stamp import built_at
 
 CHECK_TIMEOUT_S = 0.5
 # How often the world Redis holds is read for the gauge: the alert fires minutes later, the

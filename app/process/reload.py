@@ -33,7 +33,8 @@ from app.core.errors import (
     RankingModelError,
     RecsysError,
 )
-from app.core.metrics import ReloadOutcome, ServiceMetrics
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import ReloadOutcome
 from app.core.settings import Settings
 from app.process.startup_checks import opened_catalog, opened_world, pool_signature
 from app.release.added_cells import added_cells
@@ -42,8 +43,9 @@ from app.release.catalog import Catalog, in_room
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, ReleasePlan, Routed, read_plan, write_plan
 from app.release.rules import load_rules
+from app.release.world_match import files_identity
 from app.world.schema import FeatureSchema
-from app.world.stamp import WorldStamp, files_identity
+from app.world.stamp import WorldStamp
 
 log = logging.getLogger(__name__)
 

@@ -5,40 +5,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import faiss
 
 from app.clients.answer_log import AnswerLog
-from app.clients.breaker import BreakerState, CircuitBreaker
+from app.clients.breaker import CircuitBreaker
 from app.clients.catalog_log import CatalogLog
 from app.clients.event_log import EventLog
 from app.clients.exposure import Exposure
-from app.clients.feature_store import FeatureStore, redis_of
+from app.clients.feature_store import FeatureStore
 from app.clients.item_memory import (
-    LOAD_CALL_TIMEOUT_S,
     ItemMatrix,
     ItemMemory,
     read_item_matrix,
 )
 from app.clients.local_ranker import LocalRanker, load_local_ranker
-from app.clients.ranking_model import connect_triton
-from app.clients.shared_memory import InputSlots, remove_stale_regions
 from app.clients.trending import TrendingItems
 from app.clients.triton_pool import TritonPool
 from app.core.cached import CachedCall
-from app.core.errors import (
-    ConfigError,
-    RankingModelError,
-)
-from app.core.metrics import AnswerLogged, ServiceMetrics
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import AnswerLogged
 from app.core.realtime_settings import seconds
 from app.core.settings import Settings
-from app.pipeline.context import caller_shortened
 from app.pipeline.recommend import RecommendPipeline, build_pipeline, candidate_stages
 from app.pipeline.shadow import ShadowCalls
 from app.pipeline.sources.ann import InlineSearch, PooledSearch, VectorSearch
@@ -50,6 +42,8 @@ from app.pipeline.step import Step
 from app.pipeline.trace import TraceRing
 from app.pipeline.types import Hydrated, Pool
 from app.process.catalog_follower import CatalogFollower, replayed
+from app.process.connections import breakers_for, open_clients
+from app.process.model_inputs import widest_with_memory
 from app.process.reload import Reloader, model_routing
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
@@ -58,13 +52,13 @@ from app.process.startup_checks import (
     opened_world,
 )
 from app.release.artifacts import ArtifactsRef, ServingArtifacts, serving_artifacts
-from app.release.catalog import with_room
-from app.release.keyspace import keyspace_of
-from app.release.plan import read_plan
-from app.release.rules import load_rules
+from app.release.catalog import Catalog, with_room
+from app.release.plan import ReleasePlan, read_plan
+from app.release.rules import RerankRules, load_rules
+from app.release.world_match import files_identity
 from app.world.layout import MODEL_FILE
-from app.world.schema import FeatureSchema, ModelSignature
-from app.world.stamp import WorldStamp, files_identity
+from app.world.schema import FeatureSchema
+from app.world.stamp import WorldStamp
 
 log = logging.getLogger(__name__)
 READINESS_TTL_S = 1.0
@@ -153,74 +147,6 @@ async def held_item_features(
     return memory
 
 
-class SharingEndpoint(Protocol):
-    @property
-    def url(self) -> str: ...
-
-    async def use_shared_memory(self, slots: InputSlots, timeout_s: float) -> None: ...
-
-
-class SharingPool(Protocol):
-    @property
-    def endpoints(self) -> Sequence[SharingEndpoint]: ...
-
-
-async def share_memory(
-    pool: SharingPool,
-    schema: FeatureSchema,
-    signature: ModelSignature,
-    max_in_flight: int,
-    required: bool,
-) -> int:
-    """A shared-memory region per endpoint that can map it: a slot per chunk the worker may
-    have in flight. Returns how many endpoints use one; the others are sent plain gRPC,
-    unless shared memory is `required`."""
-    removed = remove_stale_regions()
-    if removed:
-        log.info("removed %d shared-memory regions of processes now gone", len(removed))
-    slot_bytes = signature.max_batch_size * schema.width * 4
-    sharing = 0
-    for endpoint in pool.endpoints:
-        slots = InputSlots(2 * max_in_flight, slot_bytes)
-        try:
-            await endpoint.use_shared_memory(slots, STARTUP_CALL_TIMEOUT_S)
-        except RankingModelError as exc:
-            slots.close()
-            if required:
-                raise ConfigError(
-                    f"Triton at {endpoint.url} cannot use this host's shared memory ({exc}): "
-                    "set RECSYS_TRITON_SHARED_MEMORY=auto or off unless Triton runs here, "
-                    "sharing /dev/shm"
-                ) from None
-            log.info("Triton at %s gets model inputs by gRPC: %s", endpoint.url, exc)
-            continue
-        sharing += 1
-        log.info("Triton at %s gets model inputs through shared memory", endpoint.url)
-    return sharing
-
-
-def _breaker(
-    name: str, settings: Settings, metrics: ServiceMetrics, excused: Callable[[], bool]
-) -> CircuitBreaker:
-    # The names come from the configuration, fixed at start-up: a small, fixed label set.
-    gauge = metrics.breaker.labels(name)
-    gauge.set(BreakerState.CLOSED)
-
-    def export(state: BreakerState) -> None:
-        gauge.set(state)
-
-    def timeouts_excused() -> bool:
-        return excused() or caller_shortened.get()
-
-    return CircuitBreaker(
-        name,
-        settings.breaker_failures,
-        settings.breaker_open_s,
-        on_change=export,
-        excused=timeouts_excused,
-    )
-
-
 def _local_ranker(settings: Settings, schema: FeatureSchema) -> LocalRanker | None:
     if not settings.fallback_ranker:
         log.info("fallback ranking: recall order (RECSYS_FALLBACK_RANKER is off)")
@@ -231,81 +157,12 @@ def _local_ranker(settings: Settings, schema: FeatureSchema) -> LocalRanker | No
     return ranker
 
 
-def _breakers(
-    settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool]
-) -> dict[str, CircuitBreaker]:
-    names = ["redis", *_triton_names(settings)]
-    return {name: _breaker(name, settings, metrics, running_late) for name in names}
-
-
-def _triton_names(settings: Settings) -> list[str]:
-    urls = settings.triton_urls
-    return ["triton"] if len(urls) == 1 else [f"triton-{n}" for n in range(len(urls))]
-
-
-# The matrix is read by one task at a time (start-up, then a refresh now and then).
-LOADING_CONNECTIONS = 2
-
-
-def _feature_store(
-    settings: Settings,
-    schema: FeatureSchema,
-    breaker: CircuitBreaker,
-    connections: int,
-    timeout_s: float,
-) -> FeatureStore:
-    redis = redis_of(settings, connections, timeout_s)
-    return FeatureStore(
-        redis,
-        schema,
-        keyspace_of(settings.redis_key_prefix, settings.event_key_prefix),
-        breaker,
-        settings.recent_items,
-    )
-
-
-def _triton_pool(
-    settings: Settings, schema: FeatureSchema, breakers: dict[str, CircuitBreaker]
-) -> TritonPool:
-    model_name = settings.model_name or schema.model_name
-    names = _triton_names(settings)
-    return TritonPool(
-        [
-            connect_triton(url, model_name, settings.model_version, breakers[name])
-            for url, name in zip(settings.triton_urls, names, strict=True)
-        ]
-    )
-
-
 def _search(settings: Settings, stack: AsyncExitStack) -> VectorSearch:
     if not settings.recall_threads:
         return InlineSearch()
     executor = ThreadPoolExecutor(settings.recall_threads, thread_name_prefix="recall")
     stack.callback(executor.shutdown, wait=False, cancel_futures=True)
     return PooledSearch(executor, settings.recall_queue)
-
-
-def _clients(
-    settings: Settings,
-    schema: FeatureSchema,
-    breakers: dict[str, CircuitBreaker],
-    stack: AsyncExitStack,
-) -> tuple[FeatureStore, FeatureStore, TritonPool]:
-    """Redis and Triton's clients, each closed with the stack: Redis's for requests, and
-    one for the item matrix read whole. A client's socket timeout bounds every read of a
-    reply, so the requests' (tens of ms) would cut a read of megabytes that its own
-    deadline allows seconds, whenever the host is busy for a moment (it refused start-ups)."""
-    connections, timeout_s = settings.redis_max_connections, settings.redis_timeout_s
-    store = _feature_store(settings, schema, breakers["redis"], connections, timeout_s)
-    stack.push_async_callback(store.aclose)
-    # The same breaker: a Redis that fails the matrix's reads fails the requests' too.
-    loading = _feature_store(
-        settings, schema, breakers["redis"], LOADING_CONNECTIONS, LOAD_CALL_TIMEOUT_S
-    )
-    stack.push_async_callback(loading.aclose)
-    model = _triton_pool(settings, schema, breakers)
-    stack.push_async_callback(model.close)
-    return store, loading, model
 
 
 def _trending(
@@ -340,21 +197,6 @@ def _trace_ring(settings: Settings) -> TraceRing | None:
     if not settings.debug_pages:
         return None
     return TraceRing(settings.trace_ring_size, settings.trace_sample_percent)
-
-
-async def _widest_with_memory(
-    settings: Settings,
-    model: TritonPool,
-    schema: FeatureSchema,
-    signatures: Sequence[ModelSignature],
-) -> ModelSignature:
-    """The routed version taking the largest batches, its inputs through shared memory
-    where the setting asks for it."""
-    signature = max(signatures, key=lambda each: each.max_batch_size)
-    if settings.triton_shared_memory != "off":
-        required = settings.triton_shared_memory == "on"
-        await share_memory(model, schema, signature, settings.max_in_flight, required)
-    return signature
 
 
 def _pipeline(
@@ -398,6 +240,97 @@ def _pipeline(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """What start-up reads from the world's directory and the configuration's files."""
+
+    stamp: WorldStamp | None
+    schema: FeatureSchema
+    rules: RerankRules
+    plan: ReleasePlan
+    catalog: Catalog
+
+
+async def _opened(settings: Settings) -> _Opened:
+    stamp, schema = await asyncio.to_thread(opened_world, settings)
+    rules = load_rules(settings.rules_file)
+    plan = read_plan(settings.release_file, settings.model_version)
+    catalog = await asyncio.to_thread(opened_catalog, settings, schema)
+    # Copies the catalog's arrays (tens of MB): off the loop, which may be serving already
+    # (a candidate world loaded beside the stable one).
+    catalog = await asyncio.to_thread(
+        with_room, catalog, settings.catalog_headroom, schema.item_blob_width
+    )
+    return _Opened(stamp, schema, rules, plan, catalog)
+
+
+@dataclass(frozen=True, slots=True)
+class _Logs:
+    """The streams the service writes beside its answers, each closed with the stack."""
+
+    events: EventLog
+    answers: AnswerLog | None
+
+
+def _logs(
+    settings: Settings, store: FeatureStore, metrics: ServiceMetrics, stack: AsyncExitStack
+) -> _Logs:
+    events = EventLog(
+        store.client, store.keys, settings.event_partitions, settings.event_stream_max
+    )
+    stack.push_async_callback(events.aclose)
+    answers = _answer_log(settings, store, metrics)
+    if answers is not None:
+        stack.push_async_callback(answers.aclose)
+    return _Logs(events, answers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Following:
+    """The world's catalog changes while serving and what follows them; None without room."""
+
+    changes: CatalogLog | None = None
+    follower: CatalogFollower | None = None
+    # Items added while serving are explored: their showings and positives, counted.
+    exposure: Exposure | None = None
+
+
+async def _following(
+    settings: Settings,
+    store: FeatureStore,
+    stamp: WorldStamp | None,
+    artifacts: ArtifactsRef,
+    item_memory: ItemMemory | None,
+    metrics: ServiceMetrics,
+) -> _Following:
+    world_id = stamp.world_id if stamp else ""
+    timeout_s = settings.startup_timeout_s
+    following = await replayed(
+        store.client, store.keys, world_id, artifacts, item_memory, metrics, timeout_s
+    )
+    if following is None:
+        return _Following()
+    changes, follower = following
+    store.catalog_seq_key = changes.withdrawn_seq_key
+    exposure = Exposure(store.client, store.keys, world_id, lambda: artifacts.current.catalog.rows)
+    return _Following(changes, follower, exposure)
+
+
+async def _scorer(
+    settings: Settings,
+    model: TritonPool,
+    schema: FeatureSchema,
+    metrics: ServiceMetrics,
+    stack: AsyncExitStack,
+) -> tuple[Scorer, ShadowCalls]:
+    """Triton's scorer, with its in-process fallback and the shadow calls beside it."""
+    local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
+    stack.callback(lambda: local_ranker.close() if local_ranker is not None else None)
+    shadow = ShadowCalls(model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight)
+    stack.push_async_callback(shadow.aclose)
+    return Scorer(model, local_ranker, settings.triton_timeout_s, shadow), shadow
+
+
 async def start_services(
     settings: Settings, metrics: ServiceMetrics, running_late: Callable[[], bool] = lambda: False
 ) -> Services:
@@ -406,63 +339,28 @@ async def start_services(
     Whatever is opened is closed again if a later step fails (an exit stack), and by
     Services.aclose once the service stops.
     """
-    stamp, schema = await asyncio.to_thread(opened_world, settings)
-    rules = load_rules(settings.rules_file)
-    plan = read_plan(settings.release_file, settings.model_version)
     # Requests already run concurrently; OpenMP threads inside one search only contend.
     faiss.omp_set_num_threads(1)
-    catalog = await asyncio.to_thread(opened_catalog, settings, schema)
-    # Copies the catalog's arrays (tens of MB): off the loop, which may be serving already
-    # (a candidate world loaded beside the stable one).
-    catalog = await asyncio.to_thread(
-        with_room, catalog, settings.catalog_headroom, schema.item_blob_width
-    )
-    breakers = _breakers(settings, metrics, running_late)
+    opened = await _opened(settings)
+    stamp, schema = opened.stamp, opened.schema
+    breakers = breakers_for(settings, metrics, running_late)
     async with AsyncExitStack() as stack:
-        store, loading, model = _clients(settings, schema, breakers, stack)
+        store, loading, model = open_clients(settings, schema, breakers, stack)
         await checked_redis(store, stamp, settings.startup_timeout_s)
-        routing = await model_routing(plan, model, schema, stamp, settings.startup_timeout_s)
-        signature = await _widest_with_memory(settings, model, schema, routing.signatures())
-        local_ranker = await asyncio.to_thread(_local_ranker, settings, schema)
-        stack.callback(lambda: local_ranker.close() if local_ranker is not None else None)
+        routing = await model_routing(opened.plan, model, schema, stamp, settings.startup_timeout_s)
+        signature = await widest_with_memory(settings, model, schema, routing.signatures())
+        scorer, shadow = await _scorer(settings, model, schema, metrics, stack)
         identity = files_identity(settings.artifacts_dir, stamp)
         artifacts = ArtifactsRef(
             await asyncio.to_thread(
-                serving_artifacts, schema, catalog, rules, routing, store.keys, identity
+                serving_artifacts,
+                *(schema, opened.catalog, opened.rules, routing, store.keys, identity),
             )
         )
         item_memory = await held_item_features(settings, loading, artifacts.current, metrics, stamp)
-        following = await replayed(
-            store.client,
-            store.keys,
-            stamp.world_id if stamp else "",
-            artifacts,
-            item_memory,
-            metrics,
-            settings.startup_timeout_s,
-        )
-        if following is not None:
-            store.catalog_seq_key = following[0].withdrawn_seq_key
-        shadow = ShadowCalls(
-            model, metrics, settings.triton_timeout_s, settings.shadow_max_in_flight
-        )
-        stack.push_async_callback(shadow.aclose)
+        following = await _following(settings, store, stamp, artifacts, item_memory, metrics)
         trending = _trending(settings, store, artifacts, metrics)
-        events = EventLog(
-            store.client, store.keys, settings.event_partitions, settings.event_stream_max
-        )
-        stack.push_async_callback(events.aclose)
-        answers = _answer_log(settings, store, metrics)
-        if answers is not None:
-            stack.push_async_callback(answers.aclose)
-        scorer = Scorer(model, local_ranker, settings.triton_timeout_s, shadow)
-        follower = None if following is None else following[1]
-        exposure = None
-        if following is not None:
-            world_id = stamp.world_id if stamp else ""
-            exposure = Exposure(
-                store.client, store.keys, world_id, lambda: artifacts.current.catalog.rows
-            )
+        logs = _logs(settings, store, metrics, stack)
         pipeline = _pipeline(
             settings,
             store,
@@ -470,13 +368,13 @@ async def start_services(
             item_memory,
             scorer,
             trending,
-            follower,
-            exposure,
+            following.follower,
+            following.exposure,
         )
-        reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, plan)
+        reloader = Reloader(settings, artifacts, model, store.keys, stamp, metrics, opened.plan)
         log.info(
             "serving %s items with model %s (%d inputs wide, at most %d rows a batch); %s",
-            *(f"{catalog.size:,}", signature.name, schema.width, signature.max_batch_size),
+            *(f"{opened.catalog.size:,}", signature.name, schema.width, signature.max_batch_size),
             reloader.report().said(),
         )
         return Services(
@@ -490,14 +388,14 @@ async def start_services(
             reloader=reloader,
             shadow=shadow,
             closing=stack.pop_all(),
-            events=events,
+            events=logs.events,
             trending=trending,
-            answers=answers,
+            answers=logs.answers,
             world=stamp,
             item_memory=item_memory,
-            catalog_log=None if following is None else following[0],
-            catalog_follower=follower,
-            exposure=exposure,
+            catalog_log=following.changes,
+            catalog_follower=following.follower,
+            exposure=following.exposure,
             traces=_trace_ring(settings),
             explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )

@@ -18,8 +18,9 @@ from app.clients.triton_pool import TritonPool
 from app.core.errors import ConfigError, DependencyError, SchemaError, UnreachableError
 from app.core.settings import Settings
 from app.release.catalog import Catalog, load_catalog
-from app.world.schema import FeatureSchema, ModelSignature, signature_mismatches
-from app.world.stamp import WorldStamp, part_mismatch, read_stamp, verify_files, world_schema
+from app.release.world_match import part_mismatch
+from app.world.schema import FeatureSchema, ModelSignature, signature_mismatches, world_schema
+from app.world.stamp import WorldStamp, read_stamp, verify_files
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

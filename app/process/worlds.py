@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import ConfigError, RecsysError
-from app.core.metrics import ReloadOutcome, ServiceMetrics, WorldChange
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import ReloadOutcome, WorldChange
 from app.core.settings import Settings
 from app.core.vocabulary import WorldRole
 from app.process.reload import ReloadRefusedError
@@ -39,7 +40,7 @@ from app.release.worlds import (
 )
 from app.world.layout import NOT_LOADED
 from app.world.manifest import manifest_items
-from app.world.stamp import world_schema
+from app.world.schema import world_schema
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Literal, TypeGuard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.core.errors import ConfigError, SchemaError
+from app.world.layout import SCHEMA_FILE
 
 # The one shape of a world's id and of a model's name, here and in the tools. Both become
 # directory names (the worlds directory's, Triton's model repository's) and text inside a
@@ -304,3 +305,21 @@ def signature_mismatches(schema: FeatureSchema, signature: ModelSignature) -> li
     if signature.max_batch_size < 1:
         problems.append("model has no batch dimension (max_batch_size 0); rows cannot be batched")
     return problems
+
+
+def world_schema(world: Path, explicit: Path | None) -> FeatureSchema:
+    """The schema a world is served with: its own file, unless one is configured.
+
+    A configured schema that disagrees with the world's own is refused: the world's tables,
+    model and Redis blobs were all written in the world's layout.
+    """
+    own = world / SCHEMA_FILE
+    if explicit is None:
+        return load_schema(own if own.is_file() else None)
+    schema = load_schema(explicit)
+    if own.is_file() and load_schema(own) != schema:
+        raise ConfigError(
+            f"RECSYS_FEATURE_SCHEMA ({explicit}) differs from the world's own {own}: "
+            "unset it to serve the world as built"
+        )
+    return schema

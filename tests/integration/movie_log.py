@@ -20,7 +20,7 @@ from recsys_tools.localstack import (
     start_triton,
 )
 
-from app.world.stamp import world_schema
+from app.world.schema import world_schema
 
 START = 1_500_000_000
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War"]

@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 import pyarrow as pa
 import pytest
-from recsys_tools.retrain import CANDIDATE_LINK, STATE_FILE
+from recsys_tools.retrain import CANDIDATE_LINK
+from recsys_tools.retrain_progress import STATE_FILE
 from recsys_tools.world.generate.drift import DAY, START, DailyShape, daily_drift
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns

@@ -28,7 +28,7 @@ from recsys_tools.localstack import (
     start_redis,
     start_triton,
 )
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.blend import Blend, blended_onnx
 from recsys_tools.world.learn.ranker.export import export_net
 from recsys_tools.world.learn.ranker.net import MLP, Layer, RankerNet
@@ -36,13 +36,12 @@ from recsys_tools.world.store.identity import stamp_world
 
 from app.core.settings import Settings
 from app.world.layout import MODEL_FILE
-from app.world.schema import FeatureSchema
-from app.world.stamp import world_schema
+from app.world.schema import FeatureSchema, world_schema
 from tests.integration.conftest import PLAIN_RULES, in_process_settings, serving
 from tests.integration.movie_log import build_movie_world, write_movie_log
 
 pytestmark = pytest.mark.integration
-MOMENT = Moment(device="mobile", page="home", locale="en-US", hour=10, weekday=2)
+MOMENT = AskContext(device="mobile", page="home", locale="en-US", hour=10, weekday=2)
 # What both public movie-ratings worlds were given: the network none, the rest this.
 REPORTED = Blend(recall=10.0, model=0.0, bias=0.0, sequence=(17.0, 295.0, 0.0, 0.0, 0.0))
 # From here a float32 sigmoid is exactly 1.0.

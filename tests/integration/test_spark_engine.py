@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from recsys_tools.cli import main
 from recsys_tools.localstack.spark_cluster import start_spark_cluster
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.learn.derive import item_dense, user_dense
 from recsys_tools.world.read.items import ItemColumns, read_items
@@ -49,7 +49,8 @@ from app.world.layout import (
     USERS_FILE,
 )
 from app.world.prerank import load_prerank
-from app.world.stamp import read_stamp, verify_files, world_schema
+from app.world.schema import world_schema
+from app.world.stamp import read_stamp, verify_files
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, in_process_settings, serving
 from tests.integration.movie_log import (
     MIN_RATING,
@@ -313,7 +314,7 @@ async def test_the_sampled_world_serves_what_its_files_say(
     # Every user's answer is the list computed offline from the world's own files (the
     # service's candidate stages, the model through onnxruntime), as the local engine's is.
     users = sorted(built.rated, key=int)
-    expected = dict(WorldAnswers(built.spark).answers(users, Moment(**CONTEXT)))
+    expected = dict(WorldAnswers(built.spark).answers(users, AskContext(**CONTEXT)))
     async with serving(in_process_settings(**served)) as api:
         for user in users:
             response = await api.post(

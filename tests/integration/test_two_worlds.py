@@ -41,7 +41,7 @@ from app.release.worlds import candidate_user, read_worlds
 from app.world.stamp import read_stamp
 from loadtest.service import start_api
 from tests.integration.conftest import Stack, serving
-from tests.tools.test_judge import write_archive
+from tests.tools.test_verdict import write_archive
 
 pytestmark = pytest.mark.integration
 IN_SESSION_LOOP = pytest.mark.asyncio(loop_scope="session")

@@ -16,9 +16,10 @@ from recsys_tools.world.store.reindex import reindex_beside
 from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError
+from app.release.world_match import part_mismatch
 from app.world.layout import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
-from app.world.schema import load_schema
-from app.world.stamp import file_digest, part_mismatch, read_stamp, verify_files, world_schema
+from app.world.schema import load_schema, world_schema
+from app.world.stamp import file_digest, read_stamp, verify_files
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from recsys_tools.retrain import shipped_ranker
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.retrain_verdict import shipped_ranker
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.ranker.from_impressions import (
     Shown,
     compare_on_answers,
@@ -30,7 +30,7 @@ TINY = DemoSize(items=600, users=100, impressions=8000)
 T0_MS = 1_764_547_200_000
 SHOWN = 10
 # The hour and page every answer is given: the rows are packed for this moment.
-MOMENT = Moment(page="home", hour=12, weekday=2)
+MOMENT = AskContext(page="home", hour=12, weekday=2)
 
 
 @pytest.fixture(scope="module")

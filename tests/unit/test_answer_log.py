@@ -9,7 +9,7 @@ from redis import exceptions as redis_errors
 
 from app.clients import answer_log
 from app.clients.answer_log import AnswerLog, Shown
-from app.core.metrics import AnswerLogged
+from app.core.outcomes import AnswerLogged
 from app.pipeline.types import RankedItem
 from app.release.keyspace import KeySpace
 

@@ -12,7 +12,8 @@ from typing import cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.core.metrics import ReloadOutcome, ServiceMetrics, WorldChange
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import ReloadOutcome, WorldChange
 from app.core.settings import Settings
 from app.core.vocabulary import WorldRole
 from app.process import worlds as worlds_module

@@ -12,7 +12,8 @@ from starlette.types import Receive, Scope, Send
 from app.api.errors import install_error_handlers
 from app.api.gate import Gate, Gated, is_json, request_id
 from app.api.models import EventsRequest, RecommendRequest
-from app.core.metrics import Outcome, ServiceMetrics
+from app.core.metrics import ServiceMetrics
+from app.core.outcomes import Outcome
 from app.process.admission import Admission
 from app.process.concurrency_limit import AdaptiveLimit
 from app.process.loop_lag import LoopLag

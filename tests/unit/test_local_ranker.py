@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from app.clients.local_ranker import LocalRanker, load_local_ranker
+from app.clients.onnx_scorer import OnnxScorer
 from app.core.errors import ConfigError, FailureKind, RankingModelError, SchemaError
 from tests.unit.tiny_schema import tiny_schema
 
@@ -97,7 +98,7 @@ class _SlowSession:
 
 async def test_concurrent_fallbacks_share_the_thread_within_their_deadlines() -> None:
     session = _SlowSession(per_row_s=0.00002)  # 1000 rows: 20 ms
-    ranker = LocalRanker(session, tiny_schema())
+    ranker = LocalRanker(OnnxScorer(session), tiny_schema())
     rows = np.ones((1000, tiny_schema().width), np.float32)
     timeout_s = 0.1
     try:
@@ -116,7 +117,7 @@ async def test_concurrent_fallbacks_share_the_thread_within_their_deadlines() ->
 
 async def test_a_run_that_overstays_is_abandoned_at_the_deadline() -> None:
     session = _SlowSession(per_row_s=0.00001)
-    ranker = LocalRanker(session, tiny_schema())
+    ranker = LocalRanker(OnnxScorer(session), tiny_schema())
     session.stall_s = 1.0  # hangs, after start-up measured it as quick
     try:
         started = time.monotonic()

@@ -13,7 +13,8 @@ from app.core.metrics import ServiceMetrics
 from app.core.vocabulary import RedisWorld
 from app.process.health import watch_redis_world
 from app.process.services import Services
-from app.world.stamp import built_at, redis_world
+from app.release.world_match import redis_world
+from app.world.stamp import built_at
 
 
 @pytest.mark.parametrize(

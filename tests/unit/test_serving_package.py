@@ -72,7 +72,8 @@ def test_the_server_wheel_holds_only_the_server(tmp_path: Path) -> None:
     packages = {name.split("/")[0] for name in names}
     assert packages == {"app", "recsys_serving-0.1.0.dist-info"}
     assert "app/defaults/feature_schema.json" in names
-    # The server checks a world (app/world/stamp.py); building, training and the stack are tools'.
+    # The server checks a world (app/world/, app/release/world_match.py); building, training
+    # and the stack are tools'.
     builders = ("synth", "train", "importer", "localstack", "redis_loader", "demo")
     assert not [name for name in names if any(part in name for part in builders)]
     entry_points = zipfile.ZipFile(wheel).read("recsys_serving-0.1.0.dist-info/entry_points.txt")

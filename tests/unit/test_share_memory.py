@@ -10,7 +10,7 @@ import pytest
 from app.clients.shared_memory import PREFIX, SHM_DIR, InputSlots
 from app.core.errors import ConfigError, FailureKind, RankingModelError
 from app.core.settings import Settings
-from app.process.services import share_memory
+from app.process.model_inputs import share_memory
 from app.world.schema import ModelSignature
 from tests.unit.tiny_schema import tiny_schema
 

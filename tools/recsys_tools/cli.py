@@ -14,15 +14,15 @@ from recsys_tools import (
     callers,
     catalog_export,
     doctor,
-    judge,
+    live_evaluation,
     loop_demo,
     outcomes,
     plan,
     replay,
     retrain,
-    served,
-    serving,
+    serve_commands,
     tune,
+    verdict,
 )
 from recsys_tools.commands import Register
 from recsys_tools.model import command as model
@@ -33,17 +33,17 @@ log = logging.getLogger("recsys")
 # Each module that owns commands registers them; this list is the whole command line.
 GROUPS: tuple[Register, ...] = (
     world.register,
-    serving.register,
+    serve_commands.register,
     doctor.register,
     plan.register,
     model.register,
     tune.register,
     replay.register,
     outcomes.register,
-    judge.register,
+    verdict.register,
     retrain.register,
     loop_demo.register,
-    served.register,
+    live_evaluation.register,
     callers.register,
     catalog_export.register,
 )

@@ -41,8 +41,7 @@ from app.world.layout import (
     USERS_FILE,
 )
 from app.world.manifest import read_manifest
-from app.world.schema import load_schema
-from app.world.stamp import world_schema
+from app.world.schema import load_schema, world_schema
 from recsys_tools.demo_screen import answer_table, demo_logging, said_answer, said_training
 from recsys_tools.localstack import (
     ManagedProcess,

@@ -42,11 +42,10 @@ import redis
 from app.archive.rows import Kind, day_of
 from app.archive.store import ArchiveStore
 from app.release.keyspace import KeySpace
-from app.world.schema import load_schema
-from app.world.stamp import read_stamp, world_schema
+from app.world.schema import load_schema, world_schema
+from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
 from recsys_tools.demo import StackOptions, prepare_model_repository
-from recsys_tools.judge import Judgement, Verdict, arm_rates, judge
 from recsys_tools.localstack import (
     Launch,
     ManagedProcess,
@@ -60,9 +59,11 @@ from recsys_tools.localstack import (
     unapplied,
     unarchived,
 )
+from recsys_tools.loop_traffic import Row, ask_and_click, post_week
 from recsys_tools.outcomes import TYPES
 from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan
+from recsys_tools.verdict import Judgement, Verdict, arm_rates, judge
 from recsys_tools.world.generate.drift import DAY, DailyDrift, DailyShape, daily_drift
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns
@@ -76,10 +77,8 @@ log = logging.getLogger(__name__)
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 PARTITIONS = 2
 K = 10
-EVENT_BATCH = 500
 DEMO_USERS = 4000
 SETTLE_S = 180.0  # the consumers are generous; a slow machine may take long
-Row = tuple[str, str, float, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,104 +162,12 @@ def _settled(client: redis.Redis, keys: KeySpace, processes: list[ManagedProcess
         time.sleep(0.1)
 
 
-async def _post_week(url: str, rows: list[Row]) -> int:
-    """The week's ratings as the frontend posts them, stamped when they happened."""
-    posted = 0
-    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
-        for start in range(0, len(rows), EVENT_BATCH):
-            batch = [
-                {
-                    "event_id": f"week-{start + n}",
-                    "user_id": user,
-                    "item_id": item,
-                    "type": "rating",
-                    "value": rating,
-                    "ts": ts * 1000,
-                }
-                for n, (user, item, rating, ts) in enumerate(rows[start : start + EVENT_BATCH])
-            ]
-            response = await _posted(client, batch)
-            posted += int(response.json()["accepted"])
-    return posted
-
-
-async def _posted(client: httpx.AsyncClient, events: list[dict[str, Any]]) -> httpx.Response:
-    """POST /events as a well-behaved sender: over its quota (429), it waits as told."""
-    while True:
-        response = await client.post("/events", json={"events": events})
-        if response.status_code != 429:
-            response.raise_for_status()
-            return response
-        await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
-
-
-@dataclass(slots=True)
-class Day:
-    answers: dict[str, int] = field(default_factory=dict)  # by world role
-    clicks: dict[str, int] = field(default_factory=dict)
-    failed: int = 0
-
-
-async def _today(url: str, rows: list[Row], callers: int = 4) -> Day:
-    """Each user asks before each rating and clicks the item where it was shown; users are
-    spread over `callers` concurrent callers, each user's rows in their order."""
-    day = Day()
-    by_user: dict[str, list[Row]] = {}
-    for row in rows:
-        by_user.setdefault(row[0], []).append(row)
-    users = sorted(by_user)
-
-    async def caller(client: httpx.AsyncClient, mine: list[str]) -> None:
-        for user in mine:
-            for n, (_, item, rating, _) in enumerate(by_user[user]):
-                answer = await client.post("/recommend", json={"user_id": user, "num_items": K})
-                events: list[dict[str, Any]] = [
-                    {
-                        "event_id": f"today-{user}-{n}",
-                        "user_id": user,
-                        "item_id": item,
-                        "type": "rating",
-                        "value": rating,
-                    }
-                ]
-                body = answer.json()
-                if answer.status_code != 200 or body["degraded"]:
-                    day.failed += 1
-                else:
-                    role = body["world"]["role"]
-                    day.answers[role] = day.answers.get(role, 0) + 1
-                    if item in [each["item_id"] for each in body["items"]]:
-                        day.clicks[role] = day.clicks.get(role, 0) + 1
-                        events.append(
-                            {
-                                "event_id": f"today-{user}-{n}-click",
-                                "user_id": user,
-                                "item_id": item,
-                                "type": "click",
-                                "answer_id": body["answer_id"],
-                            }
-                        )
-                await _posted(client, events)
-
-    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
-        await asyncio.gather(*(caller(client, users[k::callers]) for k in range(callers)))
-    return day
-
-
 def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
     folder = options.folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     cycle = Cycle()
-    shape = options.shape
-    with cycle.step(say) as said:
-        drift = shifted(daily_drift(options.seed, shape), time.time())
-        history = drift.write_history(folder / "history.csv")
-        said.append(
-            f"Generated {shape.users:,} users whose tastes drift day by day: "
-            f"{len(drift.history):,} ratings of history, {len(drift.later):,} over the last "
-            f"{shape.later_days} days, {len(drift.next_day):,} today."
-        )
+    drift, history = _generated(options, cycle, say)
     stable = folder / "worlds" / "serving"
     with cycle.step(say) as said:
         schema = load_schema(interactions_schema_path())
@@ -268,56 +175,16 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
         said.append(f"Built the serving world {_world_id(stable)} from the history.")
     with ExitStack() as running:
         stack = _LoopStack.started(folder, stable, running)
-        keys = KeySpace("recsys")
-        with cycle.step(say) as said:
-            posted = asyncio.run(_post_week(stack.api.url, drift.later))
-            _settled(stack.redis, keys, stack.processes)
-            yesterday = day_of((drift.next_day_start - DAY) * 1000)
-            kept = ArchiveStore(str(folder / "archive")).read_day(Kind.EVENTS, yesterday)
-            said.append(
-                f"Posted the last {shape.later_days} days' {posted:,} ratings to /events: "
-                "recsys-ingest folded them into the users, recsys-archive kept them by day"
-                f" ({kept.num_rows:,} of them yesterday)."
-            )
-        with cycle.step(say) as said:
-            report = retrain(
-                RetrainPlan(
-                    interactions=history,
-                    columns=COLUMNS,
-                    archive=str(folder / "archive"),
-                    serving=stable,
-                    worlds=folder / "worlds",
-                    window_days=shape.later_days,
-                    margin=options.retrain_margin,
-                    seed=options.seed,
-                )
-            )
-            new, serving = (report["evaluation"][w][f"hit@{K}"] for w in ("new", "serving"))
-            said.append(
-                f"Retrained on the history and the archive's {report['rows']['archive']:,} "
-                f"events: {report['outcome']} (hit@{K} on {report['held_out_day']}'s users: new "
-                f"world {new:.4f}, serving world {serving:.4f})."
-            )
+        _past_week(stack, drift, options, cycle, say)
+        report = _retrained(history, stable, options, cycle, say)
         if report["outcome"] != "accepted":
             cycle.verdict, cycle.final_world = "refused", _world_id(stable)
             return cycle
-        candidate = Path(report["world"])
         with cycle.step(say) as said:
             said.append(stack.advance(options.percent))
+        _todays_traffic(stack, drift, cycle, say)
         with cycle.step(say) as said:
-            day = asyncio.run(_today(stack.api.url, drift.next_day))
-            _settled(stack.redis, keys, stack.processes)
-            cycle.failed_answers, cycle.answers = day.failed, dict(day.answers)
-            said.append(
-                "Today's traffic: "
-                + ", ".join(
-                    f"{role} {day.answers.get(role, 0):,} answers, {day.clicks.get(role, 0):,} "
-                    "clicked"
-                    for role in ("stable", "candidate")
-                )
-                + f"; {day.failed} failed or degraded."
-            )
-        with cycle.step(say) as said:
+            candidate = Path(report["world"])
             judgement = _judged(folder / "archive", drift.next_day_start, candidate, options)
             cycle.verdict = judgement.verdict.value
             low, high = judgement.interval
@@ -330,6 +197,84 @@ def run_loop(options: LoopOptions, say: Callable[[str], None] = print) -> Cycle:
             said.append(stack.act(judgement.verdict))
         cycle.final_world = stack.serving_world()
     return cycle
+
+
+def _generated(
+    options: LoopOptions, cycle: Cycle, say: Callable[[str], None]
+) -> tuple[DailyDrift, Path]:
+    """The drifting log, moved to end today, and its history written for the first build."""
+    shape = options.shape
+    with cycle.step(say) as said:
+        drift = shifted(daily_drift(options.seed, shape), time.time())
+        history = drift.write_history(options.folder / "history.csv")
+        said.append(
+            f"Generated {shape.users:,} users whose tastes drift day by day: "
+            f"{len(drift.history):,} ratings of history, {len(drift.later):,} over the last "
+            f"{shape.later_days} days, {len(drift.next_day):,} today."
+        )
+    return drift, history
+
+
+def _past_week(
+    stack: _LoopStack,
+    drift: DailyDrift,
+    options: LoopOptions,
+    cycle: Cycle,
+    say: Callable[[str], None],
+) -> None:
+    with cycle.step(say) as said:
+        posted = asyncio.run(post_week(stack.api.url, drift.later))
+        _settled(stack.redis, KeySpace("recsys"), stack.processes)
+        yesterday = day_of((drift.next_day_start - DAY) * 1000)
+        kept = ArchiveStore(str(options.folder / "archive")).read_day(Kind.EVENTS, yesterday)
+        said.append(
+            f"Posted the last {options.shape.later_days} days' {posted:,} ratings to /events: "
+            "recsys-ingest folded them into the users, recsys-archive kept them by day"
+            f" ({kept.num_rows:,} of them yesterday)."
+        )
+
+
+def _retrained(
+    history: Path, stable: Path, options: LoopOptions, cycle: Cycle, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """`recsys retrain` on the history and the archive's days: its report."""
+    with cycle.step(say) as said:
+        report = retrain(
+            RetrainPlan(
+                interactions=history,
+                columns=COLUMNS,
+                archive=str(options.folder / "archive"),
+                serving=stable,
+                worlds=options.folder / "worlds",
+                window_days=options.shape.later_days,
+                margin=options.retrain_margin,
+                seed=options.seed,
+            )
+        )
+        new, serving = (report["evaluation"][w][f"hit@{K}"] for w in ("new", "serving"))
+        said.append(
+            f"Retrained on the history and the archive's {report['rows']['archive']:,} "
+            f"events: {report['outcome']} (hit@{K} on {report['held_out_day']}'s users: new "
+            f"world {new:.4f}, serving world {serving:.4f})."
+        )
+    return report
+
+
+def _todays_traffic(
+    stack: _LoopStack, drift: DailyDrift, cycle: Cycle, say: Callable[[str], None]
+) -> None:
+    with cycle.step(say) as said:
+        day = asyncio.run(ask_and_click(stack.api.url, drift.next_day, K))
+        _settled(stack.redis, KeySpace("recsys"), stack.processes)
+        cycle.failed_answers, cycle.answers = day.failed, dict(day.answers)
+        said.append(
+            "Today's traffic: "
+            + ", ".join(
+                f"{role} {day.answers.get(role, 0):,} answers, {day.clicks.get(role, 0):,} clicked"
+                for role in ("stable", "candidate")
+            )
+            + f"; {day.failed} failed or degraded."
+        )
 
 
 def _judged(archive: Path, today_s: int, candidate: Path, options: LoopOptions) -> Judgement:

@@ -31,7 +31,7 @@ import httpx
 
 from recsys_tools.commands import Commands
 from recsys_tools.replay_arrivals import Arrivals, arrivals, world_items
-from recsys_tools.world.commands import (
+from recsys_tools.world.flags import (
     add_item_table_flags,
     add_log_flags,
     item_columns,

@@ -43,37 +43,36 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.world.layout import MODEL_FILE
-from app.world.schema import load_schema
+from app.world.schema import FeatureSchema, load_schema
 from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
+from recsys_tools.retrain_progress import STATE_FILE, Progress, said_stopped
 from recsys_tools.retrain_rows import (
+    Gathered,
     RetrainPlan,
     Window,
     as_of,
     gather,
     split_latest_day,
 )
-from recsys_tools.world.commands import add_log_flags, log_columns
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.retrain_verdict import hit_at_k, judged_rankers, learnt_models
+from recsys_tools.world.flags import add_log_flags, log_columns
+from recsys_tools.world.judge.answers import WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.learn.ranker.from_impressions import (
     ImpressionRanker,
     Shown,
-    compare_on_answers,
     shown_items,
     train_impression_ranker,
 )
@@ -85,7 +84,6 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger("recsys.retrain")
-STATE_FILE = "retrain.state"
 CANDIDATE_LINK = "candidate"
 STEPS = ("gather", "split", "build", "impressions", "evaluate", "decide")
 RANKERS = ("lists", "impressions", "lists_with_answers", "better")
@@ -94,123 +92,8 @@ TRAINING = "training.parquet"
 HELD_OUT = "held-out.parquet"
 
 
-@dataclass(slots=True)
-class Progress:
-    """Where the run is, written to retrain.state at each step."""
-
-    worlds: Path
-    started: float = field(default_factory=time.time)
-    step: str = ""
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def save(self, **more: Any) -> None:
-        body = {"step": self.step, "started": self.started, "pid": os.getpid(), **more}
-        write_atomically(self.worlds / STATE_FILE, json.dumps(body).encode())
-
-    @contextmanager
-    def step_in(self, name: str, said: str) -> Iterator[None]:
-        self.step = name
-        self.save()
-        log.info("%s", said)
-        began = time.perf_counter()
-        yield
-        self.seconds[name] = round(time.perf_counter() - began, 2)
-
-
 class RetrainRefusedError(ConfigError):
     """The new world is worse than the one serving by more than the margin."""
-
-
-def hit_at_k(
-    answers: WorldAnswers, history: pa.Table, held_out: pa.Table, k: int, positive: float
-) -> dict[str, Any]:
-    """The share of the held-out day's users with one of that day's new positives (not had
-    before) among the world's k for them, from the world's own files."""
-    had: dict[str, set[str]] = {}
-    for user, item in zip(
-        history.column("user_id").to_pylist(), history.column("item_id").to_pylist(), strict=True
-    ):
-        had.setdefault(user, set()).add(item)
-    wanted: dict[str, set[str]] = {}
-    day = held_out.filter(pc.greater_equal(held_out.column("weight"), positive))
-    for user, item in zip(
-        day.column("user_id").to_pylist(), day.column("item_id").to_pylist(), strict=True
-    ):
-        if item not in had.get(user, set()):
-            wanted.setdefault(user, set()).add(item)
-    users = sorted(wanted)
-    if not users:
-        raise ConfigError("the held-out day has no new positives to judge the worlds on")
-    hits = sum(
-        1 for user, items in answers.answers(users, Moment()) if set(items[:k]) & wanted[user]
-    )
-    return {"users": len(users), "hits": hits, f"hit@{k}": round(hits / len(users), 4)}
-
-
-def _judged(
-    plan: RetrainPlan,
-    world: Path,
-    history: pa.Table,
-    held_out: pa.Table,
-    held_shown: Shown,
-    learnt: ImpressionRanker | None,
-) -> dict[str, Any]:
-    """Each ranker the new world could ship, judged on the held-out day: hit@k, and the
-    order it gives that day's answers; which ships (--ranker)."""
-    positive = plan.columns.min_weight if plan.columns.min_weight is not None else 1.0
-    answers = WorldAnswers(world)  # read once; each ranker asks it in turn
-    hit = {"lists": hit_at_k(answers, history, held_out, plan.k, positive)}
-    judged: dict[str, Any] = {"hit": hit, "impressions": None, "shipped": "lists"}
-    if learnt is None:
-        if plan.ranker not in ("lists", "better"):
-            raise ConfigError(
-                f"--ranker {plan.ranker}: too few answers with a choice to learn from"
-            )
-        return judged
-    models = {"lists": (world / MODEL_FILE).read_bytes(), **_learnt_models(learnt)}
-    for name, model in models.items():
-        if name != "lists":
-            hit[name] = hit_at_k(answers.ranked_by(model), history, held_out, plan.k, positive)
-    judged["impressions"] = learnt.report
-    judged["held_out_answers_ndcg@10"] = compare_on_answers(answers, held_shown, models)
-    judged["shipped"] = shipped_ranker(plan.ranker, hit, f"hit@{plan.k}")
-    return judged
-
-
-def shipped_ranker(asked: str, hit: dict[str, dict[str, Any]], metric: str) -> str:
-    """The ranker a new world ships: the one asked for where it was judged, the lists' where
-    it was not; `better` the highest by `metric` (the lists' on a tie: first of the highest)."""
-    if asked == "better":
-        return max(hit, key=lambda name: hit[name][metric])
-    return asked if asked in hit else "lists"
-
-
-def _learnt_models(learnt: ImpressionRanker) -> dict[str, bytes]:
-    models = {"impressions": learnt.onnx_model}
-    if learnt.with_lists is not None:
-        models["lists_with_answers"] = learnt.with_lists
-    return models
-
-
-def _said_stopped(worlds: Path) -> None:
-    state = worlds / STATE_FILE
-    if not state.is_file():
-        return
-    try:
-        last = json.loads(state.read_text())
-    except ValueError:
-        last = {}
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(last.get("started", 0))))
-    log.warning(
-        "the last retrain (started %s UTC, pid %s) stopped during its %s step; its "
-        "unfinished files are cleared, the world serving was never touched",
-        when,
-        last.get("pid", "?"),
-        last.get("step", "?"),
-    )
-    for leftover in worlds.glob(".building-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    state.unlink()
 
 
 def retrain(plan: RetrainPlan) -> dict[str, Any]:
@@ -233,7 +116,7 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
     if read_stamp(plan.serving) is None:
         raise ConfigError(f"{plan.serving} is not a stamped world: give --serving the world served")
     plan.worlds.mkdir(parents=True, exist_ok=True)
-    _said_stopped(plan.worlds)
+    said_stopped(plan.worlds)
     positive = plan.columns.min_weight if plan.columns.min_weight is not None else 1.0
     building = plan.worlds / f".building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
@@ -243,16 +126,77 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
     )
     with progress.step_in("gather", "Gathering the base log and the archive's window."):
         gathered = gather(plan, window)
-        base, archived = gathered.base, gathered.archived
-        rows = pa.concat_tables([base, archived])
+        rows = pa.concat_tables([gathered.base, gathered.archived])
         shown = shown_items(gathered.answers, gathered.events, positive)
+    _said_gathered(gathered, window, shown.answers)
+    with progress.step_in("split", "Holding out the latest day to judge on."):
+        history, held_out, day = split_latest_day(rows)
+        pq.write_table(history, building / TRAINING)
+        pq.write_table(held_out, building / HELD_OUT)
+    log.info(
+        "  %s held out: %d rows; %d rows to learn from", day, held_out.num_rows, history.num_rows
+    )
+    world = building / "world"
+    with progress.step_in("build", "Building the next world from the rest."):
+        schema = _built(plan, building / TRAINING, world, positive)
+    held_from = int(np.datetime64(day, "s").astype(np.int64))
+    with progress.step_in("impressions", "Learning a ranker from what the answers showed."):
+        learnt = _learnt(plan, shown.before(held_from), schema, world)
+    if learnt is None:
+        log.info("  too few answers with a choice before %s: the ranker from lists only", day)
+    with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
+        judged = judged_rankers(plan, world, history, held_out, shown.since(held_from), learnt)
+        serving = hit_at_k(WorldAnswers(plan.serving), history, held_out, plan.k, positive)
+    shipped = judged["shipped"]
+    if shipped != "lists":
+        assert learnt is not None
+        (world / MODEL_FILE).write_bytes(learnt_models(learnt)[shipped])
+        stamp_world(world, schema)  # a new model: a new id, the manifest's digests again
+    verdict = _Verdict(plan, judged["hit"][shipped], serving)
+    facts = {
+        "held_out_day": day,
+        "window_days": plan.window_days,
+        "window": {"first": window.first, "last": window.last},
+        "left_out": gathered.left_out,
+        "rows": {
+            "base": gathered.base.num_rows,
+            "archive": gathered.archived.num_rows,
+            "held_out": held_out.num_rows,
+        },
+    }
+    with progress.step_in("decide", "Deciding."):
+        final, report = _decided(plan, world, verdict, facts, judged, progress)
+    report["seconds"] = progress.seconds
+    write_atomically(final / "retrain.json", json.dumps(report, indent=2).encode())
+    if verdict.accepted:  # last: what the link names is whole, report and all
+        _link_candidate(plan.worlds, final.name)
+    shutil.rmtree(building, ignore_errors=True)
+    (plan.worlds / STATE_FILE).unlink(missing_ok=True)
+    if not verdict.accepted:
+        raise RetrainRefusedError(
+            f"world {final.name} refused: {verdict.said()}; its files and report are in {final}"
+        )
+    return report
+
+
+def _learnt(
+    plan: RetrainPlan, shown: Shown, schema: FeatureSchema, world: Path
+) -> ImpressionRanker | None:
+    """A ranker from what the serving world's answers showed; None with too few choices."""
+    lists_model = (world / MODEL_FILE).read_bytes()
+    return train_impression_ranker(
+        plan.serving, shown, schema, world, plan.seed, plan.network, lists_model
+    )
+
+
+def _said_gathered(gathered: Gathered, window: Window, answers: int) -> None:
     log.info(
         "  %d rows from the base log, %d from the archive from %s to %s; %d answers logged",
-        base.num_rows,
-        archived.num_rows,
+        gathered.base.num_rows,
+        gathered.archived.num_rows,
         window.first,
         window.last,
-        shown.answers,
+        answers,
     )
     future = sum(gathered.left_out["future"].values())
     if future:
@@ -263,92 +207,92 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(window.now_s)),
             ", ".join(f"{n} {where}" for where, n in gathered.left_out["future"].items() if n),
         )
-    with progress.step_in("split", "Holding out the latest day to judge on."):
-        history, held_out, day = split_latest_day(rows)
-        pq.write_table(history, building / TRAINING)
-        pq.write_table(held_out, building / HELD_OUT)
-    log.info(
-        "  %s held out: %d rows; %d rows to learn from", day, held_out.num_rows, history.num_rows
+
+
+def _built(plan: RetrainPlan, training: Path, world: Path, positive: float) -> FeatureSchema:
+    """The next world, built from the training rows in their own columns."""
+    recipe = WorldRecipe(
+        interactions=training,
+        columns=LogColumns(
+            weight="weight", min_weight=positive, layout=FileLayout(format="parquet")
+        ),
+        seed=plan.seed,
+        network=plan.network,
     )
-    world = building / "world"
-    with progress.step_in("build", "Building the next world from the rest."):
-        recipe = WorldRecipe(
-            interactions=building / TRAINING,
-            columns=LogColumns(
-                weight="weight", min_weight=positive, layout=FileLayout(format="parquet")
-            ),
-            seed=plan.seed,
-            network=plan.network,
+    schema = load_schema(plan.schema or interactions_schema_path())
+    build_world_from_log(recipe, world, schema)
+    return schema
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """The new world's hit@k against the serving one's, within the plan's margin."""
+
+    plan: RetrainPlan
+    new: dict[str, Any]
+    serving: dict[str, Any]
+
+    @property
+    def metric(self) -> str:
+        return f"hit@{self.plan.k}"
+
+    @property
+    def ratio(self) -> float:
+        serving = self.serving[self.metric]
+        return float(self.new[self.metric] / serving) if serving else float("inf")
+
+    @property
+    def accepted(self) -> bool:
+        return bool(self.new[self.metric] >= self.serving[self.metric] * (1.0 - self.plan.margin))
+
+    def said(self) -> str:
+        return (
+            f"{self.metric} {self.new[self.metric]:.4f} against {self.serving[self.metric]:.4f} "
+            f"serving ({self.ratio:.3f}x, margin {self.plan.margin:.0%})"
         )
-        schema = load_schema(plan.schema or interactions_schema_path())
-        build_world_from_log(recipe, world, schema)
-    held_from = int(np.datetime64(day, "s").astype(np.int64))
-    with progress.step_in("impressions", "Learning a ranker from what the answers showed."):
-        learnt = train_impression_ranker(
-            plan.serving,
-            shown.before(held_from),
-            schema,
-            world,
-            plan.seed,
-            plan.network,
-            (world / MODEL_FILE).read_bytes(),
-        )
-    if learnt is None:
-        log.info("  too few answers with a choice before %s: the ranker from lists only", day)
-    with progress.step_in("evaluate", f"Judging both worlds on {day}'s users."):
-        judged = _judged(plan, world, history, held_out, shown.since(held_from), learnt)
-        serving = hit_at_k(WorldAnswers(plan.serving), history, held_out, plan.k, positive)
-    shipped = judged["shipped"]
-    if shipped != "lists":
-        assert learnt is not None
-        (world / MODEL_FILE).write_bytes(_learnt_models(learnt)[shipped])
-        stamp_world(world, schema)  # a new model: a new id, the manifest's digests again
-    new = judged["hit"][shipped]
+
+
+def _decided(
+    plan: RetrainPlan,
+    world: Path,
+    verdict: _Verdict,
+    facts: dict[str, Any],
+    judged: dict[str, Any],
+    progress: Progress,
+) -> tuple[Path, dict[str, Any]]:
+    """The new world renamed to its id, and the report: the run's facts and its verdict."""
     stamp = read_stamp(world)
     assert stamp is not None  # build_world_from_log stamps what it writes
-    metric = f"hit@{plan.k}"
-    ratio = new[metric] / serving[metric] if serving[metric] else float("inf")
-    accepted = new[metric] >= serving[metric] * (1.0 - plan.margin)
-    with progress.step_in("decide", "Deciding."):
-        final = plan.worlds / stamp.world_id
-        os.replace(world, final)
-        report = {
-            "world_id": stamp.world_id,
-            "world": str(final),
-            "serving": str(plan.serving),
-            "serving_world_id": read_stamp(plan.serving).world_id,  # type: ignore[union-attr]
-            "held_out_day": day,
-            "window_days": plan.window_days,
-            "window": {"first": window.first, "last": window.last},
-            "left_out": gathered.left_out,
-            "rows": {
-                "base": base.num_rows,
-                "archive": archived.num_rows,
-                "held_out": held_out.num_rows,
-            },
-            "evaluation": {"new": new, "serving": serving, "ratio": round(ratio, 3)},
-            "ranker": judged,
-            "margin": plan.margin,
-            "outcome": "accepted" if accepted else "refused",
-            "seconds": progress.seconds,
-        }
-    report["seconds"] = progress.seconds
-    write_atomically(final / "retrain.json", json.dumps(report, indent=2).encode())
-    if accepted:  # last: what the link names is whole, report and all
-        link = plan.worlds / CANDIDATE_LINK
-        staged = plan.worlds / f".{CANDIDATE_LINK}-{os.getpid()}"
-        staged.unlink(missing_ok=True)
-        staged.symlink_to(stamp.world_id)
-        os.replace(staged, link)
-    shutil.rmtree(building, ignore_errors=True)
-    (plan.worlds / STATE_FILE).unlink(missing_ok=True)
-    if not accepted:
-        raise RetrainRefusedError(
-            f"world {stamp.world_id} refused: {metric} {new[metric]:.4f} against "
-            f"{serving[metric]:.4f} serving ({ratio:.3f}x, margin {plan.margin:.0%}); "
-            f"its files and report are in {final}"
-        )
-    return report
+    serving = read_stamp(plan.serving)
+    assert serving is not None  # checked before the run began
+    final = plan.worlds / stamp.world_id
+    os.replace(world, final)
+    report: dict[str, Any] = {
+        "world_id": stamp.world_id,
+        "world": str(final),
+        "serving": str(plan.serving),
+        "serving_world_id": serving.world_id,
+        **facts,
+        "evaluation": {
+            "new": verdict.new,
+            "serving": verdict.serving,
+            "ratio": round(verdict.ratio, 3),
+        },
+        "ranker": judged,
+        "margin": plan.margin,
+        "outcome": "accepted" if verdict.accepted else "refused",
+        "seconds": progress.seconds,
+    }
+    return final, report
+
+
+def _link_candidate(worlds: Path, world_id: str) -> None:
+    """--worlds/candidate names the accepted world, replaced in one rename."""
+    link = worlds / CANDIDATE_LINK
+    staged = worlds / f".{CANDIDATE_LINK}-{os.getpid()}"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(world_id)
+    os.replace(staged, link)
 
 
 def metrics_text(outcome: str, report: dict[str, Any] | None) -> str:

@@ -14,8 +14,8 @@ import redis
 
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
-from app.world.schema import checked_name, is_name
-from app.world.stamp import read_stamp, world_schema
+from app.world.schema import checked_name, is_name, world_schema
+from app.world.stamp import read_stamp
 from recsys_tools.world.store.identity import install_model, model_beside
 from recsys_tools.world.store.redis_loader import LoadReport, load_world_into_redis
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from app.core.errors import ConfigError
-from app.world.stamp import world_schema
+from app.world.schema import world_schema
 from recsys_tools.commands import Commands
 from recsys_tools.model import compare as compare_module
 from recsys_tools.model import engine, load

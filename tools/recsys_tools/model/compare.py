@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.clients.onnx_scorer import OnnxScorer, onnx_scorer
 from app.core.cascade import PRERANK_KEEP
 from app.core.errors import ConfigError
 from app.pipeline.packing import pack_rows
@@ -98,44 +99,22 @@ def reduce_model(model: Path, precision: str, out: Path) -> Path:
     return target
 
 
-def _session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    # One thread, as the in-process fallback runs: comparable from host to host.
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime's load errors share no narrower base
-        raise ConfigError(f"{path} does not load in onnxruntime ({exc}): rebuild it") from None
-
-
-def _run(session: Any, batch: FloatArray) -> FloatArray:
-    import numpy as np
-
-    (scores,) = session.run([session.get_outputs()[0].name], {session.get_inputs()[0].name: batch})
-    flat: FloatArray = np.asarray(scores, dtype=np.float32).reshape(-1)
-    return flat
-
-
-def _score(session: Any, rows: FloatArray, candidates: int) -> FloatArray:
+def _score(scorer: OnnxScorer, rows: FloatArray, candidates: int) -> FloatArray:
     import numpy as np
 
     # Batches as large as a request's: INT8 scales its activations over the whole batch.
-    parts = [_run(session, rows[i : i + candidates]) for i in range(0, len(rows), candidates)]
+    parts = [scorer.score(rows[i : i + candidates]) for i in range(0, len(rows), candidates)]
     return np.concatenate(parts)
 
 
-def _latency_ms(session: Any, requests: list[FloatArray]) -> tuple[float, float]:
+def _latency_ms(scorer: OnnxScorer, requests: list[FloatArray]) -> tuple[float, float]:
     import numpy as np
 
-    _run(session, requests[0])  # the first run allocates
+    scorer.score(requests[0])  # the first run allocates
     times = []
     for k in range(max(TIMED_RUNS, len(requests))):
         started = time.perf_counter()
-        _run(session, requests[k % len(requests)])
+        scorer.score(requests[k % len(requests)])
         times.append(1000 * (time.perf_counter() - started))
     return float(np.percentile(times, 50)), float(np.percentile(times, 99))
 
@@ -254,9 +233,10 @@ def _measure(
     requests: list[FloatArray],
     options: CompareOptions,
 ) -> tuple[ModelReport, Scores]:
-    session = _session(path)
-    scores = Scores(_score(session, rows, options.candidates), [_run(session, r) for r in requests])
-    p50, p99 = _latency_ms(session, requests)
+    # One thread, as the in-process fallback runs: comparable from host to host.
+    scorer = onnx_scorer(path, threads=1)
+    scores = Scores(_score(scorer, rows, options.candidates), [scorer.score(r) for r in requests])
+    p50, p99 = _latency_ms(scorer, requests)
     kept = precision == "fp32" or options.out is not None
     size = path.stat().st_size
     report = ModelReport(

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.clients.ranking_model import chunk_bounds
 from app.core.errors import ConfigError
-from app.world.stamp import world_schema
+from app.world.schema import world_schema
 from recsys_tools.measure import schedule
 from recsys_tools.model.holdout import load_holdout
 from recsys_tools.tune.figures import LoadRun

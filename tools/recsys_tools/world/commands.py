@@ -15,16 +15,19 @@ from redis.cluster import RedisCluster
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
 from app.world.layout import REPORT_FILE
-from app.world.schema import load_schema
-from app.world.stamp import world_schema
+from app.world.schema import load_schema, world_schema
 from recsys_tools.commands import Commands
-from recsys_tools.world.flags import add_layout_flags, layout_from
+from recsys_tools.world.flags import (
+    add_engine_flags,
+    add_item_table_flags,
+    add_log_flags,
+    item_columns,
+    log_columns,
+)
 from recsys_tools.world.judge.ablation import ITEM_FEATURES
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.learn.ranker.net import NETWORKS
 from recsys_tools.world.read.importer import read_items, read_users
-from recsys_tools.world.read.items import ItemColumns
-from recsys_tools.world.read.log import LogColumns
 from recsys_tools.world.recipes.capacity import check_fits, too_big
 from recsys_tools.world.recipes.demo import DEMO, LARGE, DemoSize, build_demo_world
 from recsys_tools.world.recipes.from_log import build_world_from_log
@@ -37,9 +40,6 @@ from recsys_tools.world.store.redis_loader import (
     load_world_into_redis,
 )
 from recsys_tools.world.store.reindex import reindex_beside
-
-# The rows the Spark engine gathers on its driver by default (--spark-sample-rows).
-SAMPLE_ROWS = 2_000_000
 
 
 def _build_demo(args: argparse.Namespace) -> None:
@@ -97,57 +97,6 @@ def _build_on_spark(recipe: WorldRecipe, args: argparse.Namespace) -> dict[str, 
     schema = load_schema(args.schema or interactions_schema_path())
     # The log as given, not as a Path: hdfs:///logs/ or s3a://bucket/log/ keep their slashes.
     return build_world_on_spark(recipe, args.interactions, args.world, schema, settings)
-
-
-def item_columns(args: argparse.Namespace) -> ItemColumns:
-    """The item table's columns, as add_item_table_flags' flags say."""
-    return ItemColumns(
-        item_id=args.item_id_col,
-        category=args.category_col,
-        category_cols=_names(args.category_cols),
-        published=args.published_col,
-        published_format=args.published_format,
-        title=args.title_col,
-        layout=layout_from(args, "items", "--items"),
-    )
-
-
-def log_columns(args: argparse.Namespace) -> LogColumns:
-    """The interaction log's columns as add_log_flags named them (build-world, replay)."""
-    return LogColumns(
-        user=args.user_col,
-        item=args.item_col,
-        time=args.time_col,
-        weight=args.weight_col,
-        min_weight=args.min_weight,
-        time_format=args.time_format,
-        layout=layout_from(args, "interactions", "--interactions"),
-    )
-
-
-def _names(listed: str | None) -> tuple[str, ...]:
-    return tuple(n.strip() for n in (listed or "").split(",") if n.strip())
-
-
-def add_log_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that name an interaction log's columns and lay-out (separator, header,
-    encoding), the same for every command."""
-    parser.add_argument("--user-col", default="user_id", help="default: user_id")
-    parser.add_argument("--item-col", default="item_id", help="default: item_id")
-    parser.add_argument(
-        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
-    )
-    parser.add_argument(
-        "--time-format",
-        default=None,
-        help="the time column's strptime format where it is neither unix seconds nor ISO "
-        "text, such as %%d/%%m/%%Y %%H:%%M",
-    )
-    parser.add_argument("--weight-col", default=None, help="a rating or weight column")
-    parser.add_argument(
-        "--min-weight", type=float, default=None, help="rows at or above it are positives"
-    )
-    add_layout_flags(parser, "--interactions", "the log")
 
 
 def _figure(value: float | None) -> str:
@@ -244,7 +193,19 @@ def register(commands: Commands) -> None:
     index.add_argument(
         "--index-factory", default="auto", help="FAISS factory string, or auto (Flat/IVF by size)"
     )
+    _add_build_demo(commands, world, index)
+    _add_build_world(commands, index)
+    _add_install_model(commands, world)
+    _add_reindex(commands, world, index)
+    _add_import_catalog(commands, world, index)
+    _add_load_redis(commands, world)
 
+
+def _add_build_demo(
+    commands: Commands,
+    world: argparse.ArgumentParser,
+    index: argparse.ArgumentParser,
+) -> None:
     build = commands.add_parser(
         "build-demo", parents=[world, index], help="synthetic catalog, users, index and model"
     )
@@ -260,8 +221,8 @@ def register(commands: Commands) -> None:
     )
     build.set_defaults(run=_build_demo)
 
-    _add_build_world(commands, index)
 
+def _add_install_model(commands: Commands, world: argparse.ArgumentParser) -> None:
     install = commands.add_parser(
         "install-model",
         parents=[world],
@@ -287,6 +248,12 @@ def register(commands: Commands) -> None:
     )
     install.set_defaults(run=_install_model)
 
+
+def _add_reindex(
+    commands: Commands,
+    world: argparse.ArgumentParser,
+    index: argparse.ArgumentParser,
+) -> None:
     reindex = commands.add_parser(
         "reindex",
         parents=[world, index],
@@ -296,6 +263,12 @@ def register(commands: Commands) -> None:
     reindex.add_argument("--out", type=Path, required=True, help="the new world directory")
     reindex.set_defaults(run=_reindex)
 
+
+def _add_import_catalog(
+    commands: Commands,
+    world: argparse.ArgumentParser,
+    index: argparse.ArgumentParser,
+) -> None:
     imported = commands.add_parser(
         "import-catalog", parents=[world, index], help="a real catalog from Parquet or NPZ"
     )
@@ -303,6 +276,8 @@ def register(commands: Commands) -> None:
     imported.add_argument("--users", type=Path, required=True)
     imported.set_defaults(run=_import_catalog)
 
+
+def _add_load_redis(commands: Commands, world: argparse.ArgumentParser) -> None:
     load = commands.add_parser("load-redis", parents=[world], help="write blobs into Redis")
     load.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     load.add_argument("--prefix", default="recsys")
@@ -320,7 +295,7 @@ def register(commands: Commands) -> None:
 
 
 def _add_build_world(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Commands,
     index: argparse.ArgumentParser,
 ) -> None:
     built = commands.add_parser(
@@ -377,64 +352,3 @@ def _add_build_world(
     built.add_argument("--seed", type=int, default=7)
     add_engine_flags(built)
     built.set_defaults(run=_build_world)
-
-
-def add_engine_flags(built: argparse.ArgumentParser) -> None:
-    """Where the build runs: in this process, or as Spark jobs on a cluster."""
-    built.add_argument(
-        "--engine",
-        choices=("local", "spark"),
-        default="local",
-        help="local (the default): the whole log in this process's memory; spark: the heavy "
-        "steps as Spark jobs, for a log past one host (README, Beyond one machine)",
-    )
-    built.add_argument(
-        "--spark-master",
-        default="local[*]",
-        help="with --engine spark: local[*] (the default), spark://HOST:7077, yarn, k8s://...",
-    )
-    built.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting, as many as needed (spark.driver.memory=8g, "
-        "spark.executor.memory=16g, ...)",
-    )
-    built.add_argument(
-        "--spark-sample-rows",
-        type=int,
-        default=SAMPLE_ROWS,
-        help="with --engine spark: about this many rows (every row of a sample of users) are "
-        "gathered on the driver to train the ranker and judge the world; default %(default)s",
-    )
-
-
-def add_item_table_flags(built: argparse.ArgumentParser) -> None:
-    """The item table build-world may read beside the log, and its columns."""
-    built.add_argument(
-        "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"
-    )
-    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
-    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
-    built.add_argument(
-        "--category-cols",
-        default=None,
-        metavar="A,B,C",
-        help="one column per category, set (1, true) where the item is in it: names, or "
-        "FIRST..LAST for every column between them; beside --category-col or alone",
-    )
-    built.add_argument("--published-col", default=None, help="when each item was published")
-    built.add_argument(
-        "--published-format",
-        default=None,
-        help="its strptime format where it is neither unix seconds nor ISO text, such as "
-        "%%d-%%b-%%Y for 01-Jan-1995",
-    )
-    built.add_argument(
-        "--title-col",
-        default=None,
-        help="a title kept in the catalog: /recommend returns it when asked "
-        '(attributes: ["title"]) and the demo prints it',
-    )
-    add_layout_flags(built, "--items", "the item table")

@@ -1,13 +1,19 @@
-"""The flags that say how a data file is laid out (format, separator, header, columns,
-encoding), and the FileLayout they give."""
+"""The flags the commands that read a log or an item table share: how a data file is laid out
+(format, separator, header, columns, encoding) and the FileLayout they give, the log's and
+the item table's columns, and where a build runs."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from app.core.errors import ConfigError
 from recsys_tools.world.read.formats import FORMATS, FileLayout
+from recsys_tools.world.read.items import ItemColumns
+from recsys_tools.world.read.log import LogColumns
 
+# What build-world --engine spark gathers on the driver by default, in rows.
+SAMPLE_ROWS = 2_000_000
 # What --sep accepts by name: a tab or a pipe is awkward to pass in a shell.
 NAMED_SEPARATORS = {"tab": "\t", "\\t": "\t", "pipe": "|", "comma": ",", "semicolon": ";"}
 
@@ -69,3 +75,115 @@ def layout_from(args: argparse.Namespace, dest: str, flag: str) -> FileLayout:
         columns=columns,
         encoding=getattr(args, f"{dest}_encoding"),
     )
+
+
+def item_columns(args: argparse.Namespace) -> ItemColumns:
+    """The item table's columns, as add_item_table_flags' flags say."""
+    return ItemColumns(
+        item_id=args.item_id_col,
+        category=args.category_col,
+        category_cols=_listed(args.category_cols),
+        published=args.published_col,
+        published_format=args.published_format,
+        title=args.title_col,
+        layout=layout_from(args, "items", "--items"),
+    )
+
+
+def log_columns(args: argparse.Namespace) -> LogColumns:
+    """The interaction log's columns as add_log_flags named them (build-world, replay)."""
+    return LogColumns(
+        user=args.user_col,
+        item=args.item_col,
+        time=args.time_col,
+        weight=args.weight_col,
+        min_weight=args.min_weight,
+        time_format=args.time_format,
+        layout=layout_from(args, "interactions", "--interactions"),
+    )
+
+
+def _listed(listed: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (listed or "").split(",") if n.strip())
+
+
+def add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that name an interaction log's columns and lay-out (separator, header,
+    encoding), the same for every command."""
+    parser.add_argument("--user-col", default="user_id", help="default: user_id")
+    parser.add_argument("--item-col", default="item_id", help="default: item_id")
+    parser.add_argument(
+        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+    )
+    parser.add_argument(
+        "--time-format",
+        default=None,
+        help="the time column's strptime format where it is neither unix seconds nor ISO "
+        "text, such as %%d/%%m/%%Y %%H:%%M",
+    )
+    parser.add_argument("--weight-col", default=None, help="a rating or weight column")
+    parser.add_argument(
+        "--min-weight", type=float, default=None, help="rows at or above it are positives"
+    )
+    add_layout_flags(parser, "--interactions", "the log")
+
+
+def add_engine_flags(built: argparse.ArgumentParser) -> None:
+    """Where the build runs: in this process, or as Spark jobs on a cluster."""
+    built.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local (the default): the whole log in this process's memory; spark: the heavy "
+        "steps as Spark jobs, for a log past one host (README, Beyond one machine)",
+    )
+    built.add_argument(
+        "--spark-master",
+        default="local[*]",
+        help="with --engine spark: local[*] (the default), spark://HOST:7077, yarn, k8s://...",
+    )
+    built.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, as many as needed (spark.driver.memory=8g, "
+        "spark.executor.memory=16g, ...)",
+    )
+    built.add_argument(
+        "--spark-sample-rows",
+        type=int,
+        default=SAMPLE_ROWS,
+        help="with --engine spark: about this many rows (every row of a sample of users) are "
+        "gathered on the driver to train the ranker and judge the world; default %(default)s",
+    )
+
+
+def add_item_table_flags(built: argparse.ArgumentParser) -> None:
+    """The item table build-world may read beside the log, and its columns."""
+    built.add_argument(
+        "--items", type=Path, default=None, help="the item table: CSV, TSV or Parquet"
+    )
+    built.add_argument("--item-id-col", default="item_id", help="default: item_id")
+    built.add_argument("--category-col", default=None, help="categories, several as A|B|C")
+    built.add_argument(
+        "--category-cols",
+        default=None,
+        metavar="A,B,C",
+        help="one column per category, set (1, true) where the item is in it: names, or "
+        "FIRST..LAST for every column between them; beside --category-col or alone",
+    )
+    built.add_argument("--published-col", default=None, help="when each item was published")
+    built.add_argument(
+        "--published-format",
+        default=None,
+        help="its strptime format where it is neither unix seconds nor ISO text, such as "
+        "%%d-%%b-%%Y for 01-Jan-1995",
+    )
+    built.add_argument(
+        "--title-col",
+        default=None,
+        help="a title kept in the catalog: /recommend returns it when asked "
+        '(attributes: ["title"]) and the demo prints it',
+    )
+    add_layout_flags(built, "--items", "the item table")

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import ConfigError
 from app.world.layout import MODEL_FILE
-from app.world.schema import HEADS_OUTPUT
-from app.world.stamp import read_stamp, world_schema
+from app.world.schema import HEADS_OUTPUT, world_schema
+from app.world.stamp import read_stamp
 from recsys_tools.model.engine.calibration import (
     calibration_rows,
     check_table,

@@ -14,21 +14,12 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float32]
 
 
-def _session(model: Any) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # a check, not a benchmark: leave the cores alone
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
 def scores(model: Any, rows: FloatArray) -> FloatArray:
-    import numpy as np
+    """The model's scores of `rows`: a model file's path, or an onnx ModelProto."""
+    from pathlib import Path
 
-    session = _session(model)
-    (out,) = session.run([session.get_outputs()[0].name], {session.get_inputs()[0].name: rows})
-    flat: FloatArray = np.asarray(out, dtype=np.float32).reshape(-1)
-    return flat
+    from app.clients.onnx_scorer import onnx_scorer
+
+    source = Path(model) if isinstance(model, str) else model.SerializeToString()
+    # A check, not a benchmark: one thread leaves the cores alone.
+    return onnx_scorer(source, threads=1).score(rows)

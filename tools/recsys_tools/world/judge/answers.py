@@ -26,7 +26,7 @@ from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, MODEL_FILE, SCHEMA_F
 from app.world.neighbours import load_neighbours
 from app.world.prerank import load_prerank
 from app.world.schema import FeatureSchema, load_schema
-from recsys_tools.world.judge.evaluate import RANK_BATCH, Evaluator, Query, ServedModel
+from recsys_tools.world.judge.evaluate import RANK_BATCH, Evaluator, JudgedUser, ServedModel
 from recsys_tools.world.judge.served_view import nearby
 from recsys_tools.world.store.files import load_items, load_positives, load_seen, load_users
 
@@ -36,7 +36,7 @@ RECENT: int = RECENT_ITEMS
 
 
 @dataclass(frozen=True, slots=True)
-class Moment:
+class AskContext:
     """The request's context, as the API's `context` object gives it."""
 
     device: str = "other"
@@ -119,37 +119,42 @@ class WorldAnswers:
         index = read_index(world / INDEX_FILE, mmap=False)
         self._evaluator = Evaluator(model, self.schema, "auto", index, settings)
 
-    def _query(self, user: str, moment: Moment) -> Query:
+    def _judged(self, user: str, context: AskContext) -> JudgedUser:
         recent = self._positives.of(user)[-RECENT:]
         recent = recent[recent >= 0]
         seen = self._seen.of(user)
-        return Query(
+        return JudgedUser(
             user=self._user_row.get(user, len(self._user_blobs) - 1),
             seen=seen[seen >= 0],
             relevant=np.empty(0, dtype=np.int64),
             context=encode_context(
-                self.schema, moment.device, moment.page, moment.locale, moment.hour, moment.weekday
+                self.schema,
+                context.device,
+                context.page,
+                context.locale,
+                context.hour,
+                context.weekday,
             ),
             recent=recent,
             near=nearby(self._evaluator.model.neighbours, recent),
             liked=recent,
         )
 
-    def model_input(self, user: str, moment: Moment) -> tuple[list[str], FloatArray]:
+    def model_input(self, user: str, context: AskContext) -> tuple[list[str], FloatArray]:
         """The items pre-rank keeps for `user` and the rows the model scores for them."""
-        query = self._query(user, moment)
+        query = self._judged(user, context)
         (found,) = self._evaluator.search([query])
         kept, signals = self._evaluator.kept(query, found)
         return self.item_ids[kept].tolist(), self._evaluator.packed(query, kept, signals)
 
     def rows_for(
-        self, user: str, items: Sequence[str] | npt.NDArray[np.str_], moment: Moment
+        self, user: str, items: Sequence[str] | npt.NDArray[np.str_], context: AskContext
     ) -> tuple[npt.NDArray[np.bool_], FloatArray]:
         """The rows the model would score for `items` shown to `user`, packed as the service
         packs them: which of the items the catalog holds, and their rows."""
         positions = self._positions(np.asarray(items, dtype=np.str_))
         known = positions >= 0
-        query = self._query(user, moment)
+        query = self._judged(user, context)
         kept = positions[known]
         return known, self._evaluator.packed(query, kept, self._evaluator.signals(query, kept))
 
@@ -164,10 +169,10 @@ class WorldAnswers:
         """The ranker's score for packed rows."""
         return self._evaluator.ranker.score(rows)
 
-    def candidates(self, user: str, moment: Moment) -> tuple[list[str], list[str]]:
+    def candidates(self, user: str, context: AskContext) -> tuple[list[str], list[str]]:
         """The pool pre-rank cuts for `user` (after the filters, in recall's order) and what it
         keeps, in the model's order (best first), as item ids."""
-        query = self._query(user, moment)
+        query = self._judged(user, context)
         (found,) = self._evaluator.search([query])
         pool, _ = self._evaluator.pools(found, query)
         kept, signals = self._evaluator.kept(query, found)
@@ -175,10 +180,10 @@ class WorldAnswers:
         by_model = kept[np.lexsort((kept, -scores))]  # ties by catalog position, as rerank
         return self.item_ids[pool].tolist(), self.item_ids[by_model].tolist()
 
-    def answers(self, users: Sequence[str], moment: Moment) -> Iterator[tuple[str, list[str]]]:
+    def answers(self, users: Sequence[str], context: AskContext) -> Iterator[tuple[str, list[str]]]:
         """Each user's answer of ten, item ids best first, in batches of RANK_BATCH."""
         for start in range(0, len(users), RANK_BATCH):
             batch = list(users[start : start + RANK_BATCH])
-            cascades = self._evaluator.cascades([self._query(user, moment) for user in batch])
+            cascades = self._evaluator.cascades([self._judged(user, context) for user in batch])
             for user, cascade in zip(batch, cascades, strict=True):
                 yield user, self.item_ids[cascade.ranked].tolist()

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.clients.onnx_scorer import OnnxScorer, onnx_scorer
 from app.core.cascade import CANDIDATE_COUNT, INDEX_NPROBE, POPULAR_CANDIDATES, PRERANK_KEEP
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
@@ -62,7 +63,7 @@ STAGES = {"recall": "recall", "prerank": "prerank", "rank": "recall_rank"}
 
 
 @dataclass(frozen=True, slots=True)
-class Holdout:
+class HoldoutSplit:
     """Which log rows are for training, and each evaluated user's held-out items.
 
     User users[k]'s held-out items are items[offsets[k]:offsets[k + 1]]: distinct, none of
@@ -96,7 +97,7 @@ def _ragged(owner: IntArray, size: int) -> IntArray:
     return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))]).astype(np.int64)
 
 
-def split_holdout(log: InteractionLog, share: float) -> Holdout:
+def split_holdout(log: InteractionLog, share: float) -> HoldoutSplit:
     """Each user's latest `share` of rows by time (split.later_rows): the same cut
     `recsys split-log` makes, so the build judges itself on a split shaped like the one its
     world will be judged on (learn on each user's past, answer what came after). The held-out
@@ -111,7 +112,7 @@ def split_holdout(log: InteractionLog, share: float) -> Holdout:
 
 def _holdout_sets(
     log: InteractionLog, train: BoolArray, held_rows: IntArray, begins: IntArray, share: float
-) -> Holdout:
+) -> HoldoutSplit:
     n_items = log.n_items
     seen = np.unique(log.user[train] * n_items + log.item[train])
     keys = np.unique(log.user[held_rows] * n_items + log.item[held_rows])
@@ -119,7 +120,7 @@ def _holdout_sets(
     owner, items = keys // n_items, keys % n_items
     users = np.unique(owner)
     offsets = np.searchsorted(owner, users)
-    return Holdout(
+    return HoldoutSplit(
         train=train,
         users=users,
         offsets=np.append(offsets, len(keys)).astype(np.int64),
@@ -152,28 +153,16 @@ def _unseen(ranked: IntArray, seen: IntArray, count: int) -> IntArray:
     return kept[:count]
 
 
-class _Ranker:
+def _ranker(model: ServedModel) -> OnnxScorer:
     """The exported model through onnxruntime, as the in-process fallback ranker runs it."""
-
-    def __init__(self, model: ServedModel, schema: FeatureSchema) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        self._session = ort.InferenceSession(
-            model.onnx_model, options, providers=["CPUExecutionProvider"]
-        )
-        self._input = schema.input_name
-        self._output = [schema.output_name]
-
-    def score(self, rows: FloatArray) -> npt.NDArray[np.float32]:
-        (scores,) = self._session.run(self._output, {self._input: rows})
-        flat: npt.NDArray[np.float32] = np.asarray(scores, dtype=np.float32).reshape(-1)
-        return flat
+    return onnx_scorer(model.onnx_model, threads=2)
 
 
 @dataclass(frozen=True, slots=True)
-class Query:
+class JudgedUser:
+    """One user the evaluation asks for: their row, what they had seen, what they went on
+    to like, their context and their latest positives, as the service would read them."""
+
     user: int
     seen: IntArray
     relevant: IntArray
@@ -212,7 +201,7 @@ class Evaluator:
         self.index = build_index(embeddings, index_factory) if index is None else index
         set_search_breadth(self.index, NPROBE)
         self.popular = np.argsort(-model.popularity, kind="stable").astype(np.int64)
-        self.ranker = _Ranker(model, schema)
+        self.ranker = _ranker(model)
         self.stages = ServiceStages(
             schema,
             self.index,
@@ -230,10 +219,10 @@ class Evaluator:
         """The same cascade with another model ranking; the index and stages shared."""
         other = copy.copy(self)
         other.model = replace(self.model, onnx_model=onnx_model)
-        other.ranker = _Ranker(other.model, self.schema)
+        other.ranker = _ranker(other.model)
         return other
 
-    def search(self, queries: list[Query]) -> IntArray:
+    def search(self, queries: list[JudgedUser]) -> IntArray:
         n_items = len(self.popular)
         deepest = max(len(q.seen) for q in queries) + K
         k = min(n_items, max(CANDIDATES, deepest))
@@ -243,12 +232,12 @@ class Evaluator:
         ids: IntArray = found.astype(np.int64)
         return ids
 
-    def pools(self, found: IntArray, q: Query) -> tuple[IntArray, IntArray]:
+    def pools(self, found: IntArray, q: JudgedUser) -> tuple[IntArray, IntArray]:
         """The service's pool for `q` after the filters, and what its pre-rank hands the
         model: the service's own stage objects, over this world (service_stages.py)."""
         return self.stages.pools(found, self.model.user_blobs[q.user], q.seen, q.recent, q.near)
 
-    def signals(self, q: Query, positions: IntArray) -> FloatArray:
+    def signals(self, q: JudgedUser, positions: IntArray) -> FloatArray:
         """What relates each of `positions` to the user's latest items (app.pipeline.signals)."""
         return prerank_signals(
             positions,
@@ -260,13 +249,13 @@ class Evaluator:
             self.model.categories,
         )
 
-    def prerank_order(self, q: Query, pool: IntArray) -> npt.NDArray[np.intp]:
+    def prerank_order(self, q: JudgedUser, pool: IntArray) -> npt.NDArray[np.intp]:
         """The pool's whole pre-rank order: its first KEEP are what the stage hands on, and
         its first K what it would serve were the model down."""
         order = best(prerank_scores(self.signals(q, pool), self.model.prerank), len(pool))
         return order
 
-    def packed(self, q: Query, pool: IntArray, signals: FloatArray) -> FloatArray:
+    def packed(self, q: JudgedUser, pool: IntArray, signals: FloatArray) -> FloatArray:
         """The model's input for `pool` (what pre-rank kept), packed as the service packs it."""
         schema = self.schema
         return pack_rows(
@@ -277,14 +266,14 @@ class Evaluator:
             sequence=sequence_columns(schema, signals) if schema.sequence else None,
         )
 
-    def kept(self, q: Query, found: IntArray) -> tuple[IntArray, FloatArray]:
+    def kept(self, q: JudgedUser, found: IntArray) -> tuple[IntArray, FloatArray]:
         """What pre-rank hands the model for `q` (the positions, and their signals), from
         what the index found for it."""
         _, handed = self.pools(found, q)
         return handed, self.signals(q, handed)
 
     def rank(
-        self, queries: list[Query], pools: list[IntArray], signals: list[FloatArray]
+        self, queries: list[JudgedUser], pools: list[IntArray], signals: list[FloatArray]
     ) -> list[IntArray]:
         rows = np.concatenate(
             [
@@ -299,7 +288,7 @@ class Evaluator:
             ranked.append(pool[np.argsort(-part, kind="stable")[:K]])
         return ranked
 
-    def cascades(self, queries: list[Query]) -> list[Cascade]:
+    def cascades(self, queries: list[JudgedUser]) -> list[Cascade]:
         found = self.search(queries)
         pools = [self.pools(row, q) for row, q in zip(found, queries, strict=True)]
         orders = [self.prerank_order(q, pool) for q, (pool, _) in zip(queries, pools, strict=True)]
@@ -315,7 +304,7 @@ class Evaluator:
             )
         ]
 
-    def item_knn(self, q: Query) -> IntArray:
+    def item_knn(self, q: JudgedUser) -> IntArray:
         """The item-to-item baseline: neighbours of everything the user liked, summed."""
         if self.model.neighbours is None or not len(q.liked):
             return self.popular[:0]
@@ -332,12 +321,12 @@ def _liked_lists(train: InteractionLog) -> Recent:
 
 
 def _queries(
-    holdout: Holdout,
+    holdout: HoldoutSplit,
     train: InteractionLog,
     schema: FeatureSchema,
     neighbours: Neighbours | None,
     seed: int,
-) -> Iterator[list[Query]]:
+) -> Iterator[list[JudgedUser]]:
     """The evaluated users (a seeded sample of MAX_USERS at most), in batches."""
     chosen = np.arange(len(holdout.users))
     if len(chosen) > MAX_USERS:
@@ -348,12 +337,12 @@ def _queries(
     # here, and the hour and weekday are those of the moment the holdout begins.
     device, page, locale = schema.devices[0], schema.pages[0], schema.locales[0]
     hours, weekdays = utc_hour_weekday(holdout.moments)
-    batch: list[Query] = []
+    batch: list[JudgedUser] = []
     for k in chosen.tolist():
         user = int(holdout.users[k])
         hour, weekday = int(hours[k]), int(weekdays[k])
         batch.append(
-            Query(
+            JudgedUser(
                 user=user,
                 seen=seen_items[seen_offsets[user] : seen_offsets[user + 1]],
                 relevant=holdout.items[holdout.offsets[k] : holdout.offsets[k + 1]],
@@ -376,7 +365,7 @@ def _share(pool: IntArray, relevant: IntArray) -> float:
 
 def evaluate(
     train: InteractionLog,
-    holdout: Holdout,
+    holdout: HoldoutSplit,
     model: ServedModel,
     schema: FeatureSchema,
     index_factory: str = "auto",

@@ -1,34 +1,27 @@
-"""A servable world from an interaction log: read, hold out, learn, evaluate, learn again, write.
+"""The local engine: the whole log in this process's memory.
 
 Everything is learnt first without each user's latest positives and evaluated on them; then,
 unless the holdout is kept out, learnt again on every interaction for the world that serves.
-The steps are the functions below, in the order build_world_from_log runs them.
+The step order is recipes/build.py's; the steps' local forms are here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.core.errors import ConfigError
-from app.world.layout import REPORT_FILE
-from app.world.manifest import update_manifest
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, weigh_inputs
-from recsys_tools.world.judge.evaluate import Holdout, evaluate, split_holdout
-from recsys_tools.world.learn.derive import check_derivable
+from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_holdout
 from recsys_tools.world.learn.factorize import foldin_params
-from recsys_tools.world.learn.ranker.from_log import ListRanker
-from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
+from recsys_tools.world.recipes.build import EngineReport, Judged, build_world
 from recsys_tools.world.recipes.learnt import (
     Learnt,
     learn,
@@ -38,11 +31,100 @@ from recsys_tools.world.recipes.learnt import (
 )
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.recipes.report import counts, histories
-from recsys_tools.world.store.files import SeenLists, save_table
-from recsys_tools.world.store.identity import stamp_world
+from recsys_tools.world.store.files import save_table
 from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
+
+
+def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema) -> dict[str, Any]:
+    """build_world on the local engine; returns the report also written to report.json."""
+    return build_world(recipe, world, schema, LocalEngine())
+
+
+class LocalEngine:
+    """Reads the whole log into memory and learns from it in this process."""
+
+    @contextmanager
+    def opened(
+        self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
+    ) -> Iterator[LocalLog]:
+        whole = _read(recipe, clock)
+        yield LocalLog(whole, _hold_out(whole, recipe, clock), schema, recipe, clock)
+
+
+class LocalLog:
+    """The log held out in time: the train part is learnt and judged on."""
+
+    def __init__(
+        self,
+        whole: InteractionLog,
+        holdout: HoldoutSplit,
+        schema: FeatureSchema,
+        recipe: WorldRecipe,
+        clock: Clock,
+    ) -> None:
+        self._whole, self._holdout = whole, holdout
+        self._schema, self._clock = schema, clock
+        # What the evaluation needs of the recipe, the same through the build.
+        self._index_factory, self._seed = recipe.index_factory, recipe.seed
+        self._train = whole.subset(holdout.train)
+
+    @property
+    def judged_on(self) -> InteractionLog:
+        return self._train
+
+    def learn_first(self, recipe: WorldRecipe) -> Learnt:
+        return learn(self._train, self._schema, recipe, self._clock, "train")
+
+    def learn_again(self, recipe: WorldRecipe) -> Learnt:
+        return learn(self._train, self._schema, recipe, self._clock, "compare")
+
+    def judge(self, learnt: Learnt) -> dict[str, Any]:
+        served = learnt.served()
+        return evaluate(
+            self._train, self._holdout, served, self._schema, self._index_factory, self._seed
+        )
+
+    def served(self, recipe: WorldRecipe, judged: Judged) -> LocalServed:
+        if recipe.keep_holdout:
+            return LocalServed(self._whole, self._train, judged.weighed.learnt, self._schema)
+        learnt = learn(self._whole, self._schema, recipe, self._clock, "all")
+        return LocalServed(self._whole, self._whole, learnt, self._schema)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalServed:
+    whole: InteractionLog
+    part: InteractionLog  # the rows the served world was learnt from
+    learnt: Learnt
+    schema: FeatureSchema
+
+    def write(self, world: Path, recipe: WorldRecipe) -> EngineReport:
+        """The world's files, from the served part's tables."""
+        items, users, seen = served_tables(self.part, self.learnt)
+        parts = world_parts(
+            self.schema,
+            (items, users),
+            self.part.items,
+            foldin_params(self.part, recipe.als_regularization),
+            self.learnt.neighbours,
+            self.learnt.ranker,
+            recipe.seed,
+        )
+        part = self.part
+
+        def lists(world: Path) -> None:
+            save_table(world, seen)
+            save_table(world, positive_lists(part))
+
+        write_world(world, self.schema, parts, recipe.index_factory, lists)
+        return EngineReport(
+            {"name": "local"},
+            str(recipe.interactions),
+            counts(self.whole, self.part, len(users.ids)),
+            histories(seen),
+        )
 
 
 def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:
@@ -65,30 +147,7 @@ def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:
     return whole
 
 
-def _write(
-    world: Path, schema: FeatureSchema, recipe: WorldRecipe, part: InteractionLog, learnt: Learnt
-) -> tuple[int, SeenLists]:
-    """Write the world's files; returns how many users have features, and the seen lists."""
-    items, users, seen = served_tables(part, learnt)
-    parts = world_parts(
-        schema,
-        (items, users),
-        part.items,
-        foldin_params(part, recipe.shrink),
-        learnt.neighbours,
-        learnt.ranker,
-        recipe.seed,
-    )
-
-    def lists(world: Path) -> None:
-        save_table(world, seen)
-        save_table(world, positive_lists(part))
-
-    write_world(world, schema, parts, recipe.index_factory, lists)
-    return len(users.ids), seen
-
-
-def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> Holdout:
+def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> HoldoutSplit:
     with clock.step("holdout"):
         holdout = split_holdout(whole, recipe.holdout_share)
     if len(holdout.users) == 0:
@@ -103,167 +162,3 @@ def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> Holdo
         clock.took("holdout"),
     )
     return holdout
-
-
-def regularize(
-    train: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock
-) -> tuple[WorldRecipe, Choice | None]:
-    """The recipe with ALS's regularisation chosen on the train part's own split, if unset."""
-    with clock.step("regularization"):
-        choice = None
-        if recipe.regularization is None:
-            choice = choose_regularization(
-                train, schema.embedding_dim, recipe.seed, recipe.holdout_share
-            )
-            recipe = replace(recipe, regularization=choice.regularization)
-    log.info(
-        "ALS regularisation %g %s%s",
-        recipe.shrink,
-        clock.took("regularization"),
-        "" if choice is None else f" (recall@10 on the train part's own split: {choice.recall})",
-    )
-    return recipe, choice
-
-
-@dataclass(frozen=True, slots=True)
-class Judged:
-    """What was learnt on the train part and how it did, with the inputs chosen."""
-
-    weighed: Weighed[Learnt]
-    recipe: WorldRecipe  # with the inputs left out
-
-
-def judge_inputs(
-    train: InteractionLog,
-    recipe: WorldRecipe,
-    clock: Clock,
-    learn_first: Callable[[WorldRecipe], Learnt],
-    learn_again: Callable[[WorldRecipe], Learnt],
-    judge: Callable[[Learnt], dict[str, Any]],
-) -> Judged:
-    """Learnt as the recipe says (without the item table's features when off) and judged,
-    then learnt again without each input compared; both engines keep what this keeps."""
-    first = recipe
-    if recipe.item_features == "off":
-        first = replace(recipe, without=recipe.without | {ITEM_TABLE})
-    learnt = learn_first(first)
-    with clock.step("evaluate"):
-        evaluation = judge(learnt)
-    log.info(
-        "evaluated %s users %s: %s",
-        f"{evaluation['users_evaluated']:,}",
-        clock.took("evaluate"),
-        json.dumps(evaluation["methods"]),
-    )
-    # Each comparison trains the shape the first training kept: the inputs differ, not it.
-    kept = replace(recipe, network=learnt.ranker.network["kind"])
-
-    def again(without: frozenset[str]) -> tuple[Learnt, Any]:
-        other = learn_again(replace(kept, without=without))
-        return other, judge(other)
-
-    with clock.step("inputs"):
-        weighed = weigh_inputs(
-            train, (learnt, evaluation), again, recipe.item_features, recipe.compare_inputs
-        )
-    return Judged(weighed, replace(recipe, without=weighed.without))
-
-
-def _learn_and_judge(
-    train: InteractionLog,
-    holdout: Holdout,
-    schema: FeatureSchema,
-    recipe: WorldRecipe,
-    clock: Clock,
-) -> Judged:
-    def judge(learnt: Learnt) -> dict[str, Any]:
-        served = learnt.served()
-        return evaluate(train, holdout, served, schema, recipe.index_factory, recipe.seed)
-
-    return judge_inputs(
-        train,
-        recipe,
-        clock,
-        lambda chosen: learn(train, schema, chosen, clock, "train"),
-        lambda chosen: learn(train, schema, chosen, clock, "compare"),
-        judge,
-    )
-
-
-def _report(
-    recipe: WorldRecipe,
-    judged: Judged,
-    learnt: Learnt,
-    choice: Choice | None,
-    counted: dict[str, Any],
-    seen: SeenLists,
-) -> dict[str, Any]:
-    return {
-        "engine": {"name": "local"},
-        "source": {
-            "interactions": str(recipe.interactions),
-            "items": None if recipe.items is None else str(recipe.items),
-        },
-        "served": "train part" if recipe.keep_holdout else "all interactions",
-        "counts": counted,
-        "evaluation": judged.weighed.evaluation,
-        "inputs": judged.weighed.report,
-        "histories": histories(seen),
-        "als": {
-            "regularization": recipe.shrink,
-            "chosen_on": None if choice is None else choice.recall,
-        },
-        "ranker": ranker_report(learnt.ranker),
-    }
-
-
-def ranker_report(ranker: ListRanker) -> dict[str, Any]:
-    return {
-        "rows": ranker.rows,
-        "positives": ranker.positives,
-        "network": ranker.network,
-        "blend": ranker.blend.as_dict(),
-        # Whether the network has any say in the served score (the blend's choice).
-        "network_in_score": ranker.blend.model != 0,
-        "prerank": dataclasses.asdict(ranker.prerank),
-    }
-
-
-def finish(world: Path, schema: FeatureSchema, recipe: WorldRecipe, report: dict[str, Any]) -> None:
-    """The report beside the world, its manifest, and the stamp that names it whole."""
-    (world / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    update_manifest(
-        world,
-        source="interactions",
-        interactions=recipe.interactions.name,
-        item_table=None if recipe.items is None else recipe.items.name,
-        seed=recipe.seed,
-        served=report["served"],
-        counts=report["counts"],
-        evaluation=report["evaluation"]["methods"],
-        build_seconds=report["seconds"]["total"],
-    )
-    stamp_world(world, schema)
-
-
-def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema) -> dict[str, Any]:
-    """Build, evaluate and write the world; returns the report also written to report.json."""
-    check_derivable(schema)
-    clock = Clock()
-    started = time.perf_counter()
-    whole = _read(recipe, clock)
-    holdout = _hold_out(whole, recipe, clock)
-    train = whole.subset(holdout.train)
-    recipe, choice = regularize(train, schema, recipe, clock)
-    judged = _learn_and_judge(train, holdout, schema, recipe, clock)
-    recipe, learnt, served = judged.recipe, judged.weighed.learnt, train
-    if not recipe.keep_holdout:
-        served = whole
-        learnt = learn(whole, schema, recipe, clock, "all")
-    with clock.step("write"):
-        users, seen = _write(world, schema, recipe, served, learnt)
-    log.info("wrote the world to %s %s", world, clock.took("write"))
-    report = _report(recipe, judged, learnt, choice, counts(whole, served, users), seen)
-    report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
-    finish(world, schema, recipe, report)
-    return report

@@ -76,7 +76,7 @@ def learn(
 ) -> Learnt:
     positives = int(part.positive.sum())
     with clock.step(f"{label}.embeddings"):
-        embeddings = factorize(part, schema.embedding_dim, recipe.seed, recipe.shrink)
+        embeddings = factorize(part, schema.embedding_dim, recipe.seed, recipe.als_regularization)
     log.info(
         "%s: embeddings (dim %d) from %s positives %s",
         label,

@@ -12,7 +12,8 @@ are the local engine's, written by the same functions and stamped the same way.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,29 +25,21 @@ from app.world.foldin import FoldInParams
 from app.world.layout import POSITIVES_FILE, SEEN_FILE
 from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.evaluate import Holdout, ServedModel, evaluate, split_holdout
+from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import (
     ItemFacts,
     UserFacts,
     category_codes,
-    check_derivable,
     item_dense_from,
     published_from,
     user_dense_from,
 )
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.ranker.from_log import Known, train_list_ranker
-from recsys_tools.world.learn.regularization import Choice
 from recsys_tools.world.read.items import read_items
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import FLAGS, StrArray
-from recsys_tools.world.recipes.from_log import (
-    Judged,
-    finish,
-    judge_inputs,
-    ranker_report,
-    regularize,
-)
+from recsys_tools.world.recipes.build import EngineReport, Judged, build_world
 from recsys_tools.world.recipes.learnt import Learnt, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
@@ -121,7 +114,7 @@ def _learn(
     with clock.step(f"{label}.embeddings"):
         counts = positive_counts(part).cache()
         weights = idf(part, counts)
-        params = foldin_params(part, counts, weights, recipe.shrink)
+        params = foldin_params(part, counts, weights, recipe.als_regularization)
         confidence = bm25_confidence(part, counts, weights, params.average_length)
         embeddings = factorize_on_spark(
             confidence,
@@ -129,7 +122,7 @@ def _learn(
             part.log.n_items,
             schema.embedding_dim,
             recipe.seed,
-            recipe.shrink,
+            recipe.als_regularization,
         )
         counts.unpersist()
     log.info(
@@ -166,7 +159,7 @@ def _served_model(learnt: Learnt, sample_users: np.ndarray) -> ServedModel:
 class _Sample:
     log: InteractionLog  # every row of the sampled users
     users: np.ndarray  # their indexes in the whole log
-    holdout: Holdout
+    holdout: HoldoutSplit
 
 
 def _sample(whole: SparkLog, recipe: WorldRecipe, settings: SparkSettings, clock: Clock) -> _Sample:
@@ -190,182 +183,184 @@ def _sample(whole: SparkLog, recipe: WorldRecipe, settings: SparkSettings, clock
     return _Sample(gathered, indexes, holdout)
 
 
-def _write(
-    world: Path,
-    schema: FeatureSchema,
-    recipe: WorldRecipe,
-    learnt: _Learnt,
-    whole: Learnt,
-    ids: StrArray,
-) -> dict[str, int]:
-    part, items_info = learnt.part, learnt.part.log.items
-    items = ItemTable(
-        ids=items_info.ids,
-        embeddings=learnt.embeddings.items,
-        dense=learnt.item_dense,
-        categories=category_codes(items_info),
-        published_at=learnt.published,
-        popularity=learnt.popularity,
-    )
-    served = learnt.served_users
-    users = UserTable(ids[served], learnt.embeddings.users[served], learnt.user_dense[served])
-    parts = world_parts(
-        schema,
-        (items, users),
-        items_info,
-        learnt.foldin,
-        learnt.neighbours,
-        whole.ranker,
-        recipe.seed,
-    )
+def build_world_on_spark(
+    recipe: WorldRecipe, log_uri: str, world: Path, schema: FeatureSchema, settings: SparkSettings
+) -> dict[str, Any]:
+    """build_world on Spark; returns the report also written to report.json.
 
-    def lists(world: Path) -> tuple[int, int]:
-        # Streamed from the cluster into their files, never whole on the driver.
-        seen = write_seen(part, world / SEEN_FILE, ids)
-        write_positives(part, world / POSITIVES_FILE, ids)
-        return seen
-
-    seen_users, longest = write_world(world, schema, parts, recipe.index_factory, lists)
-    return {"users": len(users.ids), "seen_users": seen_users, "longest": longest}
+    `log_uri` is any path Spark reads (a file or a folder of parts; file:, hdfs:, s3a:);
+    the item table is read by the driver, from its own disk."""
+    return build_world(recipe, world, schema, SparkEngine(log_uri, settings))
 
 
-@dataclass(frozen=True, slots=True)
-class _Judged:
-    heavy: _Learnt  # learnt from the train part
-    outcome: Judged  # with the ranker the comparison kept
+class SparkEngine:
+    """Reads and learns from the log as Spark jobs; the ranker and the judging on a sample
+    of users gathered on the driver."""
+
+    def __init__(self, log_uri: str, settings: SparkSettings) -> None:
+        self._uri, self._settings = log_uri, settings
+
+    @contextmanager
+    def opened(
+        self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
+    ) -> Iterator[SparkRead]:
+        catalog = None if recipe.items is None else read_items(recipe.items, recipe.item_columns)
+        with spark_session(self._settings) as spark:
+            with clock.step("read"):
+                whole_log = read_spark_log(spark, self._uri, recipe.columns, catalog)
+                ids = user_ids(whole_log)
+            log.info(
+                "read %s interactions from %s: %s users, %s items %s",
+                f"{whole_log.counts.rows_read:,}",
+                whole_log.source,
+                f"{whole_log.n_users:,}",
+                f"{whole_log.n_items:,}",
+                clock.took("read"),
+            )
+            sample = _sample(whole_log, recipe, self._settings, clock)
+            with clock.step("holdout"):
+                marked = with_later(whole_log.rows, recipe.holdout_share)
+                train = Part(whole_log, marked.filter("not later").drop("later").cache())
+            yield SparkRead(whole_log, ids, sample, train, schema, recipe, clock, self._settings)
 
 
-def _judge(
-    train: Part, sample: _Sample, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock
-) -> _Judged:
-    """Learnt from the train part and judged on the sampled users' held-out items, as
-    build_world_from_log judges; each input compared trains only the ranker again."""
-    sample_train = sample.log.subset(sample.holdout.train)
-    heavy = _learn(train, schema, recipe, clock, "train")
-    # The ranker's lists are pooled and featured from every user's early part of the train
-    # part, as the served world is from every user's rows, not from the sample's alone
-    # (its counts a fraction of the log's, its factors from a fraction of the users).
-    early_rows = with_later(train.rows, recipe.holdout_share).filter("not later").drop("later")
-    known = _learn(Part(train.log, early_rows), schema, recipe, clock, "early").known_for(
-        sample.users
-    )
+class SparkRead:
+    """The log on the cluster, its train part, and the sample judged on the driver."""
 
-    def first(chosen: WorldRecipe) -> Learnt:
-        with clock.step("train.ranker"):
-            return heavy.with_ranker(sample_train, schema, chosen, known)
+    def __init__(
+        self,
+        whole_log: SparkLog,
+        ids: StrArray,
+        sample: _Sample,
+        train: Part,
+        schema: FeatureSchema,
+        recipe: WorldRecipe,
+        clock: Clock,
+        settings: SparkSettings,
+    ) -> None:
+        self._whole_log, self._ids, self._sample, self._train = whole_log, ids, sample, train
+        self._schema, self._clock, self._settings = schema, clock, settings
+        # What the evaluation needs of the recipe, the same through the build.
+        self._index_factory, self._seed = recipe.index_factory, recipe.seed
+        self._holdout_share = recipe.holdout_share
+        self._sample_train = sample.log.subset(sample.holdout.train)
+        self._heavy: _Learnt | None = None
+        self._known: Known | None = None
 
-    def judge(learnt: Learnt) -> dict[str, Any]:
-        served = _served_model(learnt, sample.users)
+    @property
+    def judged_on(self) -> InteractionLog:
+        return self._sample_train
+
+    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[_Learnt, Known]:
+        """Learnt from the train part once: each input compared trains only the ranker again."""
+        if self._heavy is None or self._known is None:
+            self._heavy = _learn(self._train, self._schema, recipe, self._clock, "train")
+            # The ranker's lists are pooled and featured from every user's early part of the
+            # train part, as the served world is from every user's rows, not from the
+            # sample's alone (its counts a fraction of the log's, its factors from a
+            # fraction of the users).
+            train = self._train
+            early_rows = with_later(train.rows, self._holdout_share).filter("not later")
+            early = Part(train.log, early_rows.drop("later"))
+            self._known = _learn(early, self._schema, recipe, self._clock, "early").known_for(
+                self._sample.users
+            )
+        return self._heavy, self._known
+
+    def learn_first(self, recipe: WorldRecipe) -> Learnt:
+        heavy, known = self._learnt_on_train(recipe)
+        with self._clock.step("train.ranker"):
+            return heavy.with_ranker(self._sample_train, self._schema, recipe, known)
+
+    def learn_again(self, recipe: WorldRecipe) -> Learnt:
+        heavy, known = self._learnt_on_train(recipe)
+        return heavy.with_ranker(self._sample_train, self._schema, recipe, known)
+
+    def judge(self, learnt: Learnt) -> dict[str, Any]:
+        served = _served_model(learnt, self._sample.users)
+        holdout = self._sample.holdout
         return evaluate(
-            sample_train, sample.holdout, served, schema, recipe.index_factory, recipe.seed
+            self._sample_train, holdout, served, self._schema, self._index_factory, self._seed
         )
 
-    return _Judged(
-        heavy,
-        judge_inputs(
-            sample_train,
-            recipe,
-            clock,
-            first,
-            lambda chosen: heavy.with_ranker(sample_train, schema, chosen, known),
-            judge,
-        ),
-    )
+    def served(self, recipe: WorldRecipe, judged: Judged) -> SparkServed:
+        heavy, _ = self._learnt_on_train(recipe)
+        if recipe.keep_holdout:
+            return SparkServed(self, heavy, judged.weighed.learnt)
+        whole_log = self._whole_log
+        learnt = _learn(Part(whole_log, whole_log.rows), self._schema, recipe, self._clock, "all")
+        with self._clock.step("all.ranker"):
+            # Each sampled user's early part of all their rows is the train part: the lists
+            # are featured from what the train part taught.
+            known = heavy.known_for(self._sample.users)
+            whole = learnt.with_ranker(self._sample.log, self._schema, recipe, known)
+        return SparkServed(self, learnt, whole)
 
+    def write(
+        self, world: Path, recipe: WorldRecipe, learnt: _Learnt, whole: Learnt
+    ) -> EngineReport:
+        part, items_info, ids = learnt.part, learnt.part.log.items, self._ids
+        items = ItemTable(
+            ids=items_info.ids,
+            embeddings=learnt.embeddings.items,
+            dense=learnt.item_dense,
+            categories=category_codes(items_info),
+            published_at=learnt.published,
+            popularity=learnt.popularity,
+        )
+        served = learnt.served_users
+        users = UserTable(ids[served], learnt.embeddings.users[served], learnt.user_dense[served])
+        parts = world_parts(
+            self._schema,
+            (items, users),
+            items_info,
+            learnt.foldin,
+            learnt.neighbours,
+            whole.ranker,
+            recipe.seed,
+        )
 
-def _report(
-    recipe: WorldRecipe,
-    settings: SparkSettings,
-    whole_log: SparkLog,
-    sample: _Sample,
-    judged: _Judged,
-    learnt: _Learnt,
-    ranker: Learnt,
-    choice: Choice | None,
-    written: dict[str, int],
-) -> dict[str, Any]:
-    counted = whole_log.counts
-    return {
-        "engine": {
+        def lists(world: Path) -> tuple[int, int]:
+            # Streamed from the cluster into their files, never whole on the driver.
+            seen = write_seen(part, world / SEEN_FILE, ids)
+            write_positives(part, world / POSITIVES_FILE, ids)
+            return seen
+
+        seen_users, longest = write_world(world, self._schema, parts, recipe.index_factory, lists)
+        return self._reported(learnt, len(users.ids), seen_users, longest)
+
+    def _reported(self, learnt: _Learnt, users: int, seen_users: int, longest: int) -> EngineReport:
+        whole_log, sample, settings = self._whole_log, self._sample, self._settings
+        counted = whole_log.counts
+        engine = {
             "name": "spark",
             "master": settings.master,
             "sample_rows": settings.sample_rows,
             "sampled_users": sample.log.n_users,
             "sampled_rows": len(sample.log.user),
-        },
-        "source": {
-            "interactions": whole_log.uri,
-            "items": None if recipe.items is None else str(recipe.items),
-        },
-        "served": "train part" if recipe.keep_holdout else "all interactions",
-        "counts": {
+        }
+        counts = {
             "rows_read": counted.rows_read,
             "interactions": whole_log.rows_count,
             "positives": whole_log.positives,
             "below_min_weight": counted.below_min_weight,
             "dropped": dict(counted.dropped),
-            "users": written["users"],
+            "users": users,
             "items": whole_log.n_items,
             "items_without_interactions": whole_log.items_without_interactions,
             "items_without_positives": whole_log.items_without_positives,
             "categories": len(whole_log.items.category_names),
             "served_positives": learnt.positives,
-        },
-        "evaluation": judged.outcome.weighed.evaluation,
-        "inputs": judged.outcome.weighed.report,
-        "histories": {"users": written["seen_users"], "longest": written["longest"]},
-        "als": {
-            "regularization": recipe.shrink,
-            "chosen_on": None if choice is None else choice.recall,
-        },
-        "ranker": ranker_report(ranker.ranker),
-    }
+        }
+        histories = {"users": seen_users, "longest": longest}
+        return EngineReport(engine, whole_log.uri, counts, histories)
 
 
-def build_world_on_spark(
-    recipe: WorldRecipe, log_uri: str, world: Path, schema: FeatureSchema, settings: SparkSettings
-) -> dict[str, Any]:
-    """Build, evaluate and write the world; returns the report also written to report.json.
+@dataclass(frozen=True, slots=True)
+class SparkServed:
+    read: SparkRead
+    heavy: _Learnt  # the factors, features and lists of the rows served
+    learnt: Learnt  # with the ranker the world ships
 
-    `log_uri` is any path Spark reads (a file or a folder of parts; file:, hdfs:, s3a:);
-    the item table is read by the driver, from its own disk."""
-    check_derivable(schema)
-    clock = Clock()
-    started = time.perf_counter()
-    catalog = None if recipe.items is None else read_items(recipe.items, recipe.item_columns)
-    with spark_session(settings) as spark:
-        with clock.step("read"):
-            whole_log = read_spark_log(spark, log_uri, recipe.columns, catalog)
-            ids = user_ids(whole_log)
-        log.info(
-            "read %s interactions from %s: %s users, %s items %s",
-            f"{whole_log.counts.rows_read:,}",
-            whole_log.source,
-            f"{whole_log.n_users:,}",
-            f"{whole_log.n_items:,}",
-            clock.took("read"),
-        )
-        sample = _sample(whole_log, recipe, settings, clock)
-        with clock.step("holdout"):
-            marked = with_later(whole_log.rows, recipe.holdout_share)
-            train = Part(whole_log, marked.filter("not later").drop("later").cache())
-        recipe, choice = regularize(sample.log.subset(sample.holdout.train), schema, recipe, clock)
-        judged = _judge(train, sample, schema, recipe, clock)
-        recipe = judged.outcome.recipe
-        if recipe.keep_holdout:
-            learnt, whole = judged.heavy, judged.outcome.weighed.learnt
-        else:
-            learnt = _learn(Part(whole_log, whole_log.rows), schema, recipe, clock, "all")
-            with clock.step("all.ranker"):
-                # Each sampled user's early part of all their rows is the train part.
-                known = judged.heavy.known_for(sample.users)
-                whole = learnt.with_ranker(sample.log, schema, recipe, known)
-        with clock.step("write"):
-            written = _write(world, schema, recipe, learnt, whole, ids)
-        log.info("wrote the world to %s %s", world, clock.took("write"))
-        report = _report(
-            recipe, settings, whole_log, sample, judged, learnt, whole, choice, written
-        )
-    report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
-    finish(world, schema, recipe, report)
-    return report
+    def write(self, world: Path, recipe: WorldRecipe) -> EngineReport:
+        return self.read.write(world, recipe, self.heavy, self.learnt)

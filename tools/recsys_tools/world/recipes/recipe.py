@@ -36,11 +36,14 @@ class WorldRecipe:
     regularization: float | None = None
 
     @property
-    def shrink(self) -> float:
+    def als_regularization(self) -> float:
+        """ALS's regularisation: the one asked for or chosen on the split, else the default."""
         return REGULARIZATION if self.regularization is None else self.regularization
 
     def training(self) -> ListTraining:
-        return ListTraining(self.holdout_share, self.seed, self.shrink, self.network, self.without)
+        return ListTraining(
+            self.holdout_share, self.seed, self.als_regularization, self.network, self.without
+        )
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as sf
 from pyspark.sql import types as st
 
@@ -190,35 +190,8 @@ def read_spark_log(
     """The log's kept rows, indexed; the rows dropped are counted as the local reader does."""
 
     source = Path(path).name
-    frame = _selected(_raw(spark, path, columns), path, columns)
-    vocabulary = None if items is None else sf.broadcast(_item_vocabulary(spark, items))
-    no_id = _missing("user_id") | _missing("item_id")
-    no_weight = ~no_id & (sf.col("w").isNull() | sf.isnan("w")) if columns.weight else sf.lit(False)
-    # Refused, as the local reader refuses it: a value the file says, that ALS and the mean
-    # weight would meet as a NaN far from here.
-    infinite = ~no_id & (sf.abs(sf.col("w")) == sf.lit(float("inf")))
-    frame = frame.withColumn("no_id", no_id).withColumn("no_weight", no_weight)
-    if vocabulary is not None:
-        frame = frame.join(vocabulary, "item_id", "left")
-        unknown = sf.col("i").isNull() & ~sf.col("no_id") & ~sf.col("no_weight")
-    else:
-        unknown = sf.lit(False)
-    frame = frame.withColumn("unknown", unknown).cache()
-    tally = frame.agg(
-        sf.count("*").alias("rows"),
-        sf.sum(sf.col("no_id").cast("long")).alias("missing_id"),
-        sf.sum(sf.col("no_weight").cast("long")).alias("missing_weight"),
-        sf.sum(sf.col("unknown").cast("long")).alias("item_not_in_table"),
-        sf.sum(infinite.cast("long")).alias("infinite_weight"),
-    ).first()
-    assert tally is not None
-    if tally["rows"] == 0:
-        raise ConfigError(f"{source} has no rows; give {FLAGS['log']} a log with interactions")
-    if tally["infinite_weight"]:
-        raise ConfigError(
-            f"{source}: {columns.weight!r} is infinite in {tally['infinite_weight']:,} of its "
-            "rows; a weight must be a finite number: fix those rows or drop them"
-        )
+    frame, infinite = _marked(spark, path, columns, items)
+    tally = _tally(frame, infinite, source, columns)
     dropped = {
         name: int(tally[name] or 0)
         for name in ("missing_id", "missing_weight", "item_not_in_table")
@@ -241,27 +214,10 @@ def read_spark_log(
     if columns.weight is not None and columns.min_weight is not None:
         positive = sf.col("w") >= sf.lit(columns.min_weight)
     rows = rows.select("u", "i", "t", "w", positive.alias("pos"), "r").cache()
-    summary = rows.agg(
-        sf.count("*").alias("n"),
-        sf.sum((sf.col("t") == NO_TIME).cast("long")).alias("no_time"),
-        sf.sum((~sf.col("pos")).cast("long")).alias("below"),
-        sf.min("w").alias("low"),
-        sf.max("w").alias("high"),
-        sf.countDistinct("i").alias("items"),
-        sf.countDistinct(sf.when(sf.col("pos"), sf.col("i"))).alias("liked"),
-    ).first()
-    assert summary is not None
-    frame.unpersist()
-    if summary["no_time"]:
-        raise ConfigError(
-            f"{source}: {summary['no_time']:,} rows have no {columns.time!r}; "
-            f"fill them in or name another column with {FLAGS['time']}"
-        )
-    if summary["below"] == summary["n"]:
-        raise ConfigError(
-            f"{source}: no row has {columns.weight} >= {columns.min_weight} (weights run from "
-            f"{summary['low']:g} to {summary['high']:g}); lower {FLAGS['min_weight']}"
-        )
+    try:
+        summary = _summary(rows, source, columns)
+    finally:
+        frame.unpersist()
     counts = ReadCounts(int(tally["rows"]), dropped, int(summary["below"]))
     return SparkLog(
         source,
@@ -277,6 +233,72 @@ def read_spark_log(
         int(summary["items"]),
         int(summary["liked"]),
     )
+
+
+def _marked(
+    spark: SparkSession, path: str, columns: LogColumns, items: ItemInfo | None
+) -> tuple[DataFrame, Column]:
+    """Every row, cached, marked with why it would be dropped (no_id, no_weight, unknown);
+    and the condition of a weight that is infinite."""
+    frame = _selected(_raw(spark, path, columns), path, columns)
+    no_id = _missing("user_id") | _missing("item_id")
+    no_weight = ~no_id & (sf.col("w").isNull() | sf.isnan("w")) if columns.weight else sf.lit(False)
+    # Refused, as the local reader refuses it: a value the file says, that ALS and the mean
+    # weight would meet as a NaN far from here.
+    infinite = ~no_id & (sf.abs(sf.col("w")) == sf.lit(float("inf")))
+    frame = frame.withColumn("no_id", no_id).withColumn("no_weight", no_weight)
+    if items is not None:
+        frame = frame.join(sf.broadcast(_item_vocabulary(spark, items)), "item_id", "left")
+        unknown = sf.col("i").isNull() & ~sf.col("no_id") & ~sf.col("no_weight")
+    else:
+        unknown = sf.lit(False)
+    return frame.withColumn("unknown", unknown).cache(), infinite
+
+
+def _tally(frame: DataFrame, infinite: Column, source: str, columns: LogColumns) -> Row:
+    """The rows, and how many each reason drops; a log without rows or with an infinite
+    weight refused."""
+    tally = frame.agg(
+        sf.count("*").alias("rows"),
+        sf.sum(sf.col("no_id").cast("long")).alias("missing_id"),
+        sf.sum(sf.col("no_weight").cast("long")).alias("missing_weight"),
+        sf.sum(sf.col("unknown").cast("long")).alias("item_not_in_table"),
+        sf.sum(infinite.cast("long")).alias("infinite_weight"),
+    ).first()
+    assert tally is not None
+    if tally["rows"] == 0:
+        raise ConfigError(f"{source} has no rows; give {FLAGS['log']} a log with interactions")
+    if tally["infinite_weight"]:
+        raise ConfigError(
+            f"{source}: {columns.weight!r} is infinite in {tally['infinite_weight']:,} of its "
+            "rows; a weight must be a finite number: fix those rows or drop them"
+        )
+    return tally
+
+
+def _summary(rows: DataFrame, source: str, columns: LogColumns) -> Row:
+    """The kept rows' counts; a row without a time, or no positive row, refused."""
+    summary = rows.agg(
+        sf.count("*").alias("n"),
+        sf.sum((sf.col("t") == NO_TIME).cast("long")).alias("no_time"),
+        sf.sum((~sf.col("pos")).cast("long")).alias("below"),
+        sf.min("w").alias("low"),
+        sf.max("w").alias("high"),
+        sf.countDistinct("i").alias("items"),
+        sf.countDistinct(sf.when(sf.col("pos"), sf.col("i"))).alias("liked"),
+    ).first()
+    assert summary is not None
+    if summary["no_time"]:
+        raise ConfigError(
+            f"{source}: {summary['no_time']:,} rows have no {columns.time!r}; "
+            f"fill them in or name another column with {FLAGS['time']}"
+        )
+    if summary["below"] == summary["n"]:
+        raise ConfigError(
+            f"{source}: no row has {columns.weight} >= {columns.min_weight} (weights run from "
+            f"{summary['low']:g} to {summary['high']:g}); lower {FLAGS['min_weight']}"
+        )
+    return summary
 
 
 def user_ids(log: SparkLog, users: DataFrame | None = None) -> StrArray:

@@ -3,7 +3,8 @@
 The id goes into the manifest beside each file's digest, into the ONNX model's metadata,
 into the model's Triton config (the `world_id` parameter, which the service reads back
 from Triton) and, when the world is loaded, into the Redis layout record. The service
-checks all of them at start-up (app.world.stamp).
+checks all of them at start-up (app.world.stamp reads the manifest,
+app.release.world_match compares each part).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from app.core.atomic_files import copy_atomically, write_atomically
 from app.core.errors import ConfigError
 from app.world.layout import MODEL_FILE, SCHEMA_FILE, STAMPED_FILES
 from app.world.manifest import update_manifest
-from app.world.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name
-from app.world.stamp import WORLD_ID_PARAMETER, file_digest, read_stamp, world_schema
+from app.world.schema import HEAD_NAMES, HEADS_OUTPUT, FeatureSchema, checked_name, world_schema
+from app.world.stamp import WORLD_ID_PARAMETER, file_digest, read_stamp
 
 CONFIG_FILE = "config.pbtxt"
 

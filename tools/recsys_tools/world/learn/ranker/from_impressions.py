@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from app.world.prerank import load_prerank
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.blend import (
     blended_onnx,
     choose_blend,
@@ -169,7 +169,7 @@ def packed_rows(world: WorldAnswers, shown: Shown) -> tuple[Shown, FloatArray]:
         if not len(rows):
             continue
         first = int(rows[0])
-        moment = Moment(
+        moment = AskContext(
             page=str(shown.page[first]), hour=int(hours[first]), weekday=int(weekdays[first])
         )
         known, packed = world.rows_for(str(shown.user_ids[first]), shown.item_ids[rows], moment)

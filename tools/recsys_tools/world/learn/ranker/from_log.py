@@ -69,7 +69,7 @@ class ListTraining:
 
     holdout_share: float
     seed: int
-    shrink: float  # ALS's regularisation
+    als_regularization: float
     network: str  # a key of net.NETWORKS
     without: frozenset[str]  # the inputs this build leaves out (judge/ablation.py)
 
@@ -107,7 +107,7 @@ class Known:
 
 def known_from(early: InteractionLog, schema: FeatureSchema, training: ListTraining) -> Known:
     return Known(
-        factorize(early, schema.embedding_dim, training.seed, training.shrink),
+        factorize(early, schema.embedding_dim, training.seed, training.als_regularization),
         user_dense(early, schema),
         item_dense(early, schema),
         positive_neighbours(early),

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from recsys_tools.cli import main
-from recsys_tools.judge import (
+from recsys_tools.outcomes import Rate
+from recsys_tools.verdict import (
     Verdict,
     acted,
     arm_rates,
@@ -18,7 +19,6 @@ from recsys_tools.judge import (
     first_day_of,
     judge,
 )
-from recsys_tools.outcomes import Rate
 
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA, Kind, day_of
 from app.archive.store import ArchiveStore

@@ -25,8 +25,8 @@ import httpx
 from app.core.errors import ConfigError
 from app.world.layout import REPORT_FILE
 from recsys_tools.commands import Commands
-from recsys_tools.world.commands import add_log_flags, log_columns
-from recsys_tools.world.judge.answers import Moment, WorldAnswers
+from recsys_tools.world.flags import add_log_flags, log_columns
+from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
@@ -36,7 +36,7 @@ CONCURRENCY = 4
 
 
 @dataclass(frozen=True, slots=True)
-class Asked:
+class Question:
     """One user's question: what they went on to like, and what they had seen before."""
 
     user: str
@@ -55,7 +55,7 @@ class Tally:
     seen_served: int = 0
     short: int = 0  # answers with fewer than K items
 
-    def add(self, asked: Asked, items: list[str]) -> None:
+    def add(self, asked: Question, items: list[str]) -> None:
         """One answer, scored against what the user went on to like."""
         self.users += 1
         hits = [item in asked.relevant for item in items[: self.k]]
@@ -80,7 +80,7 @@ class Tally:
 
 def questions(
     later: InteractionLog, earlier: InteractionLog | None = None, users: int = 0
-) -> list[Asked]:
+) -> list[Question]:
     """Each user with a later positive they had not seen before: the items they went on to
     like. In the order the log first names them; the first `users` of them, if set."""
     seen: dict[str, set[str]] = defaultdict(set)
@@ -100,7 +100,9 @@ def questions(
     ):
         if item not in seen[user]:
             liked.setdefault(user, set()).add(item)
-    asked = [Asked(user, frozenset(items), frozenset(seen[user])) for user, items in liked.items()]
+    asked = [
+        Question(user, frozenset(items), frozenset(seen[user])) for user, items in liked.items()
+    ]
     return asked[:users] if users else asked
 
 
@@ -151,7 +153,7 @@ async def ask_all(
     return answers
 
 
-def score(asked: list[Asked], answers: Answers, k: int) -> dict[str, Any]:
+def score(asked: list[Question], answers: Answers, k: int) -> dict[str, Any]:
     """The answers scored against what each user went on to like, and what the service
     said of them."""
     tally = Tally(k)
@@ -165,7 +167,7 @@ def score(asked: list[Asked], answers: Answers, k: int) -> dict[str, Any]:
     }
 
 
-def from_files(world: Path, users: list[str], moment: Moment) -> Answers:
+def from_files(world: Path, users: list[str], moment: AskContext) -> Answers:
     """The world's answers computed from its files (answers.py): what the service must say."""
     computed = WorldAnswers(world)
     return Answers(lists=dict(computed.answers(users, moment)))
@@ -216,7 +218,7 @@ def _run(args: argparse.Namespace) -> None:
             "check --min-weight and that the file is the later part of the log"
         )
     users = [one.user for one in asked]
-    moment = Moment(hour=args.hour, weekday=args.weekday)
+    moment = AskContext(hour=args.hour, weekday=args.weekday)
     report: dict[str, Any] = {}
     offline = None
     if args.world is not None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recsys_tools import served
+from recsys_tools import live_evaluation
 from recsys_tools.cli import main
-from recsys_tools.served import Answers, agreement, questions, score
+from recsys_tools.live_evaluation import Answers, agreement, questions, score
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
@@ -112,7 +112,9 @@ def test_ask_all_counts_refusals_and_reads_each_answer() -> None:
 
     transport = httpx.MockTransport(answer)
     got = asyncio.run(
-        served.ask_all("http://service", ["u", "down", "slow", "new"], 2, transport=transport)
+        live_evaluation.ask_all(
+            "http://service", ["u", "down", "slow", "new"], 2, transport=transport
+        )
     )
     assert got.lists == {
         "u": ["u-0", "u-1"],

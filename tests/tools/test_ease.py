@@ -1,0 +1,58 @@
+"""EASE, the baseline the served answers are held against: it must be the model it claims."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
+
+from loadtest import ease
+
+COLUMNS = LogColumns(user="user", item="item", weight="rating", min_weight=4.0)
+
+
+def _log(path: Path, rows: list[tuple[str, str, float, int]]) -> InteractionLog:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["user", "item", "rating", "timestamp"])
+        writer.writerows(rows)
+    return read_log(path, COLUMNS)
+
+
+def _earlier(path: Path) -> InteractionLog:
+    # Six users like a and b together; c is liked alone by two; d is only ever rated low.
+    rows = [(f"u{n}", item, 5.0, n) for n in range(6) for item in ("a", "b")]
+    rows += [("u6", "c", 5.0, 1), ("u7", "c", 5.0, 1), ("u8", "a", 5.0, 1)]
+    rows += [(f"u{n}", "d", 1.0, 2) for n in range(6)]
+    return _log(path, rows)
+
+
+def test_a_user_who_liked_a_is_offered_what_a_is_liked_with(tmp_path: Path) -> None:
+    model = ease.fit(_earlier(tmp_path / "earlier.csv"), lam=1.0)
+    assert model.top(["a"], seen={"a"}, k=1) == ["b"]
+    # Popularity counts each user's like once, and only likes.
+    assert dict(zip(model.ids, model.popularity.tolist(), strict=True)) == {
+        "a": 7,
+        "b": 6,
+        "c": 2,
+    }
+
+
+def test_every_row_learns_from_the_items_rated_low_too(tmp_path: Path) -> None:
+    earlier = _earlier(tmp_path / "earlier.csv")
+    assert "d" not in ease.fit(earlier, lam=1.0).items
+    every = ease.fit(earlier, lam=1.0, every_row=True)
+    assert "d" in every.items
+    # Asked with everything u8 touched (a), d comes with a as often as b does.
+    assert set(every.top(["a"], seen={"a"}, k=2)) == {"b", "d"}
+
+
+def test_at_its_best_is_the_best_it_tried_on_the_judged_part(tmp_path: Path) -> None:
+    earlier = _earlier(tmp_path / "earlier.csv")
+    later = _log(tmp_path / "later.csv", [("u8", "b", 5.0, 9), ("u6", "a", 5.0, 9)])
+    best = ease.best_on_the_judged_part(earlier, later)
+    assert len(best["tried"]) == len(ease.UPPER_LAMBDAS) * len(ease.INPUTS)
+    assert best["recall@10"] == max(best["tried"].values())
+    assert best["tried"][best["chosen"]] == best["recall@10"]
+    assert best["recall@10"] > 0.0  # u8 liked a: b is in their ten

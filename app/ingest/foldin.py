@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.vocabulary import Positions
-from app.world.foldin import FoldInParams, Weighting
+from app.world.foldin import FoldInParams, Weighting, bm25
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -34,10 +34,9 @@ class FoldIn:
         params = self._params
         if params.weighting is Weighting.COUNT:
             return counts
-        length_norm = (1.0 - params.b) + params.b * counts.sum() / params.average_length
         idf = params.idf[items].astype(np.float64)
-        weights: npt.NDArray[np.float64] = (
-            counts * (params.k1 + 1.0) / (params.k1 * length_norm + counts) * idf
+        weights: npt.NDArray[np.float64] = bm25(
+            counts, counts.sum(), params.average_length, idf, params.k1, params.b
         )
         return weights
 

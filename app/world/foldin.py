@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,11 @@ import numpy.typing as npt
 from app.core.errors import ConfigError
 from app.world.layout import FOLDIN_FILE
 from app.world.stored import reading
+
+# BM25 as the build weighs each user's positives (implicit's bm25_weight): it damps heavy users
+# and very popular items, so the factors model taste, not volume.
+BM25_K1 = 100.0
+BM25_B = 0.8
 
 
 class Weighting(StrEnum):
@@ -32,10 +38,26 @@ class FoldInParams:
     # BM25 only: each item's idf over the build's users, the users' mean count, K1 and B.
     idf: npt.NDArray[np.float32]
     average_length: float = 1.0
-    k1: float = 100.0
-    b: float = 0.8
+    k1: float = BM25_K1
+    b: float = BM25_B
     # The most positives any user had at the build: the `activity` feature's scale.
     max_user_positives: int = 0
+
+
+def bm25_idf(users: int, choosers: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Each item's idf as implicit's bm25_weight takes it: log(users) - log1p(users who
+    chose the item)."""
+    idf: npt.NDArray[np.float64] = np.log(float(users)) - np.log1p(choosers)
+    return idf
+
+
+def bm25(counts: Any, length: Any, average_length: float, idf: Any, k1: float, b: float) -> Any:
+    """implicit's bm25_weight of a user's `counts` of items (their row's sum `length`), written
+    once for every place that weighs: the fold-in on numpy arrays, the Spark engine on
+    columns (the same expression over either; the build's own matrix is implicit's, which
+    tests/unit/test_bm25.py holds this to)."""
+    norm = (1.0 - b) + b * length / average_length
+    return counts * (k1 + 1.0) / (k1 * norm + counts) * idf
 
 
 # What a world without the file (built before it existed, or imported) is folded with.

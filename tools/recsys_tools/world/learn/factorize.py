@@ -16,7 +16,7 @@ from implicit.nearest_neighbours import bm25_weight
 from scipy.sparse import csr_matrix
 from threadpoolctl import threadpool_limits
 
-from app.world.foldin import FoldInParams, Weighting
+from app.world.foldin import BM25_B, BM25_K1, FoldInParams, Weighting, bm25_idf
 from recsys_tools.world.read.log import InteractionLog
 
 FloatArray = npt.NDArray[np.float32]
@@ -27,9 +27,6 @@ ITERATIONS = 15
 # The default where none is chosen (regularization.py chooses one per log: the best on the
 # public movie-ratings sets were 10 to 30; 0.05, the library's default, lost a tenth).
 REGULARIZATION = 10.0
-# BM25 damps heavy users and very popular items, so the factors model taste, not volume.
-BM25_K1 = 100.0
-BM25_B = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +56,7 @@ def foldin_params(log: InteractionLog, regularization: float = REGULARIZATION) -
     """What the service needs to fold a user in as `factorize` fitted them: bm25_weight's
     idf and mean row length over these counts, its K1 and B, and the ALS regularisation."""
     counts = _counts(log)
-    users = float(counts.shape[0])
-    document_frequency = np.bincount(counts.indices, minlength=counts.shape[1])
-    idf = np.log(users) - np.log1p(document_frequency)
+    idf = bm25_idf(counts.shape[0], np.bincount(counts.indices, minlength=counts.shape[1]))
     row_sums = np.asarray(counts.sum(axis=1)).ravel()
     per_user = np.bincount(log.user[log.positive], minlength=log.n_users)
     return FoldInParams(

@@ -18,9 +18,8 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as sf
 
 from app.core.errors import ConfigError
-from app.world.foldin import FoldInParams, Weighting
+from app.world.foldin import BM25_B, BM25_K1, FoldInParams, Weighting, bm25, bm25_idf
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
-from recsys_tools.world.learn.factorize import BM25_B, BM25_K1
 from recsys_tools.world.read.tables import StrArray
 from recsys_tools.world.spark.read import SparkLog
 from recsys_tools.world.store.npz_stream import NpzStream
@@ -168,10 +167,7 @@ def idf(part: Part, counts: DataFrame) -> npt.NDArray[np.float64]:
 
     frequency = counts.groupBy("i").agg(sf.count("*").cast("long").alias("df"))
     document_frequency = _dense_column(frequency, "i", "df", part.log.n_items, np.int64(0))
-    weights: npt.NDArray[np.float64] = np.log(float(part.log.n_users)) - np.log1p(
-        document_frequency
-    )
-    return weights
+    return bm25_idf(part.log.n_users, document_frequency)
 
 
 def foldin_params(
@@ -204,10 +200,7 @@ def bm25_confidence(
         [(i, float(v)) for i, v in enumerate(weights)], "i int, idf double"
     )
     lengths = counts.groupBy("u").agg(sf.sum("n").alias("length"))
-    norm = sf.lit(1.0 - BM25_B) + sf.lit(BM25_B) * sf.col("length") / sf.lit(average_length)
-    value = (
-        sf.col("n") * sf.lit(BM25_K1 + 1.0) / (sf.lit(BM25_K1) * norm + sf.col("n")) * sf.col("idf")
-    )
+    value = bm25(sf.col("n"), sf.col("length"), average_length, sf.col("idf"), BM25_K1, BM25_B)
     return (
         counts.join(lengths, "u")
         .join(sf.broadcast(idf_table), "i")

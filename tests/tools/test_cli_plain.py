@@ -90,17 +90,26 @@ def test_a_busy_port_is_refused_before_anything_loads(world: Path) -> None:
     assert "items with model" not in output
 
 
-def test_a_missing_world(tmp_path: Path) -> None:
-    code, output = _run(SERVE, _env(artifacts_dir=str(tmp_path / "absent")))
+@pytest.fixture
+def serve_port() -> Iterator[int]:
+    """The API's own port, leased: the start-up check probes it before anything loads, so
+    the default (8080) would answer for whatever else the machine serves there."""
+    with leased_port() as port:
+        yield port
+
+
+def test_a_missing_world(tmp_path: Path, serve_port: int) -> None:
+    code, output = _run(SERVE, _env(artifacts_dir=str(tmp_path / "absent"), port=str(serve_port)))
     assert code != 0
     _assert_one_plain_line(output, "is missing", "recsys build-world")
 
 
-def test_serve_without_redis(world: Path, unused_port: int) -> None:
+def test_serve_without_redis(world: Path, unused_port: int, serve_port: int) -> None:
     env = _env(
         artifacts_dir=str(world),
         redis_url=f"redis://127.0.0.1:{unused_port}/0",
         startup_timeout_s="1",
+        port=str(serve_port),
     )
     code, output = _run(SERVE, env)
     assert code != 0

@@ -149,7 +149,10 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
     except ValueError as exc:
         field = ErrorField(field=f"header.{BUDGET_HEADER}", message=str(exc))
         return _error(422, error_body("invalid_request", str(exc), state["request_id"], [field]))
-    wanted = body.debug or (_header(scope, _TRACE) or "") not in ("", "0")
+    # Who may force a trace is asked only where traces are kept and one is asked for.
+    wanted = services.traces is not None and (
+        body.debug or (_header(scope, _TRACE) or "") not in ("", "0")
+    )
     asking = Asking(
         state["request_id"],
         arrived=state.get("arrived", time.monotonic()),

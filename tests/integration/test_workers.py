@@ -73,9 +73,14 @@ def test_every_scrape_reports_the_sum_over_the_workers(stack: Stack, tmp_path: P
             body = {"user_id": f"u{n}", "num_items": 5}
             answer = httpx.post(f"{api.url}/recommend", json=body, timeout=5.0)
             assert answer.status_code == 200, answer.text
+        # A worker counts an answer just after sending it, so a scrape sent the moment the last
+        # answer arrives can beat the count on a starved machine: wait for it once, then every
+        # scrape, whichever worker reads the shared files, must say the same.
+        ok = "recsys_requests_total{outcome=ok}"
+        _until(lambda: _scrape(api.url).get(ok, 0.0) - before >= REQUESTS, 10.0)
         scrapes = [_scrape(api.url) for _ in range(2 * WORKERS + 2)]
         for samples in scrapes:
-            assert samples["recsys_requests_total{outcome=ok}"] - before == REQUESTS
+            assert samples[ok] - before == REQUESTS
             assert samples["recsys_workers{}"] == WORKERS
             assert samples["recsys_in_flight_requests{}"] == 0
 

@@ -29,8 +29,10 @@ from app.clients.onnx_scorer import OnnxScorer, onnx_scorer
 from app.core.cascade import CANDIDATE_COUNT, INDEX_NPROBE, POPULAR_CANDIDATES, PRERANK_KEEP
 from app.core.settings import Settings
 from app.pipeline.packing import encode_context, pack_rows
+from app.pipeline.selectors.rerank import rerank
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
 from app.release.catalog import set_search_breadth
+from app.release.rules import RerankRules
 from app.world.neighbours import Nearby, Neighbours
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
@@ -58,6 +60,9 @@ NPROBE: int = INDEX_NPROBE
 MAX_USERS = 2000
 # Users ranked per onnxruntime call: one call over many rows beats many small ones.
 RANK_BATCH = 32
+# The rules offline ranking ends in: none that change the model's order (no boost, no cap,
+# no diversity; nothing added while serving, so nothing explored).
+NEUTRAL_RULES = RerankRules()
 METHODS = ("recall", "prerank", "recall_rank", "popularity", "item_knn")
 STAGES = {"recall": "recall", "prerank": "prerank", "rank": "recall_rank"}
 
@@ -202,14 +207,17 @@ class Evaluator:
         set_search_breadth(self.index, NPROBE)
         self.popular = np.argsort(-model.popularity, kind="stable").astype(np.int64)
         self.ranker = _ranker(model)
+        self.categories = (
+            np.zeros(len(self.popular), dtype=np.int64)
+            if model.categories is None
+            else model.categories
+        )
         self.stages = ServiceStages(
             schema,
             self.index,
             self.vectors,
             self.popular,
-            np.zeros(len(self.popular), dtype=np.int64)
-            if model.categories is None
-            else model.categories,
+            self.categories,
             model.neighbours,
             model.prerank,
             settings,
@@ -283,10 +291,26 @@ class Evaluator:
         )
         scores = self.ranker.score(rows)
         ends = np.cumsum([len(pool) for pool in pools])
-        ranked = []
-        for pool, part in zip(pools, np.split(scores, ends[:-1]), strict=True):
-            ranked.append(pool[np.argsort(-part, kind="stable")[:K]])
-        return ranked
+        return [
+            self.reranked(pool, part)
+            for pool, part in zip(pools, np.split(scores, ends[:-1]), strict=True)
+        ]
+
+    def reranked(self, pool: IntArray, scores: npt.NDArray[np.float32]) -> IntArray:
+        """The first K of `pool` by the service's own rerank under rules that change nothing
+        (no boost, cap, diversity or exploration): the model's order, ties broken as the
+        service breaks them (by catalog position), unscored candidates last."""
+        selection = rerank(
+            tie_keys=pool,
+            scores=scores,
+            categories=self.categories[pool],
+            age_days=np.zeros(len(pool), dtype=np.float32),
+            rules=NEUTRAL_RULES,
+            n_items=K,
+            scale=self.schema.score_scale,
+        )
+        kept: IntArray = pool[selection.positions]
+        return kept
 
     def cascades(self, queries: list[JudgedUser]) -> list[Cascade]:
         found = self.search(queries)

@@ -41,6 +41,7 @@ from recsys_tools.world.read.log import LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
+from app.core.errors import ConfigError
 from app.world.schema import load_schema
 from loadtest.record import record
 from loadtest.service import local_service
@@ -54,6 +55,8 @@ def _cut(source: Path, columns: LogColumns, since: int, folder: Path) -> tuple[P
     with source.open(newline="", encoding="utf-8") as handle:
         reader = csv.reader(handle)
         header = next(reader)
+        if columns.time is None:
+            raise ConfigError(f"{source.name} has no times: a replay cuts it in time")
         at = header.index(columns.time)
         rows = list(reader)
     parts = folder / "earlier.csv", folder / "later.csv"

@@ -12,7 +12,8 @@ redistribution; docs/your-data.md says where it is published), then:
    served, failed requests, and how many answers equal, item for item, the list the world's
    files give (`recsys evaluate`);
 3. replays the later ratings in time order through the service (`recsys replay`): hit@10
-   with nothing posted, then with each rating posted as it happens;
+   with nothing posted, then with each rating posted as it happens (a set without times,
+   lastfm-2k's play counts, has its later part drawn at random with the seed, and no replay);
 4. computes the baselines on the same split: popularity, and EASE (loadtest/ease.py) with
    its λ chosen on the earlier part's own split, answered and replayed the same way; and
    EASE at its best, λ (20-1000) and its input (positives, or every row) chosen on the
@@ -81,6 +82,21 @@ class PublicSet:
     items: str
     item_columns: ItemColumns
     issue_anchor: dict[str, float] = field(default_factory=dict)
+    min_weight: float | None = MIN_RATING  # None: every row is a positive (play counts)
+
+    @property
+    def timed(self) -> bool:
+        return self.columns.time is not None
+
+    @property
+    def split_columns(self) -> LogColumns:
+        """How the split's parts are laid out (write_split): the default columns, the
+        weight under its own name, and a timestamp where the set has times."""
+        return LogColumns(
+            weight=self.columns.weight,
+            min_weight=self.min_weight,
+            time="timestamp" if self.timed else None,
+        )
 
 
 SETS = {
@@ -117,6 +133,22 @@ SETS = {
         ),
         {"ease_recall@10": 0.190},
     ),
+    # hetrec2011-lastfm-2k: play counts per user and artist, no times (GroupLens publishes
+    # it for non-commercial research; never committed). Each user's held-out part is drawn
+    # at random with the seed the report states.
+    "lastfm-2k": PublicSet(
+        "user_artists.dat",
+        LogColumns(
+            user="userID",
+            item="artistID",
+            weight="weight",
+            time=None,
+            layout=FileLayout(format="tsv"),
+        ),
+        "artists.dat",
+        ItemColumns(item_id="id", title="name", layout=FileLayout(format="tsv")),
+        min_weight=None,
+    ),
 }
 
 
@@ -124,22 +156,23 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _baselines(earlier_path: Path, later_path: Path) -> dict[str, Any]:
-    columns = LogColumns(weight="rating", min_weight=MIN_RATING)
+def _baselines(earlier_path: Path, later_path: Path, columns: LogColumns) -> dict[str, Any]:
     earlier, later = read_log(earlier_path, columns), read_log(later_path, columns)
     lam, tried = ease.chosen_lambda(earlier, SHARE)
     model = ease.fit(earlier, lam)
-    rows = rows_in_time_order(later, None)
-    timeline = [(row.user, row.item, row.positive) for row in rows]
+    chosen: dict[str, Any] = {
+        "lambda": lam,
+        "lambda_tried_on_the_earlier_parts_split": tried,
+        f"recall@{K}": round(ease.recall_at_k(model, earlier, later), 4),
+    }
+    if later.timed:  # a replay plays the later rows in time order
+        rows = rows_in_time_order(later, None)
+        timeline = [(row.user, row.item, row.positive) for row in rows]
+        chosen["replay_static_hit@10"] = round(ease.replay(model, earlier, timeline, False), 4)
+        chosen["replay_events_hit@10"] = round(ease.replay(model, earlier, timeline, True), 4)
     return {
         "ease_best_on_the_judged_part": _ease_at_its_best(earlier, later, later_path),
-        "ease": {
-            "lambda": lam,
-            "lambda_tried_on_the_earlier_parts_split": tried,
-            f"recall@{K}": round(ease.recall_at_k(model, earlier, later), 4),
-            "replay_static_hit@10": round(ease.replay(model, earlier, timeline, False), 4),
-            "replay_events_hit@10": round(ease.replay(model, earlier, timeline, True), 4),
-        },
+        "ease": chosen,
         "popularity": {
             f"recall@{K}": round(ease.recall_at_k(model, earlier, later, popular=True), 4)
         },
@@ -157,8 +190,9 @@ def _ease_at_its_best(earlier: InteractionLog, later: InteractionLog, path: Path
     return _AT_ITS_BEST[key]
 
 
-def _live(url: str, later: Path, earlier: Path, files: Answers) -> dict[str, Any]:
-    columns = LogColumns(weight="rating", min_weight=MIN_RATING)
+def _live(
+    url: str, later: Path, earlier: Path, files: Answers, columns: LogColumns
+) -> dict[str, Any]:
     asked = questions(read_log(later, columns), read_log(earlier, columns))
     users = [one.user for one in asked]
     moment = AskContext()
@@ -173,11 +207,12 @@ def _live(url: str, later: Path, earlier: Path, files: Answers) -> dict[str, Any
 def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     public = SETS[name]
     whole = read_log(data / public.ratings, public.columns)
-    split = write_split(whole, SHARE, folder, "rating")
+    split = write_split(whole, SHARE, folder, public.columns.weight, seed)
     world = folder / "world"
+    columns = public.split_columns
     recipe = WorldRecipe(
         interactions=split.earlier,
-        columns=LogColumns(weight="rating", min_weight=MIN_RATING),
+        columns=columns,
         items=data / public.items,
         item_columns=public.item_columns,
         seed=seed,
@@ -185,8 +220,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     built_s = time.perf_counter() - started
-    baselines = _baselines(split.earlier, split.later)
-    columns = LogColumns(weight="rating", min_weight=MIN_RATING)
+    baselines = _baselines(split.earlier, split.later, columns)
     asked = questions(read_log(split.later, columns), read_log(split.earlier, columns))
     files = from_files(world, [one.user for one in asked], AskContext())
     plain = folder / "plain.toml"
@@ -197,10 +231,12 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
         for label, rules in (("plain_rules", plain), ("packaged_rules", None)):
             extra = {} if rules is None else {"rules_file": str(rules)}
             with api_on(stack, options.run_dir / f"api-{label}.log", **extra) as api:
-                figures[label] = _live(api.url, split.later, split.earlier, files)
-        rows = rows_in_time_order(read_log(split.later, columns), None)
-        with api_on(stack, options.run_dir / "api-replay.log", rules_file=str(plain)) as api:
-            static, events = replay_twice(api.url, stack, world, folder, rows, K)
+                figures[label] = _live(api.url, split.later, split.earlier, files, columns)
+        replayed = None
+        if public.timed:
+            rows = rows_in_time_order(read_log(split.later, columns), None)
+            with api_on(stack, options.run_dir / "api-replay.log", rules_file=str(plain)) as api:
+                replayed = replay_twice(api.url, stack, world, folder, rows, K)
     live = figures["plain_rules"][f"recall@{K}"]
     claim = build_claim(world, K)
     recall_key = f"recall@{K}"
@@ -212,7 +248,8 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
         "build_claims": claim,
         "files": score(asked, files, K),
         **figures,
-        "replay": {"static": static, "events": events},
+        "replay": None if replayed is None else {"static": replayed[0], "events": replayed[1]},
+        "times": report["times"],
         **baselines,
         "network_weight": report["ranker"]["blend"]["model"],
         "als_regularization": report["als"]["regularization"],
@@ -226,13 +263,21 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
             ),
             "live_over_build_claim": _ratio(live, claim.get("rank") or 0.0),
             "packaged_over_plain_rules": _ratio(figures["packaged_rules"][recall_key], live),
-            "replay_static_over_ease": _ratio(
-                static["hit@10"], baselines["ease"]["replay_static_hit@10"]
-            ),
-            "replay_events_over_ease": _ratio(
-                events["hit@10"], baselines["ease"]["replay_events_hit@10"]
-            ),
+            **_replay_ratios(replayed, baselines["ease"]),
         },
+    }
+
+
+def _replay_ratios(
+    replayed: tuple[dict[str, Any], dict[str, Any]] | None, chosen: dict[str, Any]
+) -> dict[str, float | None]:
+    """The service's replays over EASE's; none for a set without times (nothing to replay)."""
+    if replayed is None:
+        return {}
+    static, events = replayed
+    return {
+        "replay_static_over_ease": _ratio(static["hit@10"], chosen["replay_static_hit@10"]),
+        "replay_events_over_ease": _ratio(events["hit@10"], chosen["replay_events_hit@10"]),
     }
 
 

@@ -239,7 +239,7 @@ def _run(args: argparse.Namespace) -> None:
 
 def _split(args: argparse.Namespace) -> None:
     log = _read(args.interactions, log_columns(args))
-    files = write_split(log, args.later_share, args.out, args.weight_col)
+    files = write_split(log, args.later_share, args.out, args.weight_col, args.seed)
     print(
         json.dumps(
             {
@@ -265,6 +265,13 @@ def register(commands: Commands) -> None:
         type=float,
         default=0.2,
         help="each user's latest share of rows that go to the later part; default 0.2",
+    )
+    split.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="for a log without times (--time-col none): the draw of each user's later rows; "
+        "default 7",
     )
     add_log_flags(split)
     split.set_defaults(run=_split)

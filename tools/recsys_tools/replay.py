@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.replay_arrivals import Arrivals, arrivals, world_items
 from recsys_tools.world.flags import (
@@ -86,6 +87,11 @@ class Score:
 
 
 def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> list[Row]:
+    if not interactions.timed:
+        raise ConfigError(
+            f"{interactions.source} has no times: a replay plays its rows in time order, so "
+            "it needs a log with a time column (--time-col)"
+        )
     order = sorted(range(len(interactions.user)), key=lambda n: int(interactions.time[n]))
     rows = []
     for n in order:

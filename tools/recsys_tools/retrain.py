@@ -113,6 +113,11 @@ def retrain(plan: RetrainPlan) -> dict[str, Any]:
 
 
 def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
+    if plan.columns.time is None:
+        raise ConfigError(
+            "recsys retrain holds out the latest day and reads the archive by day: its base "
+            "log needs a time column (--time-col)"
+        )
     if read_stamp(plan.serving) is None:
         raise ConfigError(f"{plan.serving} is not a stamped world: give --serving the world served")
     plan.worlds.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ from recsys_tools.world.read.log import LogColumns
 
 # What build-world --engine spark gathers on the driver by default, in rows.
 SAMPLE_ROWS = 2_000_000
+# What --time-col says of a log that has no times.
+NO_TIMES = "none"
 # What --sep accepts by name: a tab or a pipe is awkward to pass in a shell.
 NAMED_SEPARATORS = {"tab": "\t", "\\t": "\t", "pipe": "|", "comma": ",", "semicolon": ";"}
 
@@ -95,7 +97,7 @@ def log_columns(args: argparse.Namespace) -> LogColumns:
     return LogColumns(
         user=args.user_col,
         item=args.item_col,
-        time=args.time_col,
+        time=None if args.time_col.lower() == NO_TIMES else args.time_col,
         weight=args.weight_col,
         min_weight=args.min_weight,
         time_format=args.time_format,
@@ -113,7 +115,11 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-col", default="user_id", help="default: user_id")
     parser.add_argument("--item-col", default="item_id", help="default: item_id")
     parser.add_argument(
-        "--time-col", default="timestamp", help="unix seconds or ISO datetimes; default: timestamp"
+        "--time-col",
+        default="timestamp",
+        help="unix seconds or ISO datetimes; default: timestamp; `none` for a log without "
+        "times (each user's held-out part is then drawn at random, and the features of age "
+        "and recency are left out)",
     )
     parser.add_argument(
         "--time-format",

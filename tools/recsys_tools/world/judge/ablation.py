@@ -38,6 +38,10 @@ FROM_CATEGORIES = (
     ("sequence", "recent_category"),
 )
 FROM_PUBLISHED = (("item_dense", "freshness"),)
+# The columns that read the log's times: left out of a world built from a log without them
+# (every time reads 0 there, so an age or a recency would say nothing, and the hour a request
+# comes at would be one the model never saw vary).
+FROM_TIMES = (("item_dense", "freshness"), ("user_dense", "tenure"), ("user_dense", "recency"))
 
 Learnt = TypeVar("Learnt")
 # Learn from the log leaving out some inputs (FEATURE_GROUPS, ITEM_TABLE); evaluate it.
@@ -70,11 +74,30 @@ def item_table_columns(schema: FeatureSchema, log: InteractionLog) -> list[int]:
     return [column for column in found if column is not None]
 
 
+def time_columns(schema: FeatureSchema) -> list[int]:
+    """The row's columns that read times: ages and recencies, the request's hour and day."""
+    found = [_column(schema, block, name) for block, name in FROM_TIMES]
+    columns = [column for column in found if column is not None]
+    if "context" in schema.blocks and schema.time_features:
+        end: int = schema.blocks["context"].stop
+        columns.extend(range(end - len(schema.time_features), end))
+    return columns
+
+
+def time_features(schema: FeatureSchema) -> list[str]:
+    """The names of what time_columns are, as a report says what was left out."""
+    named = [name for block, name in FROM_TIMES if _column(schema, block, name) is not None]
+    return [*named, *(f"context {name}" for name in schema.time_features)]
+
+
 def ignored_columns(
     schema: FeatureSchema, groups: frozenset[str], log: InteractionLog
 ) -> npt.NDArray[np.bool_] | None:
-    """The row's columns the ranker is not to see, or None when it sees them all."""
+    """The row's columns the ranker is not to see, or None when it sees them all; a log
+    without times has its time columns left out whatever the groups."""
     ignored = np.zeros(schema.width, dtype=bool)
+    if not log.timed:
+        ignored[time_columns(schema)] = True
     for group in FEATURE_GROUPS:
         if group in groups and group in schema.blocks:
             ignored[schema.blocks[group]] = True

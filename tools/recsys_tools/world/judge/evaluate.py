@@ -102,14 +102,15 @@ def _ragged(owner: IntArray, size: int) -> IntArray:
     return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))]).astype(np.int64)
 
 
-def split_holdout(log: InteractionLog, share: float) -> HoldoutSplit:
+def split_holdout(log: InteractionLog, share: float, seed: int = 0) -> HoldoutSplit:
     """Each user's latest `share` of rows by time (split.later_rows): the same cut
     `recsys split-log` makes, so the build judges itself on a split shaped like the one its
     world will be judged on (learn on each user's past, answer what came after). The held-out
     items are the positives among those rows; every row from the moment a user's holdout
-    begins is kept out of training.
+    begins is kept out of training. In a log without times the rows are drawn at random
+    (`seed`), and every moment is 0.
     """
-    later = later_rows(log, share)
+    later = later_rows(log, share, seed)
     begins = np.full(log.n_users, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(begins, log.user[later], log.time[later])
     return _holdout_sets(log, ~later, np.flatnonzero(later & log.positive), begins, share)

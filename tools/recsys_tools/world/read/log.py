@@ -3,6 +3,11 @@ separator, header, encoding, compression).
 
 Ids are kept as strings exactly as written: "296" stays "296", never "296.0". Rows are
 ordered by user, then time, so each user's history is one contiguous, time-ordered run.
+
+A log may have no time column (play or purchase counts per user and item, as many are
+published): with `time=None` its rows keep the file's order within each user, every time
+reads 0, and the log says it is not `timed`, so what needs times (the holdout by time, the
+features of age and recency) is done another way or left out, and said so.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from recsys_tools.world.read.times import NO_TIME, unix_seconds
 class LogColumns:
     user: str = "user_id"
     item: str = "item_id"
-    time: str = "timestamp"
+    time: str | None = "timestamp"  # None: the log has no times
     weight: str | None = None
     min_weight: float | None = None
     # A strptime format for the time column, where it is neither numbers nor ISO text.
@@ -69,6 +74,8 @@ class InteractionLog:
     weight: FloatArray | None
     positive: BoolArray
     counts: ReadCounts = field(compare=False)
+    # False for a log read without a time column: its times are all 0, its order the file's.
+    timed: bool = True
 
     @property
     def n_users(self) -> int:
@@ -135,9 +142,13 @@ def _log_table(path: Path, columns: LogColumns) -> pa.Table:
         raise ConfigError(
             f"{FLAGS['min_weight']} needs a weight column; name it with {FLAGS['weight']}"
         )
-    wanted = {"user": columns.user, "item": columns.item, "time": columns.time}
+    wanted = {"user": columns.user, "item": columns.item}
     types = {columns.user: pa.string(), columns.item: pa.string()}
+    if columns.time is not None:
+        wanted["time"] = columns.time
     if columns.time_format is not None:
+        if columns.time is None:
+            raise ConfigError(f"{FLAGS['time_format']} needs a time column; the log has none")
         types[columns.time] = pa.string()
     if columns.weight is not None:
         wanted["weight"] = columns.weight
@@ -182,12 +193,7 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
         raise _nothing_left(path, rows_read, dropped)
     table = table.filter(pa.array(keep))
     catalog, item = _item_index(table.column(columns.item), items)
-    time = unix_seconds(table.column(columns.time), path, columns.time, "time", columns.time_format)
-    if (time == NO_TIME).any():
-        raise ConfigError(
-            f"{path.name}: {int((time == NO_TIME).sum()):,} rows have no {columns.time!r}; "
-            f"fill them in or name another column with {FLAGS['time']}"
-        )
+    time = _times(path, table, columns)
     users = pc.dictionary_encode(table.column(columns.user).combine_chunks())
     user = np.asarray(users.indices.to_numpy(), dtype=np.int64)
     weight = None if weights is None else weights[keep]
@@ -208,4 +214,19 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
         weight=None if weight is None else weight[order],
         positive=positive[order],
         counts=counts,
+        timed=columns.time is not None,
     )
+
+
+def _times(path: Path, table: pa.Table, columns: LogColumns) -> IntArray:
+    """Each kept row's unix seconds; all 0 for a log without a time column."""
+    if columns.time is None:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    time = unix_seconds(table.column(columns.time), path, columns.time, "time", columns.time_format)
+    if (time == NO_TIME).any():
+        raise ConfigError(
+            f"{path.name}: {int((time == NO_TIME).sum()):,} rows have no {columns.time!r}; "
+            f"fill them in, name another column with {FLAGS['time']}, or build without "
+            f"times ({FLAGS['time']} none)"
+        )
+    return time

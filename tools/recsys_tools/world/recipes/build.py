@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from app.world.layout import REPORT_FILE
 from app.world.manifest import update_manifest
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, weigh_inputs
+from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, time_features, weigh_inputs
 from recsys_tools.world.learn.derive import check_derivable
 from recsys_tools.world.learn.ranker.from_log import ListRanker
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
@@ -115,7 +115,7 @@ def build_world(
         with clock.step("write"):
             written = served.write(world, recipe)
         log.info("wrote the world to %s %s", world, clock.took("write"))
-        report = _report(recipe, judged, served.learnt.ranker, choice, written)
+        report = _report(recipe, judged, served.learnt.ranker, choice, written, schema)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
     _finish(world, schema, recipe, report)
     return report
@@ -183,6 +183,7 @@ def _report(
     ranker: ListRanker,
     choice: Choice | None,
     written: EngineReport,
+    schema: FeatureSchema,
 ) -> dict[str, Any]:
     return {
         "engine": written.engine,
@@ -190,6 +191,7 @@ def _report(
             "interactions": written.interactions,
             "items": None if recipe.items is None else str(recipe.items),
         },
+        "times": _times(recipe, schema),
         "served": "train part" if recipe.keep_holdout else "all interactions",
         "counts": written.counts,
         "evaluation": judged.weighed.evaluation,
@@ -200,6 +202,19 @@ def _report(
             "chosen_on": None if choice is None else choice.recall,
         },
         "ranker": ranker_report(ranker),
+    }
+
+
+def _times(recipe: WorldRecipe, schema: FeatureSchema) -> dict[str, Any]:
+    """How the log's times were used: the holdout by time, or, without times, drawn at
+    random with the build's seed and the features that read times left out."""
+    share = f"{recipe.holdout_share:.0%}"
+    if recipe.columns.time is not None:
+        return {"column": recipe.columns.time, "held_out": f"each user's latest {share}"}
+    return {
+        "column": None,
+        "held_out": f"{share} of each user's rows, drawn at random with seed {recipe.seed}",
+        "left_out": time_features(schema),
     }
 
 

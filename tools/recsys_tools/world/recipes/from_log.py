@@ -149,14 +149,15 @@ def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:
 
 def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> HoldoutSplit:
     with clock.step("holdout"):
-        holdout = split_holdout(whole, recipe.holdout_share)
+        holdout = split_holdout(whole, recipe.holdout_share, recipe.seed)
     if len(holdout.users) == 0:
         raise ConfigError(
             f"{whole.source}: no user has two positives (on different items), so nothing can "
             f"be held out or learnt to rank; lower {FLAGS['min_weight']} or bring a longer log"
         )
     log.info(
-        "held out the latest %d%% of %s users' positives %s",
+        "held out %s %d%% of %s users' positives %s",
+        "the latest" if whole.timed else f"a random (seed {recipe.seed})",
         round(100 * recipe.holdout_share),
         f"{len(holdout.users):,}",
         clock.took("holdout"),

@@ -204,6 +204,11 @@ class SparkEngine:
     def opened(
         self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
     ) -> Iterator[SparkRead]:
+        if recipe.columns.time is None:
+            raise ConfigError(
+                "a log without times (--time-col none) builds on the local engine only: "
+                "leave out --engine spark"
+            )
         catalog = None if recipe.items is None else read_items(recipe.items, recipe.item_columns)
         with spark_session(self._settings) as spark:
             with clock.step("read"):

@@ -105,13 +105,23 @@ def _charset(encoding: str) -> str:
     return _CHARSETS[name]
 
 
+def _time_column(columns: LogColumns) -> str:
+    """The log's time column: the Spark engine takes logs with times only."""
+    if columns.time is None:
+        raise ConfigError(
+            "a log without times (--time-col none) builds on the local engine only: "
+            "leave out --engine spark"
+        )
+    return columns.time
+
+
 def _times(frame: DataFrame, columns: LogColumns, source: str) -> DataFrame:
     """The time column as unix seconds, NO_TIME where blank, by the local parser."""
 
     kind = frame.schema["t"].dataType
     if isinstance(kind, st.IntegralType) and columns.time_format is None:
         return frame.withColumn("t", sf.coalesce(sf.col("t").cast("long"), sf.lit(NO_TIME)))
-    fmt, name = columns.time_format, columns.time
+    fmt, name = columns.time_format, _time_column(columns)
     text = frame.withColumn("t", sf.col("t").cast("string"))
     schema = st.StructType(
         [f if f.name != "t" else st.StructField("t", st.LongType()) for f in text.schema.fields]
@@ -157,7 +167,8 @@ def _log_items(vocabulary: DataFrame) -> ItemInfo:
 
 def _selected(frame: DataFrame, path: str, columns: LogColumns) -> DataFrame:
 
-    wanted = {"user": columns.user, "item": columns.item, "time": columns.time}
+    time = _time_column(columns)
+    wanted = {"user": columns.user, "item": columns.item, "time": time}
     if columns.min_weight is not None and columns.weight is None:
         raise ConfigError(
             f"{FLAGS['min_weight']} needs a weight column; name it with {FLAGS['weight']}"
@@ -173,7 +184,7 @@ def _selected(frame: DataFrame, path: str, columns: LogColumns) -> DataFrame:
     return frame.select(
         sf.col(columns.user).cast("string").alias("user_id"),
         sf.col(columns.item).cast("string").alias("item_id"),
-        sf.col(columns.time).alias("t"),
+        sf.col(time).alias("t"),
         weight.alias("w"),
         sf.monotonically_increasing_id().alias("r"),
     )

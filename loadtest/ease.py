@@ -118,9 +118,12 @@ def best_on_the_judged_part(earlier: InteractionLog, later: InteractionLog) -> d
     return {f"recall@{K}": figures[chosen], "chosen": chosen, "tried": figures}
 
 
-def chosen_lambda(earlier: InteractionLog, share: float) -> tuple[float, dict[str, float]]:
-    """The λ of LAMBDAS that recalls best on the earlier part's own split in time."""
-    later = later_rows(earlier, share)
+def chosen_lambda(
+    earlier: InteractionLog, share: float, *, seed: int
+) -> tuple[float, dict[str, float]]:
+    """The λ of LAMBDAS that recalls best on the earlier part's own split (in time; drawn
+    with `seed` in a log without times)."""
+    later = later_rows(earlier, share, seed=seed)
     inner, judged = earlier.subset(~later), earlier.subset(later)
     figures = {f"{lam:g}": round(recall_at_k(fit(inner, lam), inner, judged), 4) for lam in LAMBDAS}
     best = max(LAMBDAS, key=lambda lam: figures[f"{lam:g}"])

@@ -162,7 +162,7 @@ def measure(kind: str, folder: Path, seed: int) -> dict[str, Any]:
         items = write_session_items(folder / "items.csv")
     else:
         whole = write_drift_log(folder / "drift", seed).history
-    split = write_split(read_log(whole, COLUMNS), SHARE, folder / "split", "rating")
+    split = write_split(read_log(whole, COLUMNS), SHARE, folder / "split", "rating", seed=0)
     world = folder / "world"
     recipe = WorldRecipe(
         interactions=split.earlier,

@@ -156,9 +156,11 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _baselines(earlier_path: Path, later_path: Path, columns: LogColumns) -> dict[str, Any]:
+def _baselines(
+    earlier_path: Path, later_path: Path, columns: LogColumns, seed: int
+) -> dict[str, Any]:
     earlier, later = read_log(earlier_path, columns), read_log(later_path, columns)
-    lam, tried = ease.chosen_lambda(earlier, SHARE)
+    lam, tried = ease.chosen_lambda(earlier, SHARE, seed=seed)
     model = ease.fit(earlier, lam)
     chosen: dict[str, Any] = {
         "lambda": lam,
@@ -179,7 +181,8 @@ def _baselines(earlier_path: Path, later_path: Path, columns: LogColumns) -> dic
     }
 
 
-# EASE at its best depends on the split alone, the same for every seed: fitted once a split.
+# EASE at its best depends on the split alone (the same for every seed where the set has
+# times; drawn by the seed where it has none): fitted once a split, known by its later part.
 _AT_ITS_BEST: dict[str, dict[str, Any]] = {}
 
 
@@ -207,7 +210,7 @@ def _live(
 def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     public = SETS[name]
     whole = read_log(data / public.ratings, public.columns)
-    split = write_split(whole, SHARE, folder, public.columns.weight, seed)
+    split = write_split(whole, SHARE, folder, public.columns.weight, seed=seed)
     world = folder / "world"
     columns = public.split_columns
     recipe = WorldRecipe(
@@ -220,7 +223,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     built_s = time.perf_counter() - started
-    baselines = _baselines(split.earlier, split.later, columns)
+    baselines = _baselines(split.earlier, split.later, columns, seed)
     asked = questions(read_log(split.later, columns), read_log(split.earlier, columns))
     files = from_files(world, [one.user for one in asked], AskContext())
     plain = folder / "plain.toml"

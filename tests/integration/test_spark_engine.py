@@ -182,7 +182,9 @@ def test_the_sampled_ranker_is_featured_from_the_whole_log(built: Built) -> None
     items = read_items(built.movies, ItemColumns(item_id="movieId", category="genres"))
     columns = LogColumns(user="userId", item="movieId", weight="rating", min_weight=MIN_RATING)
     whole = read_log(built.ratings, columns, items)
-    early = whole.subset(split_holdout(whole, WorldRecipe(built.ratings).holdout_share).train)
+    early = whole.subset(
+        split_holdout(whole, WorldRecipe(built.ratings).holdout_share, seed=0).train
+    )
     schema = world_schema(built.spark, None)
     with np.load(built.spark / HOLDOUT_FILE) as held:
         rows, users, listed = held["rows"], held["users"], held["items"]

@@ -68,7 +68,8 @@ def _until(check: object, timeout_s: float = 30.0) -> None:
 def test_every_scrape_reports_the_sum_over_the_workers(stack: Stack, tmp_path: Path) -> None:
     with workers_api(stack, tmp_path) as api:
         _until(lambda: _scrape(api.url).get("recsys_workers{}") == WORKERS)
-        before = _scrape(api.url).get("recsys_requests_total{outcome=ok}", 0.0)
+        ok = "recsys_requests_total{outcome=ok}"
+        before = _scrape(api.url).get(ok, 0.0)
         for n in range(REQUESTS):
             body = {"user_id": f"u{n}", "num_items": 5}
             answer = httpx.post(f"{api.url}/recommend", json=body, timeout=5.0)
@@ -76,7 +77,6 @@ def test_every_scrape_reports_the_sum_over_the_workers(stack: Stack, tmp_path: P
         # A worker counts an answer just after sending it, so a scrape sent the moment the last
         # answer arrives can beat the count on a starved machine: wait for it once, then every
         # scrape, whichever worker reads the shared files, must say the same.
-        ok = "recsys_requests_total{outcome=ok}"
         _until(lambda: _scrape(api.url).get(ok, 0.0) - before >= REQUESTS, 10.0)
         scrapes = [_scrape(api.url) for _ in range(2 * WORKERS + 2)]
         for samples in scrapes:

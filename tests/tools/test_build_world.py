@@ -296,7 +296,7 @@ def test_derived_features_on_a_hand_made_log(tmp_path: Path, schema: FeatureSche
 def test_the_holdout_is_the_latest_fifth_of_each_users_rows(public: Public) -> None:
     # Cut as split-log cuts a log: each user's first floor(0.8 n) rows (at least one) stay.
     log = read_log(public.recipe.interactions, PUBLIC)
-    holdout = split_holdout(log, 0.2)
+    holdout = split_holdout(log, 0.2, seed=0)
     rows = np.bincount(log.user, minlength=log.n_users)
     held = np.bincount(log.user[~holdout.train], minlength=log.n_users)
     expected = rows - np.maximum(1, np.floor(rows * 0.8 + 1e-9))

@@ -13,6 +13,7 @@ import pytest
 from recsys_tools.replay import rows_in_time_order
 from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan
+from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.formats import FileLayout
@@ -57,14 +58,42 @@ def plays(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _plays(tmp_path_factory.mktemp("plays") / "user_artists.dat")
 
 
-def test_a_log_without_times_is_read_in_the_files_order(plays: Path) -> None:
+def _rewritten(source: Path, target: Path, keep: object = None) -> Path:
+    """The same play counts in the reverse order, less the rows `keep` refuses."""
+    with source.open() as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))
+    body = [row for row in rows[1:] if keep is None or keep(row)]  # type: ignore[operator]
+    with target.open("w", newline="") as handle:
+        csv.writer(handle, delimiter="\t").writerows([rows[0], *reversed(body)])
+    return target
+
+
+def _histories(log: InteractionLog) -> dict[str, list[str]]:
+    users, items = log.user_ids[log.user].tolist(), log.items.ids[log.item].tolist()
+    found: dict[str, list[str]] = {}
+    for user, item in zip(users, items, strict=True):
+        found.setdefault(user, []).append(item)
+    return found
+
+
+def test_a_log_without_times_orders_each_history_by_its_ids_not_the_file(
+    plays: Path, tmp_path: Path
+) -> None:
     log = read_log(plays, PLAYS)
     assert not log.timed
     assert not log.time.any()
-    first_user = log.item[log.user == 0]
+    histories = _histories(log)
+    # The file lists each user's artists in no order that means time; what reads a history's
+    # order as recency must not read the file's sort instead, so the same rows in another
+    # order give every user the same history.
+    reversed_log = read_log(_rewritten(plays, tmp_path / "reversed.dat"), PLAYS)
+    assert _histories(reversed_log) == histories
     with plays.open() as handle:
         written = [row["artistID"] for row in csv.DictReader(handle, delimiter="\t")]
-    assert log.items.ids[first_user].tolist() == written[: len(first_user)]
+    first = log.user_ids[0]
+    in_file = [item for item in written[: len(histories[first])]]
+    assert sorted(histories[first]) == sorted(in_file)
+    assert histories[first] != in_file  # not the file's order
     with pytest.raises(ConfigError, match="--time-format needs a time column"):
         read_log(plays, LogColumns("userID", "artistID", None, time_format="%Y", layout=TSV))
 
@@ -74,16 +103,34 @@ def _later_per_user(log: InteractionLog, later: np.ndarray) -> list[int]:
     return counts
 
 
-def test_each_users_later_part_is_drawn_at_random_with_the_seed(plays: Path) -> None:
+def test_each_users_later_part_is_drawn_at_random_with_the_seed(
+    plays: Path, tmp_path: Path
+) -> None:
     log = read_log(plays, PLAYS)
     drawn = later_rows(log, 0.2, seed=7)
     assert np.array_equal(drawn, later_rows(log, 0.2, seed=7))
     assert not np.array_equal(drawn, later_rows(log, 0.2, seed=8))
     # As many later rows per user as a cut in time would make: only which ones is drawn.
-    in_order = later_rows(dataclasses.replace(log, timed=True), 0.2)
+    in_order = later_rows(dataclasses.replace(log, timed=True), 0.2, seed=7)
     assert _later_per_user(log, drawn) == _later_per_user(log, in_order)
-    # Not simply each user's last rows in the file.
     assert not np.array_equal(drawn, in_order)
+    # The build holds out what split-log draws with the same seed.
+    assert np.array_equal(split_holdout(log, 0.2, seed=7).train, ~drawn)
+    # One user's draw is theirs alone: another user's rows dropped, or the file in another
+    # order, draw the same later rows for everyone else.
+    fewer = read_log(_rewritten(plays, tmp_path / "fewer.dat", lambda row: row[0] != "1"), PLAYS)
+    kept = _later_part(fewer, later_rows(fewer, 0.2, seed=7))
+    whole = _later_part(log, drawn)
+    assert kept == {user: rows for user, rows in whole.items() if user != "1"}
+
+
+def _later_part(log: InteractionLog, later: np.ndarray) -> dict[str, set[str]]:
+    part: dict[str, set[str]] = {}
+    for row in np.flatnonzero(later):
+        part.setdefault(str(log.user_ids[log.user[row]]), set()).add(
+            str(log.items.ids[log.item[row]])
+        )
+    return part
 
 
 def _columns(schema: FeatureSchema, block: str, names: tuple[str, ...], wanted: str) -> int:

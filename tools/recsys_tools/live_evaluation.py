@@ -239,7 +239,7 @@ def _run(args: argparse.Namespace) -> None:
 
 def _split(args: argparse.Namespace) -> None:
     log = _read(args.interactions, log_columns(args))
-    files = write_split(log, args.later_share, args.out, args.weight_col, args.seed)
+    files = write_split(log, args.later_share, args.out, args.weight_col, seed=args.seed)
     print(
         json.dumps(
             {
@@ -264,7 +264,8 @@ def register(commands: Commands) -> None:
         "--later-share",
         type=float,
         default=0.2,
-        help="each user's latest share of rows that go to the later part; default 0.2",
+        help="each user's latest share of rows that go to the later part (drawn at random with "
+        "--seed in a log without times); default 0.2",
     )
     split.add_argument(
         "--seed",

@@ -97,7 +97,7 @@ def log_columns(args: argparse.Namespace) -> LogColumns:
     return LogColumns(
         user=args.user_col,
         item=args.item_col,
-        time=None if args.time_col.lower() == NO_TIMES else args.time_col,
+        time=None if args.time_col == NO_TIMES else args.time_col,
         weight=args.weight_col,
         min_weight=args.min_weight,
         time_format=args.time_format,

@@ -102,7 +102,7 @@ def _ragged(owner: IntArray, size: int) -> IntArray:
     return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))]).astype(np.int64)
 
 
-def split_holdout(log: InteractionLog, share: float, seed: int = 0) -> HoldoutSplit:
+def split_holdout(log: InteractionLog, share: float, *, seed: int) -> HoldoutSplit:
     """Each user's latest `share` of rows by time (split.later_rows): the same cut
     `recsys split-log` makes, so the build judges itself on a split shaped like the one its
     world will be judged on (learn on each user's past, answer what came after). The held-out
@@ -110,7 +110,7 @@ def split_holdout(log: InteractionLog, share: float, seed: int = 0) -> HoldoutSp
     begins is kept out of training. In a log without times the rows are drawn at random
     (`seed`), and every moment is 0.
     """
-    later = later_rows(log, share, seed)
+    later = later_rows(log, share, seed=seed)
     begins = np.full(log.n_users, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(begins, log.user[later], log.time[later])
     return _holdout_sets(log, ~later, np.flatnonzero(later & log.positive), begins, share)
@@ -299,8 +299,8 @@ class Evaluator:
 
     def reranked(self, pool: IntArray, scores: npt.NDArray[np.float32]) -> IntArray:
         """The first K of `pool` by the service's own rerank under rules that change nothing
-        (no boost, cap, diversity or exploration): the model's order, ties broken as the
-        service breaks them (by catalog position), unscored candidates last."""
+        (no boost, cap, diversity or exploration): the model's order, equal scores in catalog
+        order as the service breaks them (not pre-rank's order, which a plain argsort kept)."""
         selection = rerank(
             tie_keys=pool,
             scores=scores,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from app.core.errors import ConfigError
-from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.log import InteractionLog, row_keys
 from recsys_tools.world.read.tables import BoolArray
 
 EARLIER, LATER = "earlier.csv", "later.csv"
@@ -34,18 +34,20 @@ class SplitFiles:
     later_rows: int
 
 
-def later_rows(log: InteractionLog, share: float, seed: int = 0) -> BoolArray:
+def later_rows(log: InteractionLog, share: float, *, seed: int) -> BoolArray:
     """Each user's rows after their first floor((1 - share) * rows), by time (the log is by
     user, then time); at least one row stays earlier, so a user with one row has nothing
-    later. In a log without times, as many of each user's rows drawn at random (`seed`)."""
+    later. In a log without times, as many of each user's rows drawn at random: by a key per
+    row from `seed` and the row's user and item ids, so the draw of one user's rows is the
+    same whatever else the file holds (split-log on the whole log, the build on what it kept)."""
     if not 0 < share < 1:
         raise ConfigError(f"--later-share must be between 0 and 1, not {share}")
     counts = np.bincount(log.user, minlength=log.n_users)
     start = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.arange(len(log.user)) - start[log.user]
     if not log.timed:
-        # Each user's rows in a seeded random order (the log is by user): ranks within it.
-        shuffled = np.lexsort((np.random.default_rng(seed).random(len(log.user)), log.user))
+        keys = row_keys(log.user_ids, log.items.ids, log.user, log.item, seed + 1)
+        shuffled = np.lexsort((keys, log.user))  # each user's rows in the draw's order
         rank = np.empty(len(log.user), dtype=np.int64)
         rank[shuffled] = np.arange(len(shuffled)) - start[log.user[shuffled]]
     # The epsilon keeps 0.8 * 5 (3.9999999999999996 in floating point) at 4.
@@ -67,9 +69,9 @@ def _table(log: InteractionLog, rows: BoolArray, weight_name: str | None) -> pa.
 
 
 def write_split(
-    log: InteractionLog, share: float, folder: Path, weight_name: str | None, seed: int = 0
+    log: InteractionLog, share: float, folder: Path, weight_name: str | None, *, seed: int
 ) -> SplitFiles:
-    later = later_rows(log, share, seed)
+    later = later_rows(log, share, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / EARLIER, folder / LATER
     for path, rows in zip(paths, (~later, later), strict=True):

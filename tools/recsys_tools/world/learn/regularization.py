@@ -62,7 +62,7 @@ def _recall(
 def choose_regularization(part: InteractionLog, dim: int, seed: int, share: float) -> Choice:
     """The largest value of GRID whose factors, learnt on each user's past, recall what came
     after within a standard error of the best; the default where no one can judge."""
-    holdout = split_holdout(part, share, seed)
+    holdout = split_holdout(part, share, seed=seed)
     if not len(holdout.users):
         return Choice(GRID[2], {})
     early = part.subset(holdout.train)

@@ -5,17 +5,22 @@ Ids are kept as strings exactly as written: "296" stays "296", never "296.0". Ro
 ordered by user, then time, so each user's history is one contiguous, time-ordered run.
 
 A log may have no time column (play or purchase counts per user and item, as many are
-published): with `time=None` its rows keep the file's order within each user, every time
-reads 0, and the log says it is not `timed`, so what needs times (the holdout by time, the
-features of age and recency) is done another way or left out, and said so.
+published): with `time=None` every time reads 0 and the log says it is not `timed`, so what
+needs times (the holdout by time, the features of age and recency) is done another way or
+left out, and said so. Each user's rows are then in an order drawn from a hash of the user's
+and the item's ids, not the file's: what reads a history's order as time (the latest
+positives, their decay) would otherwise read how the file was sorted (by item id, or by
+plays) as recency for every user alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from hashlib import blake2b
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -202,7 +207,10 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
         positive = weight >= columns.min_weight
         if not positive.any():
             raise _no_positives(path, columns, weight)
-    order = np.lexsort((time, user))  # stable: equal times keep the file's order
+    if columns.time is None:
+        order = np.lexsort((row_keys(users.dictionary, catalog.ids, user, item, 0), user))
+    else:
+        order = np.lexsort((time, user))  # stable: equal times keep the file's order
     counts = ReadCounts(rows_read, dropped, int((~positive).sum()))
     return InteractionLog(
         source=path.name,
@@ -216,6 +224,27 @@ def read_log(path: Path, columns: LogColumns, items: ItemInfo | None = None) -> 
         counts=counts,
         timed=columns.time is not None,
     )
+
+
+def _id_hashes(ids: pa.Array | StrArray) -> npt.NDArray[np.uint64]:
+    """A 64-bit hash of each id's text: the same on every read, whatever the file's order."""
+    texts = ids.to_pylist() if isinstance(ids, pa.Array) else ids.tolist()
+    digests = b"".join(blake2b(str(text).encode(), digest_size=8).digest() for text in texts)
+    return np.frombuffer(digests, dtype=np.uint64)
+
+
+def row_keys(
+    user_ids: pa.Array | StrArray, item_ids: StrArray, user: IntArray, item: IntArray, salt: int
+) -> npt.NDArray[np.uint64]:
+    """A pseudo-random key per row from its user's and item's ids and `salt` alone (mixed by
+    splitmix64's finaliser): every user's order of their rows is their own, and no row's key
+    moves when other rows are added, dropped or sorted otherwise in the file."""
+    key = _id_hashes(user_ids)[user] * np.uint64(0x9E3779B97F4A7C15) ^ _id_hashes(item_ids)[item]
+    key ^= np.uint64(salt * 0xD6E8FEB86659FD93 % 2**64)  # Python ints: numpy's scalars warn
+    key ^= key >> np.uint64(31)
+    key *= np.uint64(0xBF58476D1CE4E5B9)
+    key ^= key >> np.uint64(27)
+    return key
 
 
 def _times(path: Path, table: pa.Table, columns: LogColumns) -> IntArray:

@@ -83,6 +83,8 @@ def require_columns(path: Path, wanted: dict[str, str], present: list[str], file
         if name in present:
             continue
         fix = f"name the {role.replace('_', ' ')} column with {FLAGS[role]}"
+        if role == "time":
+            fix += f", or give {FLAGS['time']} none for a log without times"
         if looks_like_data(present):
             # Naming a column after a value of the first row would lose that row.
             fix = (

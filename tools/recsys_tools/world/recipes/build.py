@@ -215,6 +215,9 @@ def _times(recipe: WorldRecipe, schema: FeatureSchema) -> dict[str, Any]:
         "column": None,
         "held_out": f"{share} of each user's rows, drawn at random with seed {recipe.seed}",
         "left_out": time_features(schema),
+        # What reads a history's order (the latest positives and their decay, the neighbours
+        # of the latest) reads this one: neither time nor the file's sort.
+        "history_order": "each user's rows by a hash of the user's and the item's ids",
     }
 
 

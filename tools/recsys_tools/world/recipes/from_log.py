@@ -149,7 +149,7 @@ def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:
 
 def _hold_out(whole: InteractionLog, recipe: WorldRecipe, clock: Clock) -> HoldoutSplit:
     with clock.step("holdout"):
-        holdout = split_holdout(whole, recipe.holdout_share, recipe.seed)
+        holdout = split_holdout(whole, recipe.holdout_share, seed=recipe.seed)
     if len(holdout.users) == 0:
         raise ConfigError(
             f"{whole.source}: no user has two positives (on different items), so nothing can "

@@ -166,7 +166,7 @@ def _sample(whole: SparkLog, recipe: WorldRecipe, settings: SparkSettings, clock
     with clock.step("sample"):
         chosen = sampled_users(whole, settings.sample_rows, recipe.seed)
         gathered, indexes = gather(whole, whole.rows, chosen)
-        holdout = split_holdout(gathered, recipe.holdout_share)
+        holdout = split_holdout(gathered, recipe.holdout_share, seed=recipe.seed)
     log.info(
         "gathered %s rows of %s users on the driver (--spark-sample-rows %s) %s",
         f"{len(gathered.user):,}",

@@ -130,7 +130,7 @@ def _candidate_lists(
     part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known | None
 ) -> _Lists:
     """Each user's pool rebuilt from their past, cut by pre-rank to the rows the model scores."""
-    split = split_holdout(part, training.holdout_share, training.seed)
+    split = split_holdout(part, training.holdout_share, seed=training.seed)
     early = part.subset(split.train)
     if known is None:
         known = known_from(early, schema, training)

@@ -2,19 +2,23 @@
 
 Steck's "Embarrassingly Shallow Autoencoders" (2019): B = I - P / diag(P) with
 P = (XᵀX + λI)⁻¹ over the binary user-item matrix of positives, the diagonal zeroed; a user's
-scores are x·B. It needs the dense item-by-item inverse, so it is for catalogs of some
-thousands of items: a baseline for benchmarks, never served. λ is chosen on the earlier
-part's own split in time, as the world build chooses its settings, not on what is judged.
+scores are x·B. With fewer users than items (play-count sets: 1,892 users, 15,421 artists)
+the same P comes from the users' side, P = (I - Xᵀ(XXᵀ + λI)⁻¹X) / λ (Woodbury), so the
+inverse is users by users and B is never formed: x·B = x - x·P / diag(P), as exact. Either way
+it inverts a matrix of the smaller side, so it is for sets where one side is some thousands:
+a baseline for benchmarks, never served. λ is chosen on the earlier part's own split in time,
+as the world build chooses its settings, not on what is judged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse as sp
 from recsys_tools.live_evaluation import questions
 from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.read.log import InteractionLog
@@ -27,11 +31,45 @@ INPUTS = ("positives", "every_row")
 K = 10
 
 
+class Scores(Protocol):
+    def __call__(self, columns: Sequence[int]) -> FloatArray:
+        """x·B for the user whose positives are `columns` (a column twice counts twice)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ItemSide:
+    """B itself, items by items."""
+
+    weights: FloatArray
+
+    def __call__(self, columns: Sequence[int]) -> FloatArray:
+        scores: FloatArray = self.weights[list(columns)].sum(axis=0)
+        return scores
+
+
+@dataclass(frozen=True, slots=True)
+class UserSide:
+    """B through the users' side: `inverse` is (XXᵀ + λI)⁻¹, `kept` is 1 - diag(XᵀMX)
+    (λ·diag(P)); x·B = x - (x - XᵀM·Xx) / kept."""
+
+    matrix: sp.csr_matrix  # X, users by items, binary
+    inverse: FloatArray
+    kept: FloatArray
+
+    def __call__(self, columns: Sequence[int]) -> FloatArray:
+        x = np.bincount(np.asarray(columns, dtype=np.int64), minlength=self.matrix.shape[1])
+        x = x.astype(np.float64)
+        through = self.matrix.T @ (self.inverse @ (self.matrix @ x))
+        scores: FloatArray = x - (x - through) / self.kept
+        return scores
+
+
 @dataclass(frozen=True, slots=True)
 class Ease:
     items: dict[str, int]  # item id -> column
     ids: list[str]
-    weights: FloatArray  # B
+    scores: Scores
     popularity: npt.NDArray[np.int64]  # positives per column
     every_row: bool = False  # learnt from every row, not the positives only: asked the same
 
@@ -42,7 +80,7 @@ class Ease:
         a user without any, or for everyone with `popular` (the popularity baseline)."""
         columns = [self.items[item] for item in liked if item in self.items]
         if columns and not popular:
-            scores = self.weights[columns].sum(axis=0)
+            scores = self.scores(columns)
         else:
             scores = self.popularity.astype(np.float64)
         order = np.argsort(-scores, kind="stable")
@@ -55,25 +93,50 @@ class Ease:
         return chosen
 
 
-def fit(log: InteractionLog, lam: float, every_row: bool = False) -> Ease:
+def item_side(matrix: sp.csr_matrix, lam: float) -> ItemSide:
+    # From the sparse product: a dense XᵀX of a wide X is where OpenBLAS's threaded syrk
+    # crashes (numpy issue 19685; a segfault at 15,421 items here).
+    gram = (matrix.T @ matrix).toarray()
+    gram[np.diag_indices_from(gram)] += lam
+    weights = np.linalg.inv(gram)
+    weights /= -np.diag(weights)
+    np.fill_diagonal(weights, 0.0)
+    return ItemSide(weights)
+
+
+def user_side(matrix: sp.csr_matrix, lam: float) -> UserSide:
+    gram = (matrix @ matrix.T).toarray()
+    gram[np.diag_indices_from(gram)] += lam
+    inverse = np.linalg.inv(gram)
+    through = np.asarray(matrix.T @ inverse)  # items by users, dense
+    kept = 1.0 - np.asarray(matrix.T.multiply(through).sum(axis=1)).ravel()
+    return UserSide(matrix, inverse, kept)
+
+
+def fit(
+    log: InteractionLog, lam: float, every_row: bool = False, users_side: bool | None = None
+) -> Ease:
     """EASE over the positives, or over every row (`every_row`: an item rated low was
-    still chosen to be seen); the popularity baseline counts positives either way."""
+    still chosen to be seen); the popularity baseline counts positives either way. B comes
+    from the smaller side (`users_side` None), or the side asked for."""
     rows = np.ones(len(log.user), dtype=bool) if every_row else log.positive
     active = np.unique(log.item[rows])
     column = np.full(log.n_items, -1, dtype=np.int64)
     column[active] = np.arange(len(active))
-    matrix = np.zeros((log.n_users, len(active)), dtype=np.float64)
-    matrix[log.user[rows], column[log.item[rows]]] = 1.0
-    gram = matrix.T @ matrix
-    gram[np.diag_indices_from(gram)] += lam
-    inverse = np.linalg.inv(gram)
-    weights = -inverse / np.diag(inverse)
-    np.fill_diagonal(weights, 0.0)
+    pairs = (log.user[rows], column[log.item[rows]])
+    matrix = sp.csr_matrix(
+        (np.ones(len(pairs[0])), pairs), shape=(log.n_users, len(active)), dtype=np.float64
+    )
+    matrix.sum_duplicates()
+    matrix.data[:] = 1.0  # a pair twice in the log is still one 1
+    if users_side is None:
+        users_side = log.n_users < len(active)
+    scores: Scores = user_side(matrix, lam) if users_side else item_side(matrix, lam)
     ids = log.items.ids[active].tolist()
     # Users who liked each item (a pair counted once, as the binary matrix holds it).
-    pairs = np.unique(log.user[log.positive] * log.n_items + log.item[log.positive])
-    liked = np.bincount(column[pairs % log.n_items], minlength=len(active)).astype(np.int64)
-    return Ease({item: k for k, item in enumerate(ids)}, ids, weights, liked, every_row)
+    liked_pairs = np.unique(log.user[log.positive] * log.n_items + log.item[log.positive])
+    liked = np.bincount(column[liked_pairs % log.n_items], minlength=len(active)).astype(np.int64)
+    return Ease({item: k for k, item in enumerate(ids)}, ids, scores, liked, every_row)
 
 
 def histories(log: InteractionLog) -> tuple[dict[str, list[str]], dict[str, set[str]]]:

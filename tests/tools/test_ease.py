@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 from loadtest import ease
@@ -56,3 +57,24 @@ def test_at_its_best_is_the_best_it_tried_on_the_judged_part(tmp_path: Path) -> 
     assert best["recall@10"] == max(best["tried"].values())
     assert best["tried"][best["chosen"]] == best["recall@10"]
     assert best["recall@10"] > 0.0  # u8 liked a: b is in their ten
+
+
+def test_both_sides_give_one_model(tmp_path: Path) -> None:
+    # Fewer users than items, so fit takes the users' side by itself: the item-by-item B
+    # must score every history alike, and so answer alike.
+    rng = np.random.default_rng(3)
+    rows = [
+        (f"u{user}", f"i{item}", float(rng.integers(1, 6)), int(rng.integers(0, 1000)))
+        for user in range(12)
+        for item in rng.choice(40, size=int(rng.integers(2, 9)), replace=False).tolist()
+    ]
+    earlier = _log(tmp_path / "earlier.csv", rows)
+    users = ease.fit(earlier, lam=2.0)
+    items = ease.fit(earlier, lam=2.0, users_side=False)
+    assert isinstance(users.scores, ease.UserSide)
+    assert isinstance(items.scores, ease.ItemSide)
+    assert users.ids == items.ids
+    for history in ([0], [3, 7], [1, 1, 5], list(range(len(users.ids)))):
+        np.testing.assert_allclose(users.scores(history), items.scores(history), atol=1e-9)
+    liked = [users.ids[0], users.ids[4]]
+    assert users.top(liked, set(liked), k=5) == items.top(liked, set(liked), k=5)

@@ -37,11 +37,10 @@ from recsys_tools.replay import Row, arrivals_for, replay, rows_in_time_order
 from recsys_tools.world.generate.arrivals import write_arrival_log
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.items import ItemColumns, read_items
-from recsys_tools.world.read.log import LogColumns, read_log
+from recsys_tools.world.read.log import LogColumns, read_log, time_column
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
-from app.core.errors import ConfigError
 from app.world.schema import load_schema
 from loadtest.record import record
 from loadtest.service import local_service
@@ -55,9 +54,7 @@ def _cut(source: Path, columns: LogColumns, since: int, folder: Path) -> tuple[P
     with source.open(newline="", encoding="utf-8") as handle:
         reader = csv.reader(handle)
         header = next(reader)
-        if columns.time is None:
-            raise ConfigError(f"{source.name} has no times: a replay cuts it in time")
-        at = header.index(columns.time)
+        at = header.index(time_column(columns, source.name, "a replay cuts it in time"))
         rows = list(reader)
     parts = folder / "earlier.csv", folder / "later.csv"
     for path, later in zip(parts, (False, True), strict=True):

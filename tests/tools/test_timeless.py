@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -177,10 +178,12 @@ def test_what_needs_times_refuses_a_log_without(plays: Path, tmp_path: Path) -> 
     recipe = WorldRecipe(interactions=plays, columns=PLAYS)
     engine = SparkEngine(str(plays), SparkSettings("local[1]", (), 1000))
     opened = engine.opened(recipe, load_schema(interactions_schema_path()), Clock())
-    with pytest.raises(ConfigError, match="local engine only"), opened:
+    refused = re.escape(plays.name) + r" has no times \(--time-col none\): "
+    with pytest.raises(ConfigError, match=refused + "the Spark engine .* --engine spark"), opened:
         pass
     plan = RetrainPlan(plays, PLAYS, str(tmp_path / "archive"), tmp_path, tmp_path / "worlds")
-    with pytest.raises(ConfigError, match="needs a time column"):
+    with pytest.raises(ConfigError, match=refused + "recsys retrain holds out the latest day"):
         retrain(plan)
-    with pytest.raises(ConfigError, match="has no times"):
+    assert not (tmp_path / "worlds").exists()  # refused before any step began
+    with pytest.raises(ConfigError, match=refused + "a replay plays its rows in time order"):
         rows_in_time_order(read_log(plays, PLAYS), None)

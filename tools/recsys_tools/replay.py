@@ -29,7 +29,6 @@ from typing import Any
 
 import httpx
 
-from app.core.errors import ConfigError
 from recsys_tools.commands import Commands
 from recsys_tools.replay_arrivals import Arrivals, arrivals, world_items
 from recsys_tools.world.flags import (
@@ -39,7 +38,7 @@ from recsys_tools.world.flags import (
     log_columns,
 )
 from recsys_tools.world.read.items import ItemInfo, read_items
-from recsys_tools.world.read.log import InteractionLog, read_log
+from recsys_tools.world.read.log import InteractionLog, read_log, require_times
 
 log = logging.getLogger("recsys.replay")
 
@@ -87,11 +86,11 @@ class Score:
 
 
 def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> list[Row]:
-    if not interactions.timed:
-        raise ConfigError(
-            f"{interactions.source} has no times: a replay plays its rows in time order, so "
-            "it needs a log with a time column (--time-col)"
-        )
+    require_times(
+        interactions.timed,
+        interactions.source,
+        "a replay plays its rows in time order; give a log with a time column (--time-col)",
+    )
     order = sorted(range(len(interactions.user)), key=lambda n: int(interactions.time[n]))
     rows = []
     for n in order:

@@ -78,7 +78,7 @@ from recsys_tools.world.learn.ranker.from_impressions import (
 )
 from recsys_tools.world.learn.ranker.net import NETWORKS
 from recsys_tools.world.read.formats import FileLayout
-from recsys_tools.world.read.log import LogColumns
+from recsys_tools.world.read.log import LogColumns, require_times
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 from recsys_tools.world.store.identity import stamp_world
@@ -99,6 +99,12 @@ class RetrainRefusedError(ConfigError):
 def retrain(plan: RetrainPlan) -> dict[str, Any]:
     """Build, judge and accept (or refuse) the next world; the report (also in the world's
     retrain.json). RetrainRefusedError when refused."""
+    require_times(
+        plan.columns.time is not None,
+        str(plan.interactions),
+        "recsys retrain holds out the latest day and reads the archive by day; give a base "
+        "log with a time column (--time-col)",
+    )
     progress = Progress(plan.worlds)
     try:
         return _retrain(plan, progress)
@@ -113,11 +119,6 @@ def retrain(plan: RetrainPlan) -> dict[str, Any]:
 
 
 def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
-    if plan.columns.time is None:
-        raise ConfigError(
-            "recsys retrain holds out the latest day and reads the archive by day: its base "
-            "log needs a time column (--time-col)"
-        )
     if read_stamp(plan.serving) is None:
         raise ConfigError(f"{plan.serving} is not a stamped world: give --serving the world served")
     plan.worlds.mkdir(parents=True, exist_ok=True)

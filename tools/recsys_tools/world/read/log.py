@@ -55,6 +55,24 @@ class LogColumns:
     layout: FileLayout = field(default_factory=FileLayout)
 
 
+def _no_times(source: str, needs: str) -> ConfigError:
+    return ConfigError(f"{source} has no times ({FLAGS['time']} none): {needs}")
+
+
+def require_times(timed: bool, source: str, needs: str) -> None:
+    """The one refusal of a log without times by what cannot do without them: `needs` says
+    what needs them and what to do instead."""
+    if not timed:
+        raise _no_times(source, needs)
+
+
+def time_column(columns: LogColumns, source: str, needs: str) -> str:
+    """The log's time column, refused as require_times refuses where it has none."""
+    if columns.time is None:
+        raise _no_times(source, needs)
+    return columns.time
+
+
 @dataclass(frozen=True, slots=True)
 class ReadCounts:
     rows_read: int

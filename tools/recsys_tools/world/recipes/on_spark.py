@@ -37,14 +37,14 @@ from recsys_tools.world.learn.derive import (
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.ranker.from_log import Known, train_list_ranker
 from recsys_tools.world.read.items import read_items
-from recsys_tools.world.read.log import InteractionLog
+from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
 from recsys_tools.world.recipes.build import EngineReport, Judged, build_world
 from recsys_tools.world.recipes.learnt import Learnt, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
 from recsys_tools.world.spark.neighbours import neighbours_on_spark
-from recsys_tools.world.spark.read import SparkLog, read_spark_log, user_ids
+from recsys_tools.world.spark.read import TIMED_ONLY, SparkLog, read_spark_log, user_ids
 from recsys_tools.world.spark.sample import gather, sampled_users
 from recsys_tools.world.spark.session import SparkSettings, spark_session
 from recsys_tools.world.spark.tables import (
@@ -204,11 +204,7 @@ class SparkEngine:
     def opened(
         self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
     ) -> Iterator[SparkRead]:
-        if recipe.columns.time is None:
-            raise ConfigError(
-                "a log without times (--time-col none) builds on the local engine only: "
-                "leave out --engine spark"
-            )
+        require_times(recipe.columns.time is not None, self._uri, TIMED_ONLY)
         catalog = None if recipe.items is None else read_items(recipe.items, recipe.item_columns)
         with spark_session(self._settings) as spark:
             with clock.step("read"):

@@ -23,7 +23,7 @@ from pyspark.sql import types as st
 from app.core.errors import ConfigError
 from recsys_tools.world.read.formats import SEPARATORS, file_format
 from recsys_tools.world.read.items import ItemInfo, categories
-from recsys_tools.world.read.log import LogColumns, ReadCounts
+from recsys_tools.world.read.log import LogColumns, ReadCounts, time_column
 from recsys_tools.world.read.tables import FLAGS, StrArray, require_columns
 from recsys_tools.world.read.times import NO_TIME, unix_seconds
 
@@ -105,14 +105,12 @@ def _charset(encoding: str) -> str:
     return _CHARSETS[name]
 
 
-def _time_column(columns: LogColumns) -> str:
-    """The log's time column: the Spark engine takes logs with times only."""
-    if columns.time is None:
-        raise ConfigError(
-            "a log without times (--time-col none) builds on the local engine only: "
-            "leave out --engine spark"
-        )
-    return columns.time
+# Why the Spark engine refuses a log without times (require_times).
+TIMED_ONLY = "the Spark engine builds from logs with times only; leave out --engine spark"
+
+
+def _time_column(columns: LogColumns, source: str) -> str:
+    return time_column(columns, source, TIMED_ONLY)
 
 
 def _times(frame: DataFrame, columns: LogColumns, source: str) -> DataFrame:
@@ -121,7 +119,7 @@ def _times(frame: DataFrame, columns: LogColumns, source: str) -> DataFrame:
     kind = frame.schema["t"].dataType
     if isinstance(kind, st.IntegralType) and columns.time_format is None:
         return frame.withColumn("t", sf.coalesce(sf.col("t").cast("long"), sf.lit(NO_TIME)))
-    fmt, name = columns.time_format, _time_column(columns)
+    fmt, name = columns.time_format, _time_column(columns, source)
     text = frame.withColumn("t", sf.col("t").cast("string"))
     schema = st.StructType(
         [f if f.name != "t" else st.StructField("t", st.LongType()) for f in text.schema.fields]
@@ -167,7 +165,7 @@ def _log_items(vocabulary: DataFrame) -> ItemInfo:
 
 def _selected(frame: DataFrame, path: str, columns: LogColumns) -> DataFrame:
 
-    time = _time_column(columns)
+    time = _time_column(columns, path)
     wanted = {"user": columns.user, "item": columns.item, "time": time}
     if columns.min_weight is not None and columns.weight is None:
         raise ConfigError(

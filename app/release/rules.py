@@ -163,6 +163,19 @@ class RerankRules(BaseModel):
         return PageSources() if section is None else section.sources
 
 
+# Rules that leave the model's order as it is, each said rather than left to the defaults
+# (which a rules change could move): no objective reweighting, no category cap, no diversity,
+# no boost, nothing explored, nothing blocked. Offline ranking ends in the service's rerank
+# under these, so an offline figure measures the model, not the house's taste.
+NEUTRAL_RULES = RerankRules(
+    objectives=ObjectivesRule(like=0.0, viewed=0.0),
+    diversity=DiversityRule(max_per_category=0, relevance=1.0),
+    boost=(),
+    explore=ExploreRule(slots=0),
+    block=BlockRule(),
+)
+
+
 def load_rules(path: Path | None = None) -> RerankRules:
     """Parse and validate the rules file; without a path, the defaults shipped with the package."""
     try:

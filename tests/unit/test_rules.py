@@ -8,7 +8,14 @@ from app.core.errors import ConfigError
 from app.pipeline.selectors.boost import Boost, adjusted_scores, log_factors
 from app.pipeline.selectors.category_cap import rank_within_group
 from app.pipeline.selectors.rerank import rerank
-from app.release.rules import BoostRule, DiversityRule, ObjectivesRule, RerankRules, load_rules
+from app.release.rules import (
+    NEUTRAL_RULES,
+    BoostRule,
+    DiversityRule,
+    ObjectivesRule,
+    RerankRules,
+    load_rules,
+)
 from app.world.schema import ScoreScale
 
 NO_RULES = RerankRules()
@@ -329,3 +336,23 @@ def test_a_boost_that_passes_an_item_is_named_for_it() -> None:
     )
     assert selection.positions.tolist() == [2, 0]
     assert selection.left_out == {1: Boost.reason}
+
+
+def test_neutral_rules_keep_the_models_order_whatever_the_items() -> None:
+    # Scores with ties, crowded categories, fresh items and likes beside: the order is the
+    # scores', ties by key, as long as the answer asks.
+    rng = np.random.default_rng(5)
+    scores = rng.choice([0.2, 0.5, 0.7, 0.9], size=30).tolist()
+    keys = rng.permutation(30).tolist()
+    positions, kept = _rerank(
+        scores,
+        categories=[0] * 30,
+        age_days=[0.5] * 30,
+        rules=NEUTRAL_RULES,
+        n_items=12,
+        tie_keys=keys,
+        likes=rng.random(30).tolist(),
+    )
+    expected = sorted(range(30), key=lambda n: (-scores[n], keys[n]))[:12]
+    assert positions == expected
+    assert kept == pytest.approx([scores[n] for n in expected])

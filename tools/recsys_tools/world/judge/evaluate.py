@@ -32,7 +32,7 @@ from app.pipeline.packing import encode_context, pack_rows
 from app.pipeline.selectors.rerank import rerank
 from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence_columns
 from app.release.catalog import set_search_breadth
-from app.release.rules import RerankRules
+from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
@@ -60,9 +60,6 @@ NPROBE: int = INDEX_NPROBE
 MAX_USERS = 2000
 # Users ranked per onnxruntime call: one call over many rows beats many small ones.
 RANK_BATCH = 32
-# The rules offline ranking ends in: none that change the model's order (no boost, no cap,
-# no diversity; nothing added while serving, so nothing explored).
-NEUTRAL_RULES = RerankRules()
 METHODS = ("recall", "prerank", "recall_rank", "popularity", "item_knn")
 STAGES = {"recall": "recall", "prerank": "prerank", "rank": "recall_rank"}
 

@@ -27,7 +27,7 @@ from app.release.artifacts import ServingArtifacts, serving_artifacts
 from app.release.catalog import Catalog
 from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, Routed
-from app.release.rules import RerankRules
+from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema, ModelSignature
@@ -79,7 +79,7 @@ def _artifacts(
     # Never asked: the candidate stages call no model.
     model = ModelSignature("offline", "", "", "FP32", (), "", "FP32", 0)
     routing = ModelRouting(Routed("", model))
-    return serving_artifacts(schema, catalog, RerankRules(), routing, KeySpace("offline"))
+    return serving_artifacts(schema, catalog, NEUTRAL_RULES, routing, KeySpace("offline"))
 
 
 class ServiceStages:

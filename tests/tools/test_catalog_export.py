@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from recsys_tools.catalog_export import Row, replayed
+from recsys_tools.catalog_export import Row, built_without_times, published, replayed, write_table
+from recsys_tools.world.read.items import ItemColumns, read_items
+from recsys_tools.world.read.times import NO_TIME
+
+from app.world.layout import REPORT_FILE
 
 
 def test_puts_withdrawals_and_refits_replay_into_the_table() -> None:
@@ -18,3 +24,28 @@ def test_puts_withdrawals_and_refits_replay_into_the_table() -> None:
     ]
     now = replayed(rows, batches)
     assert now == {"i2": Row("Two, again", "comedy", 20), "n1": Row("New", "drama|war", 30)}
+
+
+def test_a_world_without_times_exports_blank_dates_the_next_build_reads_as_unknown(
+    tmp_path: Path,
+) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    assert not built_without_times(world)  # no report: taken as timed
+    (world / REPORT_FILE).write_text(json.dumps({"times": {"column": "timestamp"}}))
+    assert not built_without_times(world)
+    assert published([0, 1_700_000_000, -86_400], False) == [0, 1_700_000_000, -86_400]
+    (world / REPORT_FILE).write_text(json.dumps({"times": {"column": None}}))
+    assert built_without_times(world)
+    # 0 is the log's first time there, "never said"; a date the item table gave stays.
+    dates = published([0, 1_700_000_000], True)
+    assert dates == [None, 1_700_000_000]
+    rows = {"a": Row("A", "x", dates[0]), "b": Row("B", "y", dates[1])}
+    out = tmp_path / "items-now.csv"
+    write_table(rows, out)
+    back = read_items(out, ItemColumns(category="categories", published="published_at"))
+    assert back.published is not None
+    assert dict(zip(back.ids.tolist(), back.published.tolist(), strict=True)) == {
+        "a": NO_TIME,
+        "b": 1_700_000_000,
+    }

@@ -3,8 +3,10 @@
 Reads the served world's items and its change log in Redis (every item put and withdrawn
 while serving), and writes one CSV row per item the catalog holds now: the world's items
 less those withdrawn, with the attributes a later put gave them, and every added item not
-withdrawn. Columns: item_id, title, categories (names, A|B), published_at (unix seconds).
-The next build reads it as its item table, so it takes the changes in:
+withdrawn. Columns: item_id, title, categories (names, A|B), published_at (unix seconds;
+blank where nothing said when: a world built from a log without times, for the items its
+item table gave no date). The next build reads it as its item table, so it takes the changes
+in:
 
     recsys export-catalog --world var/world --redis-url redis://... --out items-now.csv
     recsys build-world --interactions LOG --items items-now.csv --category-col categories \\
@@ -26,7 +28,7 @@ import redis
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
 from app.world.attributes import load_attributes
-from app.world.layout import ITEMS_FILE
+from app.world.layout import ITEMS_FILE, REPORT_FILE
 from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
 
@@ -38,20 +40,35 @@ PAGE = 1000
 class Row:
     title: str
     categories: str
-    published_at: int
+    published_at: int | None  # None: nothing said when
+
+
+def built_without_times(world: Path) -> bool:
+    """Whether the world's report says its log had no times: every item the item table gave
+    no date then holds the log's first time, 0, which means "never said", not 1970."""
+    path = world / REPORT_FILE
+    if not path.is_file():
+        return False
+    times = json.loads(path.read_text(encoding="utf-8")).get("times")
+    return isinstance(times, dict) and "column" in times and times["column"] is None
+
+
+def published(moments: list[int], timeless: bool) -> list[int | None]:
+    return [None if timeless and moment == 0 else moment for moment in moments]
 
 
 def world_rows(world: Path) -> dict[str, Row]:
     """The world's items as it was built."""
     with np.load(world / ITEMS_FILE) as stored:
         ids = stored["ids"].astype(str).tolist()
-        published = stored["published_at"].astype(np.int64).tolist()
+        moments = stored["published_at"].astype(np.int64).tolist()
+    dated = published(moments, built_without_times(world))
     attributes = load_attributes(world, len(ids)).columns
     titles = attributes.get("title", np.full(len(ids), "")).tolist()
     names = attributes.get("categories", np.full(len(ids), "")).tolist()
     return {
-        item: Row(str(title), str(categories), int(moment))
-        for item, title, categories, moment in zip(ids, titles, names, published, strict=True)
+        item: Row(str(title), str(categories), moment)
+        for item, title, categories, moment in zip(ids, titles, names, dated, strict=True)
     }
 
 
@@ -87,7 +104,8 @@ def write_table(rows: dict[str, Row], out: Path) -> int:
         writer = csv.writer(handle)
         writer.writerow(COLUMNS)
         for item, row in rows.items():
-            writer.writerow((item, row.title, row.categories, row.published_at))
+            when = "" if row.published_at is None else row.published_at
+            writer.writerow((item, row.title, row.categories, when))
     return len(rows)
 
 

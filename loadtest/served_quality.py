@@ -82,7 +82,6 @@ class PublicSet:
     items: str
     item_columns: ItemColumns
     issue_anchor: dict[str, float] = field(default_factory=dict)
-    min_weight: float | None = MIN_RATING  # None: every row is a positive (play counts)
 
     @property
     def timed(self) -> bool:
@@ -91,10 +90,11 @@ class PublicSet:
     @property
     def split_columns(self) -> LogColumns:
         """How the split's parts are laid out (write_split): the default columns, the
-        weight under its own name, and a timestamp where the set has times."""
+        weight under its own name (positives from the set's own min_weight), and a
+        timestamp where the set has times."""
         return LogColumns(
             weight=self.columns.weight,
-            min_weight=self.min_weight,
+            min_weight=self.columns.min_weight,
             time="timestamp" if self.timed else None,
         )
 
@@ -102,7 +102,7 @@ class PublicSet:
 SETS = {
     "latest-small": PublicSet(
         "ratings.csv",
-        LogColumns(user="userId", item="movieId", weight="rating"),
+        LogColumns(user="userId", item="movieId", weight="rating", min_weight=MIN_RATING),
         "movies.csv",
         ItemColumns(item_id="movieId", category="genres", title="title"),
         # The EASE figures the issue measured these sets' live answers against.
@@ -112,6 +112,7 @@ SETS = {
         "u.data",
         LogColumns(
             weight="rating",
+            min_weight=MIN_RATING,
             layout=FileLayout(
                 format="tsv",
                 header=False,
@@ -141,13 +142,12 @@ SETS = {
         LogColumns(
             user="userID",
             item="artistID",
-            weight="weight",
+            weight="weight",  # plays: no min_weight, every row is a positive
             time=None,
             layout=FileLayout(format="tsv"),
         ),
         "artists.dat",
         ItemColumns(item_id="id", title="name", layout=FileLayout(format="tsv")),
-        min_weight=None,
     ),
 }
 

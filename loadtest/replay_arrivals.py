@@ -54,7 +54,11 @@ def _cut(source: Path, columns: LogColumns, since: int, folder: Path) -> tuple[P
     with source.open(newline="", encoding="utf-8") as handle:
         reader = csv.reader(handle)
         header = next(reader)
-        at = header.index(time_column(columns, source.name, "a replay cuts it in time"))
+        at = header.index(
+            time_column(
+                columns, source.name, "a replay cuts it in time; give a log with a time column"
+            )
+        )
         rows = list(reader)
     parts = folder / "earlier.csv", folder / "later.csv"
     for path, later in zip(parts, (False, True), strict=True):

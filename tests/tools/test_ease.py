@@ -61,20 +61,22 @@ def test_at_its_best_is_the_best_it_tried_on_the_judged_part(tmp_path: Path) -> 
 
 def test_both_sides_give_one_model(tmp_path: Path) -> None:
     # Fewer users than items, so fit takes the users' side by itself: the item-by-item B
-    # must score every history alike, and so answer alike.
+    # must score every history alike, and so answer alike. A pair rated twice is one 1.
     rng = np.random.default_rng(3)
     rows = [
         (f"u{user}", f"i{item}", float(rng.integers(1, 6)), int(rng.integers(0, 1000)))
         for user in range(12)
         for item in rng.choice(40, size=int(rng.integers(2, 9)), replace=False).tolist()
     ]
+    rows += [(user, item, 5.0, 2000) for user, item, _, _ in rows[::5]]
     earlier = _log(tmp_path / "earlier.csv", rows)
-    users = ease.fit(earlier, lam=2.0)
-    items = ease.fit(earlier, lam=2.0, users_side=False)
-    assert isinstance(users.scores, ease.UserSide)
-    assert isinstance(items.scores, ease.ItemSide)
-    assert users.ids == items.ids
-    for history in ([0], [3, 7], [1, 1, 5], list(range(len(users.ids)))):
-        np.testing.assert_allclose(users.scores(history), items.scores(history), atol=1e-9)
-    liked = [users.ids[0], users.ids[4]]
-    assert users.top(liked, set(liked), k=5) == items.top(liked, set(liked), k=5)
+    for every_row in (False, True):
+        users = ease.fit(earlier, lam=2.0, every_row=every_row)
+        items = ease.fit(earlier, lam=2.0, every_row=every_row, side="items")
+        assert isinstance(users.scores, ease.UserSide)
+        assert isinstance(items.scores, ease.ItemSide)
+        assert users.ids == items.ids
+        for history in ([0], [3, 7], [1, 1, 5], list(range(len(users.ids)))):
+            np.testing.assert_allclose(users.scores(history), items.scores(history), atol=1e-9)
+        liked = [users.ids[0], users.ids[4]]
+        assert users.top(liked, set(liked), k=5) == items.top(liked, set(liked), k=5)

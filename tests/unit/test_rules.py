@@ -8,6 +8,7 @@ from app.core.errors import ConfigError
 from app.pipeline.selectors.boost import Boost, adjusted_scores, log_factors
 from app.pipeline.selectors.category_cap import rank_within_group
 from app.pipeline.selectors.rerank import rerank
+from app.pipeline.selectors.selecting import Exploring
 from app.release.rules import (
     NEUTRAL_RULES,
     BoostRule,
@@ -338,21 +339,38 @@ def test_a_boost_that_passes_an_item_is_named_for_it() -> None:
     assert selection.left_out == {1: Boost.reason}
 
 
-def test_neutral_rules_keep_the_models_order_whatever_the_items() -> None:
-    # Scores with ties, crowded categories, fresh items and likes beside: the order is the
-    # scores', ties by key, as long as the answer asks.
+def _neutral_order(rules: RerankRules) -> tuple[list[int], list[int]]:
+    # Ties, one crowded category, fresh items, likes, an item page's similarities and
+    # newcomers never shown: everything a rule could act on is there.
     rng = np.random.default_rng(5)
-    scores = rng.choice([0.2, 0.5, 0.7, 0.9], size=30).tolist()
-    keys = rng.permutation(30).tolist()
-    positions, kept = _rerank(
-        scores,
-        categories=[0] * 30,
-        age_days=[0.5] * 30,
-        rules=NEUTRAL_RULES,
-        n_items=12,
+    n = 30
+    scores = rng.choice([0.2, 0.5, 0.7, 0.9], size=n).astype(np.float32)
+    keys = rng.permutation(n).astype(np.int64)
+    selection = rerank(
         tie_keys=keys,
-        likes=rng.random(30).tolist(),
+        scores=scores,
+        categories=np.zeros(n, dtype=np.int64),
+        age_days=np.full(n, 0.5, dtype=np.float32),
+        rules=rules,
+        n_items=12,
+        likes=rng.random(n).astype(np.float32),
+        scale="probability",
+        with_viewed=rng.random(n).astype(np.float32),
+        exploring=Exploring(
+            newcomer=rng.random(n) < 0.5,
+            shown=np.zeros(n),
+            chosen=np.zeros(n),
+            rule=rules.explore,
+            draw=np.random.default_rng(1),
+        ),
     )
-    expected = sorted(range(30), key=lambda n: (-scores[n], keys[n]))[:12]
+    expected = sorted(range(n), key=lambda k: (-float(scores[k]), int(keys[k])))[:12]
+    return selection.positions.tolist(), expected
+
+
+def test_neutral_rules_keep_the_models_order_whatever_the_items() -> None:
+    positions, expected = _neutral_order(NEUTRAL_RULES)
     assert positions == expected
-    assert kept == pytest.approx([scores[n] for n in expected])
+    # The defaults are not neutral where an item page or a newcomer is in play.
+    positions, expected = _neutral_order(RerankRules())
+    assert positions != expected

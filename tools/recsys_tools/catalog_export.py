@@ -49,11 +49,16 @@ def built_without_times(world: Path) -> bool:
     path = world / REPORT_FILE
     if not path.is_file():
         return False
-    times = json.loads(path.read_text(encoding="utf-8")).get("times")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not the build's JSON report: {exc}") from None
+    times = report.get("times") if isinstance(report, dict) else None
     return isinstance(times, dict) and "column" in times and times["column"] is None
 
 
 def published(moments: list[int], timeless: bool) -> list[int | None]:
+    """Each item's publish time; None for the zeros of a world built without times."""
     return [None if timeless and moment == 0 else moment for moment in moments]
 
 

@@ -106,6 +106,25 @@ def load_redis(url: str, world: Path, schema: FeatureSchema) -> None:
         client.close()
 
 
+@pytest.fixture
+def bare_redis(tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
+    """A redis-server of the test's own, empty, that it may freeze, kill or restart; stopped
+    (by pid) whatever the test did to it."""
+    # Its own folder: a test may start another Redis in tmp_path / "redis".
+    process, url = start_redis(tmp_path / "own-redis")
+    try:
+        yield process, url
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def own_redis(stack: Stack, bare_redis: tuple[ManagedProcess, str]) -> tuple[ManagedProcess, str]:
+    """bare_redis with the stack's world loaded, as the shared one holds it."""
+    load_redis(bare_redis[1], stack.world, stack.schema)
+    return bare_redis
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("stack")
@@ -133,14 +152,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def loaded_redis(stack: Stack, tmp_path: Path) -> Iterator[str]:
-    """A Redis of the test's own, loaded with the stack's world: its URL."""
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        yield url
-    finally:
-        process.stop()
+def loaded_redis(own_redis: tuple[ManagedProcess, str]) -> str:
+    """own_redis's URL, for a test that never stops it."""
+    return own_redis[1]
 
 
 def metric_samples(text: str) -> dict[str, float]:

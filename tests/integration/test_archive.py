@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -51,15 +50,6 @@ def _settings(url: str, root: Path, **extra: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        yield process, url
-    finally:
-        process.stop()
-
-
 def _left(url: str) -> int:
     client = redis.Redis.from_url(url)
     try:
@@ -94,9 +84,9 @@ async def _append(url: str, batches: list[list[Event]]) -> None:
 
 
 def test_every_event_is_archived_once_across_a_kill_and_compacted_into_one_file(
-    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+    bare_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
-    url = own_redis[1]
+    url = bare_redis[1]
     root = tmp_path / "archive"
     archive = start_archive(_settings(url, root), tmp_path / "archive-1")
     posted = [_batch(n * 200, 200) for n in range(100)]
@@ -129,9 +119,9 @@ def test_every_event_is_archived_once_across_a_kill_and_compacted_into_one_file(
 
 
 def test_a_store_that_refuses_writes_loses_nothing_and_catches_up(
-    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+    bare_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
-    url = own_redis[1]
+    url = bare_redis[1]
     root = tmp_path / "archive"
     root.mkdir()
     blocker = root / "events"
@@ -212,9 +202,9 @@ def _ingest(stack: Stack, url: str) -> dict[str, str]:
 
 
 def test_the_archive_rejoins_a_restarted_redis_and_keeps_archiving(
-    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+    bare_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
-    redis_process, url = own_redis
+    redis_process, url = bare_redis
     root = tmp_path / "archive"
     archive = start_archive(_settings(url, root), tmp_path / "archive")
     store = ArchiveStore(str(root))
@@ -245,9 +235,9 @@ def _entry_id(added: object) -> str:
 
 
 def test_poison_rows_are_kept_apart_and_the_rows_after_them_archived(
-    own_redis: tuple[ManagedProcess, str], tmp_path: Path
+    bare_redis: tuple[ManagedProcess, str], tmp_path: Path
 ) -> None:
-    url = own_redis[1]
+    url = bare_redis[1]
     root = tmp_path / "archive"
     now = int(time.time() * 1000)
     event = {"u": "u1", "i": "i1", "t": "click", "ts": now}

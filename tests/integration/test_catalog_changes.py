@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import redis
 from recsys_tools.cli import main as recsys_main
-from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis
+from recsys_tools.localstack import ManagedProcess, start_ingest
 from recsys_tools.world.read.items import ItemColumns, read_items
 
 from app.clients.feature_store import decode_seen
@@ -25,7 +25,7 @@ from app.ingest.world import item_step_of
 from app.release.keyspace import KeySpace
 from app.world.layout import ITEM_PRIOR_FILE, ITEMS_FILE
 from app.world.stamp import read_stamp
-from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, load_redis, serving
+from tests.integration.conftest import CONTEXT, SMALL_WORLD, Stack, serving
 
 KEYS = KeySpace("recsys")
 USER = "u5"
@@ -221,33 +221,29 @@ async def test_bad_changes_are_refused_naming_the_field_and_apply_nothing(
 
 
 async def test_a_change_redis_cannot_take_is_a_503_that_names_it_and_answers_go_on(
-    stack: Stack, tmp_path: Path
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
 ) -> None:
-    redis_process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        async with serving(stack.settings(redis_url=url, catalog_headroom=2)) as api:
-            served = await _answer(api)
-            categories = await _categories(api, served[0])
-            redis_process.stop()
-            item = {"item_id": "late-1", "title": "Late", "categories": categories}
-            changes = [
-                await api.post("/catalog/items", json={"items": [item]}),
-                await api.post("/catalog/withdrawals", json={"item_ids": [served[0]]}),
-            ]
-            for answered in changes:
-                assert answered.status_code == 503, answered.text
-                body = answered.json()
-                assert set(body) == {"error", "message", "fields", "request_id"}
-                assert body["error"] == "catalog_unavailable", body
-                assert "nothing was applied" in body["message"], body
-            # The catalog's store gone is a degraded answer for /recommend, never a refusal.
-            body = {"user_id": USER, "num_items": 20, "context": CONTEXT}
-            answered = await api.post("/recommend", json=body)
-            assert answered.status_code == 200, answered.text
-            assert answered.json()["degraded"], answered.text
-    finally:
+    redis_process, url = own_redis
+    async with serving(stack.settings(redis_url=url, catalog_headroom=2)) as api:
+        served = await _answer(api)
+        categories = await _categories(api, served[0])
         redis_process.stop()
+        item = {"item_id": "late-1", "title": "Late", "categories": categories}
+        changes = [
+            await api.post("/catalog/items", json={"items": [item]}),
+            await api.post("/catalog/withdrawals", json={"item_ids": [served[0]]}),
+        ]
+        for answered in changes:
+            assert answered.status_code == 503, answered.text
+            body = answered.json()
+            assert set(body) == {"error", "message", "fields", "request_id"}
+            assert body["error"] == "catalog_unavailable", body
+            assert "nothing was applied" in body["message"], body
+        # The catalog's store gone is a degraded answer for /recommend, never a refusal.
+        body = {"user_id": USER, "num_items": 20, "context": CONTEXT}
+        answered = await api.post("/recommend", json=body)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["degraded"], answered.text
 
 
 async def _seen_holds(client: redis.Redis, position: int, consumer: ManagedProcess) -> None:

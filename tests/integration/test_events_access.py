@@ -30,11 +30,9 @@ from tests.integration.test_realtime import (
     _event,
     _events_stored,
     _ingest_settings,
-    own_redis,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-__all__ = ["own_redis"]  # a fixture, shared with test_realtime
 SHOP = "shop-token-000000000000000000000000"
 APP = "app-token-0000000000000000000000000"
 ELSEWHERE = ("203.0.113.7", 51000)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from recsys_tools.localstack import leased_port, start_redis
+from recsys_tools.localstack import ManagedProcess, leased_port
 
 from app.clients.feature_store import WORLD_ID_FIELD
 from app.core.errors import ConfigError, SchemaError, UnreachableError
@@ -19,7 +19,7 @@ from app.process.services import READINESS_TTL_S, start_services
 from app.release.catalog import load_catalog
 from app.release.keyspace import KeySpace
 from app.world.layout import DEFAULT_USER_FILE, SCHEMA_FILE
-from tests.integration.conftest import CONTEXT, Stack, load_redis, serving
+from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -72,22 +72,21 @@ async def test_start_up_gives_up_on_an_absent_triton(stack: Stack) -> None:
     ],
 )
 async def test_a_lost_redis_degrades_the_answer(
-    stack: Stack, tmp_path: Path, item_features: str, degraded: list[str]
+    stack: Stack,
+    own_redis: tuple[ManagedProcess, str],
+    item_features: str,
+    degraded: list[str],
 ) -> None:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        async with serving(
-            stack.settings(redis_url=url, redis_timeout_ms=200, item_features=item_features)
-        ) as api:
-            process.stop()
-            response = await api.post(
-                "/recommend", json={"user_id": "u1", "num_items": 8, "context": CONTEXT}
-            )
-            ready = await api.get("/readyz")
-            metrics = (await api.get("/metrics")).text
-    finally:
+    process, url = own_redis
+    async with serving(
+        stack.settings(redis_url=url, redis_timeout_ms=200, item_features=item_features)
+    ) as api:
         process.stop()
+        response = await api.post(
+            "/recommend", json={"user_id": "u1", "num_items": 8, "context": CONTEXT}
+        )
+        ready = await api.get("/readyz")
+        metrics = (await api.get("/metrics")).text
     assert response.status_code == 200
     answer = response.json()
     assert answer["degraded"] == degraded
@@ -114,18 +113,14 @@ async def test_a_default_user_blob_with_nan_is_refused(stack: Stack, tmp_path: P
 
 
 async def test_a_layout_record_that_is_not_utf8_is_a_mismatch_not_a_crash(
-    stack: Stack, tmp_path: Path
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
 ) -> None:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        async with serving(stack.settings(redis_url=url)) as api:
-            client = redis.Redis.from_url(url)
-            client.hset(KeySpace("recsys").meta, WORLD_ID_FIELD, b"\xff\xfe")
-            client.close()
-            await asyncio.sleep(READINESS_TTL_S)  # past what readiness learnt before
-            ready = await api.get("/readyz")
-    finally:
-        process.stop()
+    url = own_redis[1]
+    async with serving(stack.settings(redis_url=url)) as api:
+        client = redis.Redis.from_url(url)
+        client.hset(KeySpace("recsys").meta, WORLD_ID_FIELD, b"\xff\xfe")
+        client.close()
+        await asyncio.sleep(READINESS_TTL_S)  # past what readiness learnt before
+        ready = await api.get("/readyz")
     assert ready.status_code == 200  # Redis is reported, not deciding
     assert ready.json()["checks"]["redis_world"] is False

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recsys_tools.localstack import ManagedProcess, default_triton_env, start_redis, start_triton
+from recsys_tools.localstack import ManagedProcess, default_triton_env, start_triton
 
 from app.core.settings import Settings
 from app.world.layout import MODEL_FILE
@@ -74,16 +74,6 @@ def api_process(
         yield api
     finally:
         api.stop()
-
-
-@pytest.fixture
-def own_redis(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        reloader(url, stack.world)()
-        yield process, url
-    finally:
-        process.stop()
 
 
 def item_count_and_flags(api: ApiProcess) -> tuple[int, list[str]]:

@@ -26,11 +26,9 @@ from tests.integration.test_realtime import (
     PARTITIONS,
     _drained,
     _ingest_settings,
-    own_redis,
 )
 
 pytestmark = [pytest.mark.integration]
-__all__ = ["own_redis"]  # a fixture, shared with test_realtime
 GROUP = "ingest"
 
 

@@ -18,7 +18,6 @@ from recsys_tools.localstack import (
     ManagedProcess,
     default_triton_env,
     group_alive,
-    start_redis,
     start_triton,
 )
 from recsys_tools.localstack.ports import ephemeral_range
@@ -38,19 +37,10 @@ def _redis_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=FROZEN_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        yield process, url
-    finally:
-        process.stop()
-
-
 def test_frozen_redis_does_not_answer_until_resumed(
-    own_redis: tuple[ManagedProcess, str],
+    bare_redis: tuple[ManagedProcess, str],
 ) -> None:
-    process, url = own_redis
+    process, url = bare_redis
     client = _redis_client(url)
     try:
         assert client.ping()
@@ -66,8 +56,8 @@ def test_frozen_redis_does_not_answer_until_resumed(
         client.close()
 
 
-def test_redis_restarts_on_the_same_socket(own_redis: tuple[ManagedProcess, str]) -> None:
-    process, url = own_redis
+def test_redis_restarts_on_the_same_socket(bare_redis: tuple[ManagedProcess, str]) -> None:
+    process, url = bare_redis
     client = _redis_client(url)
     try:
         client.set("written-before", "1")

@@ -47,16 +47,6 @@ PARTITIONS = 2
 APPLIED_WITHIN_S = 20.0
 
 
-@pytest.fixture
-def own_redis(stack: Stack, tmp_path: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        load_redis(url, stack.world, stack.schema)
-        yield process, url
-    finally:
-        process.stop()
-
-
 def _ingest_settings(stack: Stack, url: str, **extra: str) -> dict[str, str]:
     return {
         "RECSYS_REDIS_URL": url,

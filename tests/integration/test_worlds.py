@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from recsys_tools.localstack import start_redis
+from recsys_tools.localstack import ManagedProcess
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.core.errors import ConfigError
@@ -34,15 +33,6 @@ def other_world(tmp_path_factory: pytest.TempPathFactory, stack: Stack) -> Path:
     return world
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    process, url = start_redis(tmp_path / "redis")
-    try:
-        yield url
-    finally:
-        process.stop()
-
-
 def _world_id(world: Path) -> str:
     stamp = read_stamp(world)
     assert stamp is not None
@@ -59,10 +49,11 @@ async def test_redis_holding_another_world_is_refused(stack: Stack, other_world:
 
 
 async def test_a_model_from_another_world_is_refused(
-    stack: Stack, other_world: Path, own_redis: str
+    stack: Stack, other_world: Path, bare_redis: tuple[ManagedProcess, str]
 ) -> None:
-    load_redis(own_redis, other_world, stack.schema)
-    settings = stack.settings(artifacts_dir=other_world, redis_url=own_redis)
+    url = bare_redis[1]
+    load_redis(url, other_world, stack.schema)
+    settings = stack.settings(artifacts_dir=other_world, redis_url=url)
     with pytest.raises(ConfigError) as refused:
         await start_services(settings, ServiceMetrics())
     message = str(refused.value)
@@ -81,11 +72,13 @@ async def test_an_index_copied_from_another_world_is_refused(
         await start_services(stack.settings(artifacts_dir=world), ServiceMetrics())
 
 
-async def test_readiness_reports_redis_switching_worlds(stack: Stack, own_redis: str) -> None:
-    load_redis(own_redis, stack.world, stack.schema)
-    async with serving(stack.settings(redis_url=own_redis)) as api:
+async def test_readiness_reports_redis_switching_worlds(
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
+) -> None:
+    url = own_redis[1]
+    async with serving(stack.settings(redis_url=url)) as api:
         before = (await api.get("/readyz")).json()
-        client = redis.Redis.from_url(own_redis)
+        client = redis.Redis.from_url(url)
         client.hset("recsys:meta", "world_id", "another-world")
         client.close()
         await asyncio.sleep(READINESS_TTL_S)  # past what readiness learnt a moment ago
@@ -98,11 +91,11 @@ async def test_readiness_reports_redis_switching_worlds(stack: Stack, own_redis:
 
 
 async def test_a_flushed_redis_reads_as_holding_no_world_within_two_seconds(
-    stack: Stack, own_redis: str
+    stack: Stack, own_redis: tuple[ManagedProcess, str]
 ) -> None:
-    load_redis(own_redis, stack.world, stack.schema)
+    url = own_redis[1]
     cold = "recsys_cold_start_users_total{}"
-    async with serving(stack.settings(redis_url=own_redis)) as api:
+    async with serving(stack.settings(redis_url=url)) as api:
         ready = (await api.get("/readyz")).json()
         samples = metric_samples((await api.get("/metrics")).text)
         assert ready["checks"]["redis_world"] is True
@@ -124,7 +117,7 @@ async def test_a_flushed_redis_reads_as_holding_no_world_within_two_seconds(
 
         load = asyncio.create_task(steady_load())
         await asyncio.sleep(0.3)
-        client = redis.Redis.from_url(own_redis)
+        client = redis.Redis.from_url(url)
         client.flushall()  # a restart without persistence, an operator's mistake
         client.close()
         flushed = time.monotonic()

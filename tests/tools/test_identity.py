@@ -108,6 +108,27 @@ def test_the_config_names_the_heads_output_only_for_a_model_that_has_it(
     assert outputs() == [("score", [1]), ("heads", [2])]
 
 
+def test_install_model_refuses_a_model_stamped_for_another_world(
+    world: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(world, copy)
+    model = onnx.load(str(copy / MODEL_FILE))
+    onnx.helper.set_model_props(model, {"world_id": "20260101-000000-abcdef"})
+    onnx.save(model, str(copy / MODEL_FILE))
+    repository = tmp_path / "models"
+    (repository / "ranking_model").mkdir(parents=True)
+    shutil.copyfile(CONFIGS[0], repository / "ranking_model" / "config.pbtxt")
+    stamp = read_stamp(copy)
+    assert stamp is not None
+    with pytest.raises(
+        ConfigError, match=f"stamped for world 20260101-000000-abcdef.*is world {stamp.world_id}"
+    ):
+        install_model(copy, repository, "ranking_model")
+    assert not (repository / "ranking_model" / "1").exists()  # nothing copied
+    assert (repository / "ranking_model" / "config.pbtxt").read_text() == CONFIGS[0].read_text()
+
+
 def test_install_model_needs_a_model_and_a_config(world: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config\.pbtxt is missing"):
         install_model(world, tmp_path / "empty", "ranking_model")

@@ -115,10 +115,13 @@ def with_heads_output(config: str, heads: bool) -> str:
     return f"{head},\n{HEADS_BLOCK}\n{tail}"
 
 
-def _onnx_outputs(path: Path) -> list[str]:
+def _onnx_facts(path: Path) -> tuple[list[str], str | None]:
+    """The model's output names, and the world id its metadata carries (None: none)."""
     import onnx
 
-    return [output.name for output in onnx.load(str(path), load_external_data=False).graph.output]
+    model = onnx.load(str(path), load_external_data=False)
+    carried = {prop.key: prop.value for prop in model.metadata_props}.get(WORLD_ID_PARAMETER)
+    return [output.name for output in model.graph.output], carried
 
 
 def inside(root: Path, path: Path) -> Path:
@@ -155,6 +158,17 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
             f"{config} is missing: copy a model config there first (model_repository/ for "
             "the local CPU Triton, deploy/triton/gpu/ for a GPU)"
         )
+    outputs, carried = _onnx_facts(source)
+    stamp = read_stamp(world)
+    if stamp is not None and carried is not None and carried != stamp.world_id:
+        # Checked before anything is copied: Triton would serve another world's model under
+        # this world's id, which the start-up check (it reads the config) could not see.
+        raise ConfigError(
+            f"{source} was stamped for world {carried}, but {world} is world "
+            f"{stamp.world_id}: the model is another world's; copy this world's model.onnx "
+            "back, or build this world again (a model of your own, which carries no world "
+            "id, is installed as it is)"
+        )
     target = inside(model_repository, directory / str(version) / MODEL_FILE)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Each file replaced whole: a Triton polling the repository, or a crash, never meets a
@@ -169,8 +183,7 @@ def install_model(world: Path, model_repository: Path, model_name: str, version:
     schema = world_schema(world, None)
     original = config.read_text()
     text = with_input_width(original, schema.input_name, schema.width)
-    text = with_heads_output(text, HEADS_OUTPUT in _onnx_outputs(source))
-    stamp = read_stamp(world)
+    text = with_heads_output(text, HEADS_OUTPUT in outputs)
     if stamp is not None:
         text = with_world_parameter(text, stamp.world_id)
     if text != original:

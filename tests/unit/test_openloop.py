@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -147,7 +148,17 @@ async def serve() -> AsyncIterator[Serve]:
     for server in servers:
         await server.close()
     await asyncio.sleep(0)
-    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+    left = asyncio.all_tasks() - before - {asyncio.current_task()}
+    assert {task for task in left if not _foreign(task)} == set()
+
+
+def _foreign(task: asyncio.Task[Any]) -> bool:
+    """A task of redis-py's: the generator and these servers never touch Redis, but the
+    session's loop is every test's, and an earlier test's Redis client, collected while this
+    one runs, has its pool's releases scheduled then (a loaded run met two, in this fixture's
+    teardown)."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and f"{os.sep}redis{os.sep}" in code.co_filename
 
 
 BODIES = [b'{"user_id":"u1"}']

@@ -109,17 +109,13 @@ def _charset(encoding: str) -> str:
 TIMED_ONLY = "the Spark engine builds from logs with times only; leave out --engine spark"
 
 
-def _time_column(columns: LogColumns, source: str) -> str:
-    return time_column(columns, source, TIMED_ONLY)
-
-
 def _times(frame: DataFrame, columns: LogColumns, source: str) -> DataFrame:
     """The time column as unix seconds, NO_TIME where blank, by the local parser."""
 
     kind = frame.schema["t"].dataType
     if isinstance(kind, st.IntegralType) and columns.time_format is None:
         return frame.withColumn("t", sf.coalesce(sf.col("t").cast("long"), sf.lit(NO_TIME)))
-    fmt, name = columns.time_format, _time_column(columns, source)
+    fmt, name = columns.time_format, time_column(columns, source, TIMED_ONLY)
     text = frame.withColumn("t", sf.col("t").cast("string"))
     schema = st.StructType(
         [f if f.name != "t" else st.StructField("t", st.LongType()) for f in text.schema.fields]
@@ -165,7 +161,7 @@ def _log_items(vocabulary: DataFrame) -> ItemInfo:
 
 def _selected(frame: DataFrame, path: str, columns: LogColumns) -> DataFrame:
 
-    time = _time_column(columns, path)
+    time = time_column(columns, path, TIMED_ONLY)
     wanted = {"user": columns.user, "item": columns.item, "time": time}
     if columns.min_weight is not None and columns.weight is None:
         raise ConfigError(

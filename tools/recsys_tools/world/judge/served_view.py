@@ -1,6 +1,6 @@
-"""What the service sees of a user, rebuilt from a log: their latest positives, the items
-near those, and the pool recall would hand on. The evaluation and the pre-rank fit both build
-their pools through these, so the two judge the same pools the service makes."""
+"""What the service reads of a user, rebuilt from a log: their latest positives and the items
+near those. The evaluation and the pre-rank fit both hand these to the service's own
+candidate stages (service_stages.py), so the two judge the pools the service makes."""
 
 from __future__ import annotations
 
@@ -43,14 +43,3 @@ def latest_positives(part: InteractionLog, count: int = RECENT) -> Recent:
 def nearby(neighbours: Neighbours | None, recent: IntArray) -> Nearby:
     """What the service's features stage finds near the user's latest positives."""
     return neighbours.around(recent, DECAY) if neighbours is not None else NOWHERE
-
-
-def service_pool(
-    nearest: IntArray, near: Nearby, seen: IntArray, similar: int = SIMILAR
-) -> IntArray:
-    """The nearest items, then the items near the recent ones they lack, minus `seen`."""
-    pool = nearest[nearest >= 0]
-    if len(near.items) and similar:
-        pool = np.concatenate([pool, near.items[~np.isin(near.items, pool)][:similar]])
-    kept: IntArray = pool[~np.isin(pool, seen)]
-    return kept

@@ -1,10 +1,11 @@
 """The pre-rank weights, fitted on pools as the service builds them.
 
 For some users of the part being learnt, the service's pool is rebuilt from what was known
-before their latest positives (the nearest items to their vector, then the neighbours of
-their latest positives), each candidate's signals are computed with the service's own code
-(app.pipeline.signals), and the weights chosen are those under which pre-rank keeps the most
-of what the users went on to like: pre-rank's job is to keep, the model's to order.
+before their latest positives by the service's own candidate stages (recall's sources, the
+filters and the backfill: judge/service_stages.py), each candidate's signals are computed
+with the service's own code (app.pipeline.signals), and the weights chosen are those under
+which pre-rank keeps the most of what the users went on to like: pre-rank's job is to keep,
+the model's to order.
 """
 
 from __future__ import annotations
@@ -14,23 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.core.cascade import PRERANK_KEEP
+from app.core.cascade import CANDIDATE_COUNT, PRERANK_KEEP
 from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
 from app.world.neighbours import Neighbours
 from app.world.prerank import PrerankWeights
-from recsys_tools.world.judge.served_view import (
-    DECAY,
-    Recent,
-    nearby,
-    service_pool,
-)
+from recsys_tools.world.judge.served_view import DECAY, Recent, nearby
+from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.read.tables import IntArray
 
 FloatArray = npt.NDArray[np.float32]
 KEEP: int = PRERANK_KEEP
 K = 10
-# The nearest items per fitted user: deep enough that pre-rank has a choice to make.
-FIT_DEPTH = 2 * KEEP
+CANDIDATES: int = CANDIDATE_COUNT
 # Weights of the item-to-item signals tried, each against the user's vector's 1 (all three
 # scaled by their spread): none, a little, as much, more.
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -61,30 +57,41 @@ class Pools:
     labels: list[npt.NDArray[np.bool_]]
 
 
+def nearest(item_vectors: FloatArray, vector: FloatArray, seen: int) -> IntArray:
+    """The items nearest `vector`, as deep as recall asks (its count, or more for a user who
+    has seen many, as the evaluation searches): exact, where the service searches its index."""
+    depth = min(len(item_vectors), max(CANDIDATES, seen + K))
+    scores = item_vectors @ vector
+    top = np.argpartition(-scores, depth - 1)[:depth]
+    found: IntArray = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
+    return found
+
+
 def user_pools(
     users: IntArray,
     user_vectors: FloatArray,
     item_vectors: FloatArray,
+    stages: ServiceStages,
     neighbours: Neighbours,
     recent: Recent,
     seen: IntArray,
     liked: IntArray,
-    categories: IntArray | None = None,
+    categories: IntArray,
 ) -> Pools:
-    """`seen` and `liked` are sorted user * n_items + item keys (seen before the moment,
-    liked after it)."""
+    """Each user's pool as the service's own candidate stages build it (`stages`, over the
+    world learnt from the early part), with its signals. `seen` and `liked` are sorted
+    user * n_items + item keys (seen before the moment, liked after it)."""
     n_items = len(item_vectors)
     vectors = item_vectors.astype(np.float32)
-    depth = min(FIT_DEPTH, n_items)
     kept_users, pools, signals, labels = [], [], [], []
     for user in users.tolist():
-        scores = item_vectors @ user_vectors[user]
-        top = np.argpartition(-scores, depth - 1)[:depth]
-        nearest = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
         bounds = [user * n_items, (user + 1) * n_items]
         low, high = np.searchsorted(seen, bounds)
-        near = nearby(neighbours, recent.of(user))
-        pool = service_pool(nearest, near, seen[low:high] - user * n_items)
+        had = seen[low:high] - user * n_items
+        latest = recent.of(user)
+        near = nearby(neighbours, latest)
+        found = nearest(vectors, user_vectors[user], len(had))
+        pool, _ = stages.pools(found, user_vectors[user], had, latest, near)
         # The user's own slice of the sorted keys: isin over all of them is a sort per user.
         first, last = np.searchsorted(liked, bounds)
         mine = np.isin(pool, liked[first:last] - user * n_items)
@@ -92,9 +99,7 @@ def user_pools(
             kept_users.append(user)
             pools.append(pool)
             signals.append(
-                prerank_signals(
-                    pool, user_vectors[user], recent.of(user), vectors, near, DECAY, categories
-                )
+                prerank_signals(pool, user_vectors[user], latest, vectors, near, DECAY, categories)
             )
             labels.append(mine)
     return Pools(np.asarray(kept_users, dtype=np.int64), pools, signals, labels)

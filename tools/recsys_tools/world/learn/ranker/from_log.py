@@ -29,8 +29,9 @@ from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
 from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.judge.served_view import latest_positives
+from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.learn.blend import Blend, blended_onnx, choose_blend, recall_scores
-from recsys_tools.world.learn.derive import category_codes, item_dense, user_dense
+from recsys_tools.world.learn.derive import category_codes, item_dense, popularity, user_dense
 from recsys_tools.world.learn.factorize import Embeddings, factorize
 from recsys_tools.world.learn.neighbours import positive_neighbours
 from recsys_tools.world.learn.prerank import (
@@ -151,11 +152,25 @@ def _candidate_lists(
     first_target = np.full(part.n_users, part.time.max(), dtype=np.int64)
     np.minimum.at(first_target, part.user[targets], part.time[targets])
 
+    # The service's candidate stages over the world learnt from the early part: its
+    # popular items are the early part's (pre-rank's weights do not shape the pools).
+    early_popular = np.argsort(-popularity(early), kind="stable").astype(np.int64)
+    stages = ServiceStages(
+        schema,
+        None,
+        embeddings.items.astype(np.float32),
+        early_popular,
+        categories,
+        neighbours,
+        PrerankWeights(),
+    )
+
     def pools_of(users: IntArray) -> Pools:
         return user_pools(
             users,
             embeddings.users,
             embeddings.items,
+            stages,
             neighbours,
             recent,
             before,

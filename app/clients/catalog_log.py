@@ -116,7 +116,7 @@ return 0
 
 
 @dataclass(frozen=True, slots=True)
-class Page:
+class LogPage:
     """Entries of the log, and the number of its last batch as Redis read it with them."""
 
     entries: list[Logged]
@@ -218,7 +218,7 @@ class CatalogLog:
                 f"world's room is kept in Redis as {self._room})"
             )
 
-    async def read(self, after: str, count: int, timeout_s: float) -> Page:
+    async def read(self, after: str, count: int, timeout_s: float) -> LogPage:
         """Up to `count` entries after stream id `after` ("-" for all), oldest first."""
         start = "-" if after == "-" else f"({after}"
         async with redis_call("catalog read", timeout_s):
@@ -230,7 +230,7 @@ class CatalogLog:
             Logged(as_text(entry_id), fields)
             for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)
         ]
-        return Page(logged, int(head or 0))
+        return LogPage(logged, int(head or 0))
 
     async def pages(self, timeout_s: float) -> AsyncIterator[list[Logged]]:
         """The whole log, a page of about PAGE_BYTES at a time (by its largest entry yet)."""

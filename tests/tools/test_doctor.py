@@ -20,9 +20,9 @@ import pytest
 from recsys_tools.cli import main as recsys_main
 from recsys_tools.doctor import (
     Check,
+    CheckOutcome,
     CommandTimeoutError,
     LocalHost,
-    Outcome,
     Status,
     add_doctor_options,
     run_checks,
@@ -257,7 +257,7 @@ def test_a_check_that_raises_fails_alone_with_the_reason(host: FakeHost) -> None
     assert "journalctl -k" in str(report["nvidia-driver"]["remedy"])
     assert report["nouveau"]["status"] == "ok"  # the others still ran
 
-    def broken() -> Outcome:
+    def broken() -> CheckOutcome:
         raise KeyError("boom")
 
     [finding] = run_checks([Check("broken", broken)])
@@ -267,7 +267,7 @@ def test_a_check_that_raises_fails_alone_with_the_reason(host: FakeHost) -> None
 
 
 def test_findings_and_remedies_print_on_one_line() -> None:
-    [finding] = run_checks([Check("x", lambda: Outcome(Status.FAIL, "a\nb", "c\n  d"))])
+    [finding] = run_checks([Check("x", lambda: CheckOutcome(Status.FAIL, "a\nb", "c\n  d"))])
     assert (finding.finding, finding.remedy) == ("a b", "c d")
     assert render_text([finding]).splitlines() == [
         "fail  x  a b",
@@ -401,7 +401,7 @@ def test_secure_boot_with_an_unsigned_module_fails(host: FakeHost) -> None:
 def test_secure_boot_off_needs_no_signature(host: FakeHost) -> None:
     host.commands[("mokutil", "--sb-state")] = (0, "SecureBoot disabled\n")
     host.commands[("modinfo", "-F", "signer", "nvidia")] = (0, "\n")
-    assert check_secure_boot(host) == Outcome(Status.OK, "Secure Boot is off")
+    assert check_secure_boot(host) == CheckOutcome(Status.OK, "Secure Boot is off")
 
 
 def test_legacy_boot_has_no_secure_boot(host: FakeHost) -> None:

@@ -14,7 +14,7 @@ import pytest
 from recsys_tools.retrain_verdict import shipped_ranker
 from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.ranker.from_impressions import (
-    Shown,
+    ShownRows,
     compare_on_answers,
     shown_items,
     train_impression_ranker,
@@ -45,7 +45,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, schema: FeatureSchema) -> Pa
     return path
 
 
-def _planted(world: Path, schema: FeatureSchema, column: str, answers: int, seed: int) -> Shown:
+def _planted(world: Path, schema: FeatureSchema, column: str, answers: int, seed: int) -> ShownRows:
     """`answers` answers of SHOWN random items each, for random users, a click on the one
     whose `column` (an item feature, as the rows carry it) is highest."""
     rng = np.random.default_rng(seed)

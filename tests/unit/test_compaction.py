@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app.clients import catalog_compactor, catalog_log
-from app.clients.catalog_log import Logged, Page
+from app.clients.catalog_log import Logged, LogPage
 from app.clients.catalog_reader import LogReader
 from app.core.errors import UnappliableBatchError
 from app.release import compaction
@@ -126,13 +126,13 @@ class _Log:
         self.entries = entries
         self.head = max((entry.seq for entry in entries), default=0)
 
-    async def read(self, after: str, count: int, timeout_s: float) -> Page:
+    async def read(self, after: str, count: int, timeout_s: float) -> LogPage:
         def key(entry_id: str) -> tuple[int, int]:
             ms, _, n = entry_id.partition("-")
             return int(ms), int(n)
 
         later = [e for e in self.entries if after == "-" or key(e.entry_id) > key(after)]
-        return Page(later[:count], self.head)
+        return LogPage(later[:count], self.head)
 
     def replace(self, batches: list[ChangeBatch], after: int) -> None:
         """The log as the compactor leaves it: the fold, then `batches`, ids after `after`."""

@@ -72,7 +72,7 @@ from recsys_tools.world.judge.answers import WorldAnswers
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.learn.ranker.from_impressions import (
     ImpressionRanker,
-    Shown,
+    ShownRows,
     shown_items,
     train_impression_ranker,
 )
@@ -186,7 +186,7 @@ def _retrain(plan: RetrainPlan, progress: Progress) -> dict[str, Any]:
 
 
 def _learnt(
-    plan: RetrainPlan, shown: Shown, schema: FeatureSchema, world: Path
+    plan: RetrainPlan, shown: ShownRows, schema: FeatureSchema, world: Path
 ) -> ImpressionRanker | None:
     """A ranker from what the serving world's answers showed; None with too few choices."""
     lists_model = (world / MODEL_FILE).read_bytes()

@@ -15,7 +15,7 @@ from recsys_tools.retrain_rows import RetrainPlan
 from recsys_tools.world.judge.answers import AskContext, WorldAnswers
 from recsys_tools.world.learn.ranker.from_impressions import (
     ImpressionRanker,
-    Shown,
+    ShownRows,
     compare_on_answers,
 )
 
@@ -51,7 +51,7 @@ def judged_rankers(
     world: Path,
     history: pa.Table,
     held_out: pa.Table,
-    held_shown: Shown,
+    held_shown: ShownRows,
     learnt: ImpressionRanker | None,
 ) -> dict[str, Any]:
     """Each ranker the new world could ship, judged on the held-out day: hit@k, and the

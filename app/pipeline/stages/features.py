@@ -23,7 +23,7 @@ from app.world.schema import FeatureSchema
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
 
 
-class UserStore(Protocol):
+class UserLookup(Protocol):
     async def user(self, user_id: str, timeout_s: float) -> UserRecord: ...
 
 
@@ -51,7 +51,7 @@ class UserFeatureHydrator:
 
     def __init__(
         self,
-        store: UserStore,
+        store: UserLookup,
         timeout_s: float,
         clock: Callable[[], datetime] = _utc_now,
         decay: float = 0.9,

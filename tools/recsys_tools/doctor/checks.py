@@ -1,6 +1,6 @@
 """Host checks: kernel modules, the driver, Secure Boot, SELinux, CDI, Podman, sysctls.
 
-Each takes a Host and returns an Outcome; the remedy is the command to run or the file to
+Each takes a Host and returns a CheckOutcome; the remedy is the command to run or the file to
 change. The pitfalls are the ones deploy/triton/README.md's host set-up guards against.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from recsys_tools.doctor.findings import Outcome, fail, ok, warn
+from recsys_tools.doctor.findings import CheckOutcome, fail, ok, warn
 from recsys_tools.doctor.host import Host
 
 PROC_NVIDIA_VERSION = "/proc/driver/nvidia/version"
@@ -73,7 +73,7 @@ def installed_library_versions(host: Host) -> set[str]:
     return versions
 
 
-def check_nouveau(host: Host) -> Outcome:
+def check_nouveau(host: Host) -> CheckOutcome:
     modules = host.read("/proc/modules")
     if modules is None:
         return warn(
@@ -96,7 +96,7 @@ def check_nouveau(host: Host) -> Outcome:
     )
 
 
-def check_nvidia_driver(host: Host) -> Outcome:
+def check_nvidia_driver(host: Host) -> CheckOutcome:
     if host.read(PROC_NVIDIA_VERSION) is None:
         return fail(
             f"the NVIDIA kernel module is not loaded (no {PROC_NVIDIA_VERSION})", INSTALL_DRIVER
@@ -161,7 +161,7 @@ SIGN_MODULE = (
 )
 
 
-def check_secure_boot(host: Host) -> Outcome:
+def check_secure_boot(host: Host) -> CheckOutcome:
     state = host.run(["mokutil", "--sb-state"])
     if state is None:
         return warn(
@@ -200,7 +200,7 @@ def check_secure_boot(host: Host) -> Outcome:
     return ok(f"Secure Boot is on and the nvidia module is signed by {name!r}")
 
 
-def check_selinux(host: Host) -> Outcome:
+def check_selinux(host: Host) -> CheckOutcome:
     mode = host.run(["getenforce"])
     if mode is None:
         return warn(
@@ -231,7 +231,7 @@ def check_selinux(host: Host) -> Outcome:
     return ok("SELinux is enforcing and container_use_devices is on")
 
 
-def check_cdi_spec(host: Host) -> Outcome:
+def check_cdi_spec(host: Host) -> CheckOutcome:
     remedy = CDI_GENERATE
     if host.run(["nvidia-ctk", "--version"]) is None:
         remedy = f"dnf install nvidia-container-toolkit && {CDI_GENERATE}"
@@ -257,7 +257,7 @@ def check_cdi_spec(host: Host) -> Outcome:
     return ok(f"{path} declares nvidia.com/gpu devices{driver}")
 
 
-def check_podman(host: Host) -> Outcome:
+def check_podman(host: Host) -> CheckOutcome:
     result = host.run(["podman", "--version"])
     if result is None:
         return fail("podman not found: Triton runs under Podman", "dnf install podman")
@@ -282,7 +282,7 @@ def check_podman(host: Host) -> Outcome:
     return ok(f"Podman {version} runs quadlets")
 
 
-def check_overcommit(host: Host) -> Outcome:
+def check_overcommit(host: Host) -> CheckOutcome:
     value = host.read(OVERCOMMIT)
     if value is None:
         return warn(f"cannot read {OVERCOMMIT}", "sysctl vm.overcommit_memory")
@@ -301,7 +301,7 @@ _PIN = re.compile(r"^(RECSYS_\w+_PIN)=(.*)$", re.MULTILINE)
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}")
 
 
-def check_image_pins(host: Host) -> Outcome:
+def check_image_pins(host: Host) -> CheckOutcome:
     """Whether every registry image the units run is pinned by digest (host.env)."""
     text = host.read(HOST_ENV)
     if text is None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from recsys_tools.doctor.checks import kernel_module_version
-from recsys_tools.doctor.findings import Outcome, fail, ok, warn
+from recsys_tools.doctor.findings import CheckOutcome, fail, ok, warn
 from recsys_tools.doctor.host import Host
 from recsys_tools.doctor.units import TritonUnit, triton_image
 
@@ -137,7 +137,7 @@ def driver_cuda(host: Host) -> tuple[Version, str] | None:
     return DRIVER_CUDA[max(known)], f"driver {kernel}"
 
 
-def check_cuda_for_triton(host: Host, unit: TritonUnit | None, looked_in: str = "") -> Outcome:
+def check_cuda_for_triton(host: Host, unit: TritonUnit | None, looked_in: str = "") -> CheckOutcome:
     if unit is None:
         return warn(
             f"no Triton unit found{looked_in and f' in {looked_in}'}: cannot tell which "

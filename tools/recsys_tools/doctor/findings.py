@@ -21,7 +21,7 @@ def _one_line(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class CheckOutcome:
     """One check's verdict: the finding in a line, and for warn/fail what to do about it."""
 
     status: Status
@@ -29,16 +29,16 @@ class Outcome:
     remedy: str | None = None
 
 
-def ok(finding: str) -> Outcome:
-    return Outcome(Status.OK, finding)
+def ok(finding: str) -> CheckOutcome:
+    return CheckOutcome(Status.OK, finding)
 
 
-def warn(finding: str, remedy: str) -> Outcome:
-    return Outcome(Status.WARN, finding, remedy)
+def warn(finding: str, remedy: str) -> CheckOutcome:
+    return CheckOutcome(Status.WARN, finding, remedy)
 
 
-def fail(finding: str, remedy: str) -> Outcome:
-    return Outcome(Status.FAIL, finding, remedy)
+def fail(finding: str, remedy: str) -> CheckOutcome:
+    return CheckOutcome(Status.FAIL, finding, remedy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +60,10 @@ class Finding:
 @dataclass(frozen=True, slots=True)
 class Check:
     name: str
-    run: Callable[[], Outcome]
+    run: Callable[[], CheckOutcome]
 
 
-def _crashed(exc: Exception) -> Outcome:
+def _crashed(exc: Exception) -> CheckOutcome:
     if isinstance(exc, CommandTimeoutError):
         return fail(
             str(exc),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from recsys_tools.doctor.findings import Outcome, fail, ok, warn
+from recsys_tools.doctor.findings import CheckOutcome, fail, ok, warn
 from recsys_tools.doctor.host import Host
 from recsys_tools.doctor.units import SYSTEMD_DIR, TRITON_SERVICE, TritonUnit, gpu_index
 from recsys_tools.doctor.units import logical_lines as unit_lines
@@ -160,7 +160,7 @@ def _names(values: frozenset[int]) -> str:
     return ",".join(str(v) for v in sorted(values))
 
 
-def check_numa(host: Host, unit: TritonUnit | None, looked_in: str = "") -> Outcome:
+def check_numa(host: Host, unit: TritonUnit | None, looked_in: str = "") -> CheckOutcome:
     nodes = numa_nodes(host)
     if not nodes:
         return warn(

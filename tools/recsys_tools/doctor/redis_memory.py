@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from recsys_tools.doctor.findings import Outcome, fail, ok, warn
+from recsys_tools.doctor.findings import CheckOutcome, fail, ok, warn
 
 # Redis's own cost per stream entry beyond its fields (listpack and radix tree), generously.
 ENTRY_OVERHEAD_BYTES = 64
@@ -37,7 +37,7 @@ def _mib(size: float) -> str:
     return f"{size / 2**20:,.0f} MiB"
 
 
-def judge(info: dict[str, Any], budget: StreamBudget, streams_now: int) -> Outcome:
+def judge(info: dict[str, Any], budget: StreamBudget, streams_now: int) -> CheckOutcome:
     """The verdict from INFO memory, the streams' worst case, and what they hold now."""
     used = int(info.get("used_memory", 0))
     most = int(info.get("maxmemory", 0))

@@ -14,7 +14,7 @@ from app.clients.ranking_model import connect_triton
 from app.core.errors import FeatureStoreError, RankingModelError, SchemaError
 from app.release.keyspace import KeySpace
 from app.world.schema import FeatureSchema, signature_mismatches
-from recsys_tools.doctor.findings import Outcome, fail, ok
+from recsys_tools.doctor.findings import CheckOutcome, fail, ok
 from recsys_tools.doctor.redis_memory import StreamBudget, judge, measure
 
 SERVICE_TIMEOUT_S = 3.0
@@ -56,19 +56,19 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
-def check_triton(config: ServiceConfig) -> Outcome:
+def check_triton(config: ServiceConfig) -> CheckOutcome:
     return asyncio.run(_triton(config))
 
 
-def check_redis(config: ServiceConfig) -> Outcome:
+def check_redis(config: ServiceConfig) -> CheckOutcome:
     return asyncio.run(_redis(config))
 
 
-def check_redis_memory(config: ServiceConfig) -> Outcome:
+def check_redis_memory(config: ServiceConfig) -> CheckOutcome:
     return asyncio.run(_redis_memory(config))
 
 
-async def _redis_memory(config: ServiceConfig) -> Outcome:
+async def _redis_memory(config: ServiceConfig) -> CheckOutcome:
     from redis import exceptions as redis_errors
 
     keys = KeySpace(config.key_prefix)
@@ -88,7 +88,7 @@ async def _redis_memory(config: ServiceConfig) -> Outcome:
     return judge(info, budget, now)
 
 
-async def _triton(config: ServiceConfig) -> Outcome:
+async def _triton(config: ServiceConfig) -> CheckOutcome:
     breaker = CircuitBreaker("triton", failures=5, open_s=1.0)
     client = connect_triton(config.triton_url, config.model_name, config.model_version, breaker)
     try:
@@ -113,7 +113,7 @@ async def _triton(config: ServiceConfig) -> Outcome:
     )
 
 
-async def _why_not_ready(config: ServiceConfig, error: Exception) -> Outcome:
+async def _why_not_ready(config: ServiceConfig, error: Exception) -> CheckOutcome:
     """Tell an unreachable Triton from a missing model from one that failed to load."""
     import tritonclient.grpc.aio as triton_grpc
     from tritonclient.utils import InferenceServerException
@@ -167,7 +167,7 @@ async def _why_not_ready(config: ServiceConfig, error: Exception) -> Outcome:
     )
 
 
-async def _redis(config: ServiceConfig) -> Outcome:
+async def _redis(config: ServiceConfig) -> CheckOutcome:
     url = redacted(config.redis_url)
     client = connect_redis(config.redis_url, max_connections=2, timeout_s=config.timeout_s)
     breaker = CircuitBreaker("redis", failures=5, open_s=1.0)

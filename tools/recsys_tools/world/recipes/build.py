@@ -46,7 +46,7 @@ class Judged:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineReport:
+class EngineFacts:
     """The report's parts only the engine knows: itself, what it read, what it wrote."""
 
     engine: dict[str, Any]
@@ -61,7 +61,7 @@ class Served(Protocol):
     @property
     def learnt(self) -> Learnt: ...
 
-    def write(self, world: Path, recipe: WorldRecipe) -> EngineReport: ...
+    def write(self, world: Path, recipe: WorldRecipe) -> EngineFacts: ...
 
 
 class Opened(Protocol):
@@ -182,7 +182,7 @@ def _report(
     judged: Judged,
     ranker: ListRanker,
     choice: Choice | None,
-    written: EngineReport,
+    written: EngineFacts,
     schema: FeatureSchema,
 ) -> dict[str, Any]:
     return {

@@ -14,24 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from app.core.errors import ConfigError
+from app.world.foldin import FoldInParams
+from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_holdout
-from recsys_tools.world.learn.factorize import foldin_params
-from recsys_tools.world.read.items import read_items
+from recsys_tools.world.learn import derive
+from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
+from recsys_tools.world.learn.factorize import Embeddings, factorize, foldin_params
+from recsys_tools.world.learn.neighbours import positive_neighbours
+from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
-from recsys_tools.world.recipes.build import EngineReport, Judged, build_world
-from recsys_tools.world.recipes.learnt import (
-    Learnt,
-    learn,
-    positive_lists,
-    served_tables,
-    world_parts,
-)
+from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
+from recsys_tools.world.recipes.learnt import Learnt, learn_part, learn_ranker, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.recipes.report import counts, histories
-from recsys_tools.world.store.files import save_table
+from recsys_tools.world.store.files import PositiveLists, SeenLists, save_table
 from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
@@ -40,6 +41,32 @@ log = logging.getLogger("recsys.build")
 def build_world_from_log(recipe: WorldRecipe, world: Path, schema: FeatureSchema) -> dict[str, Any]:
     """build_world on the local engine; returns the report also written to report.json."""
     return build_world(recipe, world, schema, LocalEngine())
+
+
+class LocalOps:
+    """Learning's heavy steps over a log held in this process's memory."""
+
+    def catalog(self, part: InteractionLog) -> ItemInfo:
+        return part.items
+
+    def tallies(self, part: InteractionLog) -> tuple[UserTallies, ItemTallies, Totals]:
+        return derive.user_tallies(part), derive.item_tallies(part), derive.totals(part)
+
+    def factors(
+        self, part: InteractionLog, dim: int, seed: int, regularization: float
+    ) -> tuple[Embeddings, FoldInParams]:
+        return factorize(part, dim, seed, regularization), foldin_params(part, regularization)
+
+    def neighbours(self, part: InteractionLog) -> Neighbours:
+        return positive_neighbours(part)
+
+
+def learn(
+    part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
+) -> Learnt:
+    """Everything learnt from `part`, the ranker on its own lists."""
+    taught = learn_part(LocalOps(), part, schema, recipe, clock, label)
+    return Learnt(taught, learn_ranker(part, schema, recipe, clock, label))
 
 
 class LocalEngine:
@@ -100,31 +127,49 @@ class LocalServed:
     learnt: Learnt
     schema: FeatureSchema
 
-    def write(self, world: Path, recipe: WorldRecipe) -> EngineReport:
+    def write(self, world: Path, recipe: WorldRecipe) -> EngineFacts:
         """The world's files, from the served part's tables."""
-        items, users, seen = served_tables(self.part, self.learnt)
-        parts = world_parts(
-            self.schema,
-            (items, users),
-            self.part.items,
-            foldin_params(self.part, recipe.als_regularization),
-            self.learnt.neighbours,
-            self.learnt.ranker,
-            recipe.seed,
-        )
         part = self.part
+        parts = world_parts(self.schema, self.learnt, part.items, part.user_ids, recipe.seed)
+        seen = seen_lists(part)
 
         def lists(world: Path) -> None:
             save_table(world, seen)
             save_table(world, positive_lists(part))
 
         write_world(world, self.schema, parts, recipe.index_factory, lists)
-        return EngineReport(
+        return EngineFacts(
             {"name": "local"},
             str(recipe.interactions),
-            counts(self.whole, self.part, len(users.ids)),
+            counts(self.whole, part, len(self.learnt.taught.served_users)),
             histories(seen),
         )
+
+
+def seen_lists(part: InteractionLog) -> SeenLists:
+    """Each user's every distinct item, newest first: the service filters them as seen.
+
+    Every interaction, not only the positives: an item the user rated low has been seen too.
+    """
+    users = np.flatnonzero(np.bincount(part.user, minlength=part.n_users))
+    rows = np.arange(len(part.user))[::-1]  # by user descending, then newest first
+    rows = rows[np.argsort(part.user[rows], kind="stable")]
+    _, first = np.unique(part.user[rows] * part.n_items + part.item[rows], return_index=True)
+    rows = rows[np.sort(first)]  # the newest occurrence of each (user, item)
+    position = np.full(part.n_users, -1, dtype=np.int64)
+    position[users] = np.arange(len(users))
+    counts = np.bincount(position[part.user[rows]], minlength=len(users))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return SeenLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
+
+
+def positive_lists(part: InteractionLog) -> PositiveLists:
+    """Each user's positives, oldest first, repeats kept (the consumer's fold-in input)."""
+    rows = np.flatnonzero(part.positive)
+    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
+    users, counts = np.unique(part.user[rows], return_counts=True)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return PositiveLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
 
 
 def _read(recipe: WorldRecipe, clock: Clock) -> InteractionLog:

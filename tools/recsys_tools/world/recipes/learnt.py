@@ -1,9 +1,11 @@
-"""Everything a build learns from one part of the log, and the served tables made from it."""
+"""Everything a build learns from one part of the log, the steps written once for both
+engines (each runs them through its PartOps), and the served tables made from it."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -13,83 +15,111 @@ from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import ServedModel
 from recsys_tools.world.learn.derive import (
+    ItemFacts,
+    ItemTallies,
+    Totals,
+    UserFacts,
+    UserTallies,
     category_codes,
     item_attributes,
-    item_dense,
-    popularity,
-    published_at,
-    user_dense,
+    item_dense_from,
+    published_from,
+    user_dense_from,
 )
-from recsys_tools.world.learn.factorize import Embeddings, factorize
+from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
-from recsys_tools.world.learn.neighbours import positive_neighbours
-from recsys_tools.world.learn.ranker.from_log import ListRanker, train_list_ranker
+from recsys_tools.world.learn.ranker.from_log import Known, ListRanker, train_list_ranker
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
-from recsys_tools.world.read.tables import IntArray
+from recsys_tools.world.read.tables import IntArray, StrArray
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
-from recsys_tools.world.store.files import (
-    HeldOut,
-    ItemTable,
-    PositiveLists,
-    SeenLists,
-    UserTable,
-)
+from recsys_tools.world.store.files import HeldOut, ItemTable, UserTable
 from recsys_tools.world.store.world import WorldParts
 
 log = logging.getLogger("recsys.build")
 FloatArray = npt.NDArray[np.float32]
+P = TypeVar("P", contravariant=True)
+
+
+class PartOps(Protocol[P]):
+    """The steps of learning that grow with the log, run where the engine runs them: in this
+    process (recipes/from_log.py) or as Spark jobs (recipes/on_spark.py). `P` is the
+    engine's part of the log."""
+
+    def catalog(self, part: P) -> ItemInfo:
+        """The items the part's positions index."""
+        ...
+
+    def tallies(self, part: P) -> tuple[UserTallies, ItemTallies, Totals]:
+        """Per user and per item counts and times, and the part's totals."""
+        ...
+
+    def factors(
+        self, part: P, dim: int, seed: int, regularization: float
+    ) -> tuple[Embeddings, FoldInParams]:
+        """ALS's factors on BM25 confidences, and what the service folds a user in with."""
+        ...
+
+    def neighbours(self, part: P) -> Neighbours:
+        """Each item's neighbours by the users who liked both."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
-class Learnt:
-    """Everything learnt from one part of the log, in catalog and user-vocabulary order."""
+class Taught:
+    """What one part of the log teaches before any ranker, in catalog and user-vocabulary
+    order: the factors and the fold-in's parameters, the dense features, each item's
+    positives, publication time and category, the neighbours, and which users are served."""
 
     embeddings: Embeddings
     user_dense: FloatArray
     item_dense: FloatArray
     popularity: FloatArray
     neighbours: Neighbours
-    ranker: ListRanker
+    published: IntArray
+    foldin: FoldInParams
     categories: IntArray  # each item's category code, as the catalog holds it
+    served_users: IntArray  # the users with a positive: the served world's users
+    positives: int
 
-    def blobs(self) -> tuple[FloatArray, FloatArray]:
-        users = np.concatenate([self.embeddings.users, self.user_dense], axis=1)
-        items = np.concatenate([self.embeddings.items, self.item_dense], axis=1)
-        return users.astype(np.float32), items.astype(np.float32)
-
-    def served(self) -> ServedModel:
-        users, items = self.blobs()
-        return ServedModel(
-            users,
-            items,
-            self.popularity,
-            self.ranker.onnx_model,
-            self.neighbours,
-            self.ranker.prerank,
-            self.categories,
+    def tables(self, catalog: ItemInfo, user_ids: StrArray) -> tuple[ItemTable, UserTable]:
+        """The served world's item and user tables (`user_ids` by the part's user index)."""
+        items = ItemTable(
+            ids=catalog.ids,
+            embeddings=self.embeddings.items,
+            dense=self.item_dense,
+            categories=self.categories,
+            published_at=self.published,
+            popularity=self.popularity,
         )
+        served = self.served_users
+        users = UserTable(user_ids[served], self.embeddings.users[served], self.user_dense[served])
+        return items, users
 
 
-def learn(
-    part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
-) -> Learnt:
-    positives = int(part.positive.sum())
+def learn_part(
+    ops: PartOps[P], part: P, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
+) -> Taught:
+    """Everything but the ranker, learnt from `part` by either engine: the steps once."""
+    with clock.step(f"{label}.features"):
+        users, items, all_totals = ops.tallies(part)
+        catalog = ops.catalog(part)
+        item_dense = item_dense_from(ItemFacts(items, catalog, all_totals), schema)
+        user_dense = user_dense_from(UserFacts(users, all_totals), schema)
+    log.info("%s: tallies and dense features %s", label, clock.took(f"{label}.features"))
     with clock.step(f"{label}.embeddings"):
-        embeddings = factorize(part, schema.embedding_dim, recipe.seed, recipe.als_regularization)
+        embeddings, foldin = ops.factors(
+            part, schema.embedding_dim, recipe.seed, recipe.als_regularization
+        )
     log.info(
         "%s: embeddings (dim %d) from %s positives %s",
         label,
         schema.embedding_dim,
-        f"{positives:,}",
+        f"{all_totals.total_positives:,}",
         clock.took(f"{label}.embeddings"),
     )
-    with clock.step(f"{label}.features"):
-        users, items = user_dense(part, schema), item_dense(part, schema)
-        counts = popularity(part)
-    log.info("%s: dense features %s", label, clock.took(f"{label}.features"))
     with clock.step(f"{label}.neighbours"):
-        neighbours = positive_neighbours(part)
+        neighbours = ops.neighbours(part)
     log.info(
         "%s: %d neighbours of %s items %s",
         label,
@@ -97,8 +127,59 @@ def learn(
         f"{int((neighbours.positions[:, 0] >= 0).sum()):,}",
         clock.took(f"{label}.neighbours"),
     )
+    return Taught(
+        embeddings=embeddings,
+        user_dense=user_dense,
+        item_dense=item_dense,
+        popularity=items.positives.astype(np.float32),
+        neighbours=neighbours,
+        published=published_from(items, catalog, all_totals),
+        foldin=foldin,
+        categories=category_codes(catalog),
+        served_users=np.flatnonzero(users.positives > 0).astype(np.int64),
+        positives=all_totals.total_positives,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Learnt:
+    """Everything learnt from one part of the log: what it taught, and the ranker."""
+
+    taught: Taught
+    ranker: ListRanker
+
+    def blobs(self) -> tuple[FloatArray, FloatArray]:
+        taught = self.taught
+        users = np.concatenate([taught.embeddings.users, taught.user_dense], axis=1)
+        items = np.concatenate([taught.embeddings.items, taught.item_dense], axis=1)
+        return users.astype(np.float32), items.astype(np.float32)
+
+    def served(self) -> ServedModel:
+        users, items = self.blobs()
+        taught = self.taught
+        return ServedModel(
+            users,
+            items,
+            taught.popularity,
+            self.ranker.onnx_model,
+            taught.neighbours,
+            self.ranker.prerank,
+            taught.categories,
+        )
+
+
+def learn_ranker(
+    sample: InteractionLog,
+    schema: FeatureSchema,
+    recipe: WorldRecipe,
+    clock: Clock,
+    label: str,
+    known: Known | None = None,
+) -> ListRanker:
+    """The ranker learnt on `sample`'s lists (pooled and featured from `known`, else from
+    the sample's own early part)."""
     with clock.step(f"{label}.ranker"):
-        ranker = train_list_ranker(part, schema, recipe.training())
+        ranker = train_list_ranker(sample, schema, recipe.training(), known)
     log.info(
         "%s: ranker trained on %s rows (%s positives) %s; %s",
         label,
@@ -110,74 +191,25 @@ def learn(
         else "it orders users it never saw no better than pre-rank's weights: the score "
         "leaves it out (blend model weight 0)",
     )
-    return Learnt(embeddings, users, items, counts, neighbours, ranker, category_codes(part.items))
-
-
-def seen_lists(part: InteractionLog) -> SeenLists:
-    """Each user's every distinct item, newest first: the service filters them as seen.
-
-    Every interaction, not only the positives: an item the user rated low has been seen too.
-    """
-    users = np.flatnonzero(np.bincount(part.user, minlength=part.n_users))
-    rows = np.arange(len(part.user))[::-1]  # by user descending, then newest first
-    rows = rows[np.argsort(part.user[rows], kind="stable")]
-    _, first = np.unique(part.user[rows] * part.n_items + part.item[rows], return_index=True)
-    rows = rows[np.sort(first)]  # the newest occurrence of each (user, item)
-    position = np.full(part.n_users, -1, dtype=np.int64)
-    position[users] = np.arange(len(users))
-    counts = np.bincount(position[part.user[rows]], minlength=len(users))
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return SeenLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
-
-
-def positive_lists(part: InteractionLog) -> PositiveLists:
-    """Each user's positives, oldest first, repeats kept (the consumer's fold-in input)."""
-    rows = np.flatnonzero(part.positive)
-    rows = rows[np.lexsort((part.time[rows], part.user[rows]))]
-    users, counts = np.unique(part.user[rows], return_counts=True)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return PositiveLists(part.user_ids[users], offsets, part.items.ids[part.item[rows]])
-
-
-def served_tables(part: InteractionLog, learnt: Learnt) -> tuple[ItemTable, UserTable, SeenLists]:
-    served = np.flatnonzero(np.bincount(part.user[part.positive], minlength=part.n_users))
-    items = ItemTable(
-        ids=part.items.ids,
-        embeddings=learnt.embeddings.items,
-        dense=learnt.item_dense,
-        categories=category_codes(part.items),
-        published_at=published_at(part),
-        popularity=learnt.popularity,
-    )
-    users = UserTable(
-        ids=part.user_ids[served],
-        embeddings=learnt.embeddings.users[served],
-        dense=learnt.user_dense[served],
-    )
-    return items, users, seen_lists(part)
+    return ranker
 
 
 def world_parts(
-    schema: FeatureSchema,
-    tables: tuple[ItemTable, UserTable],
-    catalog: ItemInfo,
-    foldin: FoldInParams,
-    neighbours: Neighbours,
-    ranker: ListRanker,
-    seed: int,
+    schema: FeatureSchema, learnt: Learnt, catalog: ItemInfo, user_ids: StrArray, seed: int
 ) -> WorldParts:
     """What either engine hands write_world; the one thing learnt here is the item prior (a
     new item's vector from its attributes), fitted on the served items' vectors."""
-    items, users = tables
+    items, users = learnt.taught.tables(catalog, user_ids)
     items.check(schema)  # before the prior learns from them: a table's fault named as such
     users.check(schema)
     prior, report = fit_item_prior(log_attributes(catalog, items.dense), items.embeddings, seed)
+    ranker = learnt.ranker
     return WorldParts(
         items,
         users,
         item_attributes(catalog),
-        foldin,
-        neighbours,
+        learnt.taught.foldin,
+        learnt.taught.neighbours,
         prior,
         report.as_dict(),
         ranker.prerank,

@@ -26,21 +26,14 @@ from app.world.layout import POSITIVES_FILE, SEEN_FILE
 from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
-from recsys_tools.world.learn.derive import (
-    ItemFacts,
-    UserFacts,
-    category_codes,
-    item_dense_from,
-    published_from,
-    user_dense_from,
-)
+from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings
-from recsys_tools.world.learn.ranker.from_log import Known, train_list_ranker
-from recsys_tools.world.read.items import read_items
+from recsys_tools.world.learn.ranker.from_log import Known
+from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
-from recsys_tools.world.recipes.build import EngineReport, Judged, build_world
-from recsys_tools.world.recipes.learnt import Learnt, world_parts
+from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
+from recsys_tools.world.recipes.learnt import Learnt, Taught, learn_part, learn_ranker, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
 from recsys_tools.world.spark.neighbours import neighbours_on_spark
@@ -60,92 +53,48 @@ from recsys_tools.world.spark.tables import (
     write_positives,
     write_seen,
 )
-from recsys_tools.world.store.files import ItemTable, UserTable
 from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
 
 
-@dataclass(frozen=True, slots=True)
-class _Learnt:
-    """What the cluster learnt from one part, before any ranker: factors, features, counts."""
+class SparkOps:
+    """Learning's heavy steps as Spark jobs over a part of the log on the cluster."""
 
-    part: Part
-    embeddings: Embeddings
-    user_dense: np.ndarray
-    item_dense: np.ndarray
-    popularity: np.ndarray
-    neighbours: Neighbours
-    published: np.ndarray
-    foldin: FoldInParams
-    served_users: np.ndarray  # indexes of the users with positives
-    positives: int
+    def catalog(self, part: Part) -> ItemInfo:
+        return part.log.items
 
-    def known_for(self, users: np.ndarray) -> Known:
-        """What this part taught, as the ranker's lists see it for these users (their
-        indexes in the whole log, in the sample's user order)."""
-        embeddings = Embeddings(self.embeddings.users[users], self.embeddings.items)
-        return Known(embeddings, self.user_dense[users], self.item_dense, self.neighbours)
-
-    def with_ranker(
-        self, sample: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, known: Known
-    ) -> Learnt:
-        ranker = train_list_ranker(sample, schema, recipe.training(), known)
-        return Learnt(
-            self.embeddings,
-            self.user_dense,
-            self.item_dense,
-            self.popularity,
-            self.neighbours,
-            ranker,
-            category_codes(self.part.log.items),
-        )
-
-
-def _learn(
-    part: Part, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
-) -> _Learnt:
-    with clock.step(f"{label}.features"):
+    def tallies(self, part: Part) -> tuple[UserTallies, ItemTallies, Totals]:
         items, users = item_tallies(part), user_tallies(part)
-        all_totals = totals(part, users, items)
-        item_dense = item_dense_from(ItemFacts(items, part.log.items, all_totals), schema)
-        user_dense = user_dense_from(UserFacts(users, all_totals), schema)
-    log.info("%s: tallies and dense features %s", label, clock.took(f"{label}.features"))
-    with clock.step(f"{label}.embeddings"):
+        return users, items, totals(part, users, items)
+
+    def factors(
+        self, part: Part, dim: int, seed: int, regularization: float
+    ) -> tuple[Embeddings, FoldInParams]:
         counts = positive_counts(part).cache()
         weights = idf(part, counts)
-        params = foldin_params(part, counts, weights, recipe.als_regularization)
+        params = foldin_params(part, counts, weights, regularization)
         confidence = bm25_confidence(part, counts, weights, params.average_length)
         embeddings = factorize_on_spark(
-            confidence,
-            part.log.n_users,
-            part.log.n_items,
-            schema.embedding_dim,
-            recipe.seed,
-            recipe.als_regularization,
+            confidence, part.log.n_users, part.log.n_items, dim, seed, regularization
         )
         counts.unpersist()
-    log.info(
-        "%s: ALS factors (dim %d) from %s positives %s",
-        label,
-        schema.embedding_dim,
-        f"{all_totals.total_positives:,}",
-        clock.took(f"{label}.embeddings"),
-    )
-    with clock.step(f"{label}.neighbours"):
-        neighbours = neighbours_on_spark(part)
-    log.info("%s: neighbours %s", label, clock.took(f"{label}.neighbours"))
-    return _Learnt(
-        part=part,
-        embeddings=embeddings,
-        user_dense=user_dense,
-        item_dense=item_dense,
-        popularity=items.positives.astype(np.float32),
-        neighbours=neighbours,
-        published=published_from(items, part.log.items, all_totals),
-        foldin=params,
-        served_users=np.flatnonzero(users.positives > 0),
-        positives=all_totals.total_positives,
+        return embeddings, params
+
+    def neighbours(self, part: Part) -> Neighbours:
+        return neighbours_on_spark(part)
+
+
+def _known_for(taught: Taught, users: np.ndarray) -> Known:
+    """What a part taught, as the ranker's lists see it for these users (their indexes in
+    the whole log, in the sample's user order)."""
+    embeddings = Embeddings(taught.embeddings.users[users], taught.embeddings.items)
+    return Known(
+        embeddings,
+        taught.user_dense[users],
+        taught.item_dense,
+        taught.neighbours,
+        taught.popularity,
     )
 
 
@@ -245,17 +194,19 @@ class SparkRead:
         self._index_factory, self._seed = recipe.index_factory, recipe.seed
         self._holdout_share = recipe.holdout_share
         self._sample_train = sample.log.subset(sample.holdout.train)
-        self._heavy: _Learnt | None = None
+        self._taught: Taught | None = None
         self._known: Known | None = None
 
     @property
     def judged_on(self) -> InteractionLog:
         return self._sample_train
 
-    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[_Learnt, Known]:
+    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[Taught, Known]:
         """Learnt from the train part once: each input compared trains only the ranker again."""
-        if self._heavy is None or self._known is None:
-            self._heavy = _learn(self._train, self._schema, recipe, self._clock, "train")
+        if self._taught is None or self._known is None:
+            self._taught = learn_part(
+                SparkOps(), self._train, self._schema, recipe, self._clock, "train"
+            )
             # The ranker's lists are pooled and featured from every user's early part of the
             # train part, as the served world is from every user's rows, not from the
             # sample's alone (its counts a fraction of the log's, its factors from a
@@ -263,19 +214,20 @@ class SparkRead:
             train = self._train
             early_rows = with_later(train.rows, self._holdout_share).filter("not later")
             early = Part(train.log, early_rows.drop("later"))
-            self._known = _learn(early, self._schema, recipe, self._clock, "early").known_for(
-                self._sample.users
-            )
-        return self._heavy, self._known
+            early_taught = learn_part(SparkOps(), early, self._schema, recipe, self._clock, "early")
+            self._known = _known_for(early_taught, self._sample.users)
+        return self._taught, self._known
 
     def learn_first(self, recipe: WorldRecipe) -> Learnt:
-        heavy, known = self._learnt_on_train(recipe)
-        with self._clock.step("train.ranker"):
-            return heavy.with_ranker(self._sample_train, self._schema, recipe, known)
+        return self._with_ranker(recipe, "train")
 
     def learn_again(self, recipe: WorldRecipe) -> Learnt:
-        heavy, known = self._learnt_on_train(recipe)
-        return heavy.with_ranker(self._sample_train, self._schema, recipe, known)
+        return self._with_ranker(recipe, "compare")
+
+    def _with_ranker(self, recipe: WorldRecipe, label: str) -> Learnt:
+        taught, known = self._learnt_on_train(recipe)
+        sample = self._sample_train
+        return Learnt(taught, learn_ranker(sample, self._schema, recipe, self._clock, label, known))
 
     def judge(self, learnt: Learnt) -> dict[str, Any]:
         served = _served_model(learnt, self._sample.users)
@@ -285,41 +237,21 @@ class SparkRead:
         )
 
     def served(self, recipe: WorldRecipe, judged: Judged) -> SparkServed:
-        heavy, _ = self._learnt_on_train(recipe)
         if recipe.keep_holdout:
-            return SparkServed(self, heavy, judged.weighed.learnt)
+            return SparkServed(self, self._train, judged.weighed.learnt)
         whole_log = self._whole_log
-        learnt = _learn(Part(whole_log, whole_log.rows), self._schema, recipe, self._clock, "all")
-        with self._clock.step("all.ranker"):
-            # Each sampled user's early part of all their rows is the train part: the lists
-            # are featured from what the train part taught.
-            known = heavy.known_for(self._sample.users)
-            whole = learnt.with_ranker(self._sample.log, self._schema, recipe, known)
-        return SparkServed(self, learnt, whole)
+        part = Part(whole_log, whole_log.rows)
+        taught_all = learn_part(SparkOps(), part, self._schema, recipe, self._clock, "all")
+        # Each sampled user's early part of all their rows is the train part: the lists are
+        # featured from what the train part taught.
+        taught_train, _ = self._learnt_on_train(recipe)
+        known = _known_for(taught_train, self._sample.users)
+        ranker = learn_ranker(self._sample.log, self._schema, recipe, self._clock, "all", known)
+        return SparkServed(self, part, Learnt(taught_all, ranker))
 
-    def write(
-        self, world: Path, recipe: WorldRecipe, learnt: _Learnt, whole: Learnt
-    ) -> EngineReport:
-        part, items_info, ids = learnt.part, learnt.part.log.items, self._ids
-        items = ItemTable(
-            ids=items_info.ids,
-            embeddings=learnt.embeddings.items,
-            dense=learnt.item_dense,
-            categories=category_codes(items_info),
-            published_at=learnt.published,
-            popularity=learnt.popularity,
-        )
-        served = learnt.served_users
-        users = UserTable(ids[served], learnt.embeddings.users[served], learnt.user_dense[served])
-        parts = world_parts(
-            self._schema,
-            (items, users),
-            items_info,
-            learnt.foldin,
-            learnt.neighbours,
-            whole.ranker,
-            recipe.seed,
-        )
+    def write(self, world: Path, recipe: WorldRecipe, part: Part, learnt: Learnt) -> EngineFacts:
+        ids = self._ids
+        parts = world_parts(self._schema, learnt, part.log.items, ids, recipe.seed)
 
         def lists(world: Path) -> tuple[int, int]:
             # Streamed from the cluster into their files, never whole on the driver.
@@ -328,9 +260,9 @@ class SparkRead:
             return seen
 
         seen_users, longest = write_world(world, self._schema, parts, recipe.index_factory, lists)
-        return self._reported(learnt, len(users.ids), seen_users, longest)
+        return self._reported(learnt.taught, seen_users, longest)
 
-    def _reported(self, learnt: _Learnt, users: int, seen_users: int, longest: int) -> EngineReport:
+    def _reported(self, taught: Taught, seen_users: int, longest: int) -> EngineFacts:
         whole_log, sample, settings = self._whole_log, self._sample, self._settings
         counted = whole_log.counts
         engine = {
@@ -346,22 +278,22 @@ class SparkRead:
             "positives": whole_log.positives,
             "below_min_weight": counted.below_min_weight,
             "dropped": dict(counted.dropped),
-            "users": users,
+            "users": len(taught.served_users),
             "items": whole_log.n_items,
             "items_without_interactions": whole_log.items_without_interactions,
             "items_without_positives": whole_log.items_without_positives,
             "categories": len(whole_log.items.category_names),
-            "served_positives": learnt.positives,
+            "served_positives": taught.positives,
         }
         histories = {"users": seen_users, "longest": longest}
-        return EngineReport(engine, whole_log.uri, counts, histories)
+        return EngineFacts(engine, whole_log.uri, counts, histories)
 
 
 @dataclass(frozen=True, slots=True)
 class SparkServed:
     read: SparkRead
-    heavy: _Learnt  # the factors, features and lists of the rows served
-    learnt: Learnt  # with the ranker the world ships
+    part: Part  # the rows served, on the cluster
+    learnt: Learnt  # from them, with the ranker the world ships
 
-    def write(self, world: Path, recipe: WorldRecipe) -> EngineReport:
-        return self.read.write(world, recipe, self.heavy, self.learnt)
+    def write(self, world: Path, recipe: WorldRecipe) -> EngineFacts:
+        return self.read.write(world, recipe, self.part, self.learnt)

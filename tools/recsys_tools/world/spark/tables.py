@@ -239,7 +239,7 @@ def _stream_lists(
 
 
 def write_seen(part: Part, path: Path, user_ids: StrArray) -> tuple[int, int]:
-    """learnt.seen_lists: each user's distinct items, newest first (ties: later in the
+    """from_log.seen_lists: each user's distinct items, newest first (ties: later in the
     file first); returns the users and the longest list."""
 
     pairs = part.rows.groupBy("u", "i").agg(sf.max(sf.struct("t", "r")).alias("at"))
@@ -255,7 +255,7 @@ def write_seen(part: Part, path: Path, user_ids: StrArray) -> tuple[int, int]:
 
 
 def write_positives(part: Part, path: Path, user_ids: StrArray) -> int:
-    """learnt.positive_lists: each user's positives oldest first, repeats kept."""
+    """from_log.positive_lists: each user's positives oldest first, repeats kept."""
 
     lists = (
         part.rows.filter("pos")

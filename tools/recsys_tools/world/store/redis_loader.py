@@ -2,7 +2,7 @@
 
 At scale: the user tables are read a chunk at a time from memory maps of their files (never
 whole), the chunks are written by several threads in batches of MSETs, a progress line says
-how far it is, and a load that stopped part-way resumes where it stopped (Progress).
+how far it is, and a load that stopped part-way resumes where it stopped (LoadProgress).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ Client = redis.Redis | RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
+class KeyChunks:
     """One kind of key to write, in chunks of rows: `pairs(start, end)` makes rows
     start..end's keys and values."""
 
@@ -129,7 +129,7 @@ class Part:
     pairs: Callable[[int, int], Iterator[tuple[str, bytes]]]
 
 
-class Progress:
+class LoadProgress:
     """Which chunks of which world are in Redis: a hash beside the layout record, so a load
     that stopped part-way (a killed loader, a lost connection) goes on where it stopped when
     run again on the same world, and is cleared once the load is whole."""
@@ -171,7 +171,7 @@ def _write_batches(client: Client, pairs: Iterable[tuple[str, bytes]]) -> int:
     return written
 
 
-def _write_part(client: Client, part: Part, progress: Progress, workers: int) -> int:
+def _write_part(client: Client, part: KeyChunks, progress: LoadProgress, workers: int) -> int:
     """The part's chunks by `workers` threads (each MSET a round trip: several in flight keep
     Redis busy), each chunk marked done once written; a progress line every few seconds."""
     chunks = [(start, min(start + CHUNK, part.rows)) for start in range(0, part.rows, CHUNK)]
@@ -213,7 +213,7 @@ def load_world_into_redis(
         ) from None
 
 
-def _user_blobs(keys: KeySpace, world: Path, schema: FeatureSchema) -> Part:
+def _user_blobs(keys: KeySpace, world: Path, schema: FeatureSchema) -> KeyChunks:
     users = mapped(world / USERS_FILE)
     ids, embeddings, dense = users["ids"], users["embeddings"], users["dense"]
     UserTable(cast(StrArray, ids), cast(FloatArray, embeddings), cast(FloatArray, dense)).check(
@@ -224,12 +224,12 @@ def _user_blobs(keys: KeySpace, world: Path, schema: FeatureSchema) -> Part:
         names = (keys.user(u) for u in ids[start:end].tolist())
         return _blobs(names, np.asarray(embeddings[start:end]), np.asarray(dense[start:end]))
 
-    return Part("user features", len(ids), pairs)
+    return KeyChunks("user features", len(ids), pairs)
 
 
 def _lists(
     name: str, path: Path, make: Callable[[Lists], Iterator[tuple[str, bytes]]]
-) -> Part | None:
+) -> KeyChunks | None:
     """A seen or positives file's users, a chunk of users (and only their items) at a time."""
     if not path.is_file():
         return None
@@ -245,7 +245,7 @@ def _lists(
         )
         return make(chunk)
 
-    return Part(name, len(user_ids), pairs)
+    return KeyChunks(name, len(user_ids), pairs)
 
 
 def _load(
@@ -257,11 +257,11 @@ def _load(
     items = load_items(world)
     items.check(schema)
     users = _user_blobs(keys, world, schema)
-    progress = Progress(client, keys, None if stamp is None else stamp.world_id)
+    progress = LoadProgress(client, keys, None if stamp is None else stamp.world_id)
     client.delete(keys.meta)
     if not progress.resuming:
         progress.start()
-    item_blobs = Part(
+    item_blobs = KeyChunks(
         "item features",
         len(items.ids),
         lambda s, e: _blobs(

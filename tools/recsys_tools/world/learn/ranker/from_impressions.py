@@ -58,7 +58,7 @@ MAX_ANSWERS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
-class Shown:
+class ShownRows:
     """Answers' items row by row, in the order shown, each with whether it was chosen."""
 
     answer: IntArray  # the answer's number, the same for all its rows
@@ -73,8 +73,8 @@ class Shown:
     def answers(self) -> int:
         return len(np.unique(self.answer))
 
-    def take(self, rows: npt.NDArray[np.bool_]) -> Shown:
-        return Shown(
+    def take(self, rows: npt.NDArray[np.bool_]) -> ShownRows:
+        return ShownRows(
             self.answer[rows],
             self.user_ids[rows],
             self.item_ids[rows],
@@ -84,15 +84,15 @@ class Shown:
             self.chosen[rows],
         )
 
-    def with_choice(self) -> Shown:
+    def with_choice(self) -> ShownRows:
         """Only the answers where something was chosen."""
         chose = np.unique(self.answer[self.chosen == 1])
         return self.take(np.isin(self.answer, chose))
 
-    def before(self, ts_s: int) -> Shown:
+    def before(self, ts_s: int) -> ShownRows:
         return self.take(self.ts_s < ts_s)
 
-    def since(self, ts_s: int) -> Shown:
+    def since(self, ts_s: int) -> ShownRows:
         return self.take(self.ts_s >= ts_s)
 
 
@@ -124,7 +124,7 @@ def _chosen_keys(events: pa.Table, positive: float) -> tuple[Named, Unnamed]:
     return named, unnamed
 
 
-def shown_items(answers: pa.Table, events: pa.Table, positive: float) -> Shown:
+def shown_items(answers: pa.Table, events: pa.Table, positive: float) -> ShownRows:
     """The answers' items (degraded answers left out), each marked chosen or skipped by the
     events that followed."""
     answers = answers.filter(pc.invert(pc.fill_null(answers.column("degraded"), False)))
@@ -147,10 +147,10 @@ def shown_items(answers: pa.Table, events: pa.Table, positive: float) -> Shown:
             0 <= at - shown_at <= ATTRIBUTION_S for at in unnamed.get((user, item), ())
         ):
             chosen[row] = 1
-    return Shown(parent, users, flat, position, pages, ts_s.astype(np.int64), chosen)
+    return ShownRows(parent, users, flat, position, pages, ts_s.astype(np.int64), chosen)
 
 
-def _sample(shown: Shown, seed: int) -> Shown:
+def _sample(shown: ShownRows, seed: int) -> ShownRows:
     numbers = np.unique(shown.answer)
     if len(numbers) <= MAX_ANSWERS:
         return shown
@@ -158,7 +158,7 @@ def _sample(shown: Shown, seed: int) -> Shown:
     return shown.take(np.isin(shown.answer, kept))
 
 
-def packed_rows(world: WorldAnswers, shown: Shown) -> tuple[Shown, FloatArray]:
+def packed_rows(world: WorldAnswers, shown: ShownRows) -> tuple[ShownRows, FloatArray]:
     """The rows `world` packs for each answer's items (those its catalog holds), with the
     answer's page and its hour and weekday as the context."""
     hours, weekdays = utc_hour_weekday(shown.ts_s)
@@ -194,7 +194,7 @@ def _sequence(schema: FeatureSchema, rows: FloatArray) -> FloatArray | None:
 
 def train_impression_ranker(
     served_by: Path,
-    shown: Shown,
+    shown: ShownRows,
     schema: FeatureSchema,
     blend_world: Path,
     seed: int = 7,
@@ -314,7 +314,7 @@ def with_answers(lists_model: bytes, network: bytes, schema: FeatureSchema, weig
 
 
 def compare_on_answers(
-    answers: WorldAnswers, shown: Shown, models: dict[str, bytes]
+    answers: WorldAnswers, shown: ShownRows, models: dict[str, bytes]
 ) -> dict[str, Any]:
     """Each model's NDCG@10 of what was chosen, ordering each answer's items as packed from
     the world `answers` reads, beside the order shown; over the answers with a choice."""

@@ -96,14 +96,16 @@ class ListRanker:
 class Known:
     """What the service knows of the catalog and of each of the part's users at the moment
     of their targets, learnt from the early part of every history (each user's first
-    1 - holdout_share): the factors and dense features (rows by the part's users) and the
-    neighbours. A build that trains on a sample of users learns them from every user's
-    early part, so the lists are pooled and featured as the served world's will be."""
+    1 - holdout_share): the factors and dense features (rows by the part's users), the
+    neighbours and each item's positives (the popular source's order). A build that trains
+    on a sample of users learns them from every user's early part, so the lists are pooled
+    and featured as the served world's will be."""
 
     embeddings: Embeddings
     user_dense: FloatArray
     item_dense: FloatArray
     neighbours: Neighbours
+    popularity: FloatArray
 
 
 def known_from(early: InteractionLog, schema: FeatureSchema, training: ListTraining) -> Known:
@@ -112,6 +114,7 @@ def known_from(early: InteractionLog, schema: FeatureSchema, training: ListTrain
         user_dense(early, schema),
         item_dense(early, schema),
         positive_neighbours(early),
+        popularity(early),
     )
 
 
@@ -154,7 +157,7 @@ def _candidate_lists(
 
     # The service's candidate stages over the world learnt from the early part: its
     # popular items are the early part's (pre-rank's weights do not shape the pools).
-    early_popular = np.argsort(-popularity(early), kind="stable").astype(np.int64)
+    early_popular = np.argsort(-known.popularity, kind="stable").astype(np.int64)
     stages = ServiceStages(
         schema,
         None,

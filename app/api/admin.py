@@ -68,7 +68,7 @@ def _tell_other_workers(services: Services) -> None:
 
 @router.get("/release", response_model=Release, summary="What this worker serves")
 async def release(services: AdminDep) -> Release:
-    return _release(services.reloader.report())
+    return _release(services.served.reloader.report())
 
 
 @router.post(
@@ -79,7 +79,7 @@ async def release(services: AdminDep) -> Release:
 )
 async def reload(request: Request, services: AdminDep) -> Release | JSONResponse:
     try:
-        report = await services.reloader.reload()
+        report = await services.served.reloader.reload()
     except ReloadRefusedError as exc:
         return _refused(request, "reload_refused", exc)
     _tell_other_workers(services)
@@ -92,7 +92,7 @@ async def reload(request: Request, services: AdminDep) -> Release | JSONResponse
     summary="Stop the canary and the shadow: the stable version answers everyone",
 )
 async def rollback(services: AdminDep) -> Release:
-    report = await services.reloader.roll_back()
+    report = await services.served.reloader.roll_back()
     _tell_other_workers(services)
     return _release(report)
 

@@ -174,10 +174,10 @@ def _changes(body: ItemsIn, artifacts: ServingArtifacts) -> list[ItemChange]:
 async def _accepted(
     services: Services, puts: list[ItemChange], withdrawals: list[Withdrawal], rid: str
 ) -> Accepted | JSONResponse:
-    changes, follower = services.catalog_log, services.catalog_follower
+    changes, follower = services.served.catalog_log, services.served.catalog_follower
     assert changes is not None
     assert follower is not None
-    catalog = services.artifacts.current.catalog
+    catalog = services.served.artifacts.current.catalog
     room = catalog.room
     assert room is not None
     try:
@@ -208,19 +208,19 @@ async def _accepted(
 
 async def _current(services: Services) -> ServingArtifacts:
     """The artifacts with every change the log holds: ids put earlier are known."""
-    follower = services.catalog_follower
+    follower = services.served.catalog_follower
     if follower is None:
         raise HTTPException(
             status_code=404, detail="catalog changes are off (RECSYS_CATALOG_HEADROOM=0)"
         )
     await follower.catch_up(CHANGE_TIMEOUT_S)
-    return services.artifacts.current
+    return services.served.artifacts.current
 
 
 @router.get("", response_model=CatalogState, summary="What this process holds of the log")
 async def catalog_state(services: CatalogDep) -> CatalogState:
     await _current(services)
-    room = services.artifacts.current.catalog.room
+    room = services.served.artifacts.current.catalog.room
     assert room is not None  # _current answered 404 otherwise
     return CatalogState(
         batch=room.seq,

@@ -144,8 +144,8 @@ async def _explained(services: Services, asked: _Asked) -> dict[str, Any]:
 
 async def _explain(services: Services, asked: _Asked) -> dict[str, Any]:
     trace, explanation = await explain_item(
-        services.pipeline,
-        services.artifacts.current,
+        services.served.pipeline,
+        services.served.artifacts.current,
         services.metrics,
         (services.budget_s(None), services.settings.reserve_s),
         asked.user_id,

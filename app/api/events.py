@@ -68,15 +68,15 @@ def _uncredited(given: EventIn) -> bool:
 
 async def _positions(services: Services, ids: list[str]) -> Positions:
     """Each item's position; an item put a moment ago is known too (the log is read again)."""
-    positions = services.artifacts.current.lookup(ids)
-    follower = services.catalog_follower
+    positions = services.served.artifacts.current.lookup(ids)
+    follower = services.served.catalog_follower
     if follower is None or (positions >= 0).all():
         return positions
     try:
         await follower.catch_up(services.settings.event_append_timeout_s)
     except FeatureStoreError:
         return positions
-    return services.artifacts.current.lookup(ids)
+    return services.served.artifacts.current.lookup(ids)
 
 
 @router.post(

@@ -167,7 +167,12 @@ async def answer(worlds: Worlds, body: RecommendRequest, scope: Scope) -> tuple[
         return _error(500, error_body("internal_error", "the request failed", asking.request_id))
     ctx = answered.ctx
     made = content(
-        ctx, answered.answer_id, body, answered.result, answered.artifacts, (services.world, role)
+        ctx,
+        answered.answer_id,
+        body,
+        answered.result,
+        answered.artifacts,
+        (services.served.stamp, role),
     )
     sent = pydantic_core.to_json(made)
     # Counted once the answer is made: one that failed on the way is a 500, not an answer.

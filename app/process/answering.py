@@ -42,7 +42,7 @@ class Answered:
 async def answer(services: Services, query: Query, asking: Asking) -> Answered:
     """The pipeline's answer to `query` in `services`' world, remembered; whatever the
     pipeline raises is the caller's to map."""
-    artifacts = services.artifacts.current
+    artifacts = services.served.artifacts.current
     budget_s = services.budget_s(asking.budget_ms)
     caller_shortened.set(services.shortened(budget_s))  # this request's task only
     ctx = RequestContext.on_budget(
@@ -60,7 +60,7 @@ async def answer(services: Services, query: Query, asking: Asking) -> Answered:
     # request pays for its trace: the others, one random draw.
     if traces is not None and traces.chosen(asking.trace_wanted):
         ctx.trace = Trace(answer_id, time.time(), asking.described(budget_s))
-    result = await services.pipeline.run(query, ctx)
+    result = await services.served.pipeline.run(query, ctx)
     if traces is not None and ctx.trace is not None:
         traces.keep(ctx.trace)
     answered = Answered(ctx, answer_id, result, artifacts)
@@ -76,7 +76,7 @@ def _remember(services: Services, query: Query, answered: Answered) -> None:
     )
     answers = services.answers
     if answers is not None and answers.wanted():
-        world = services.world
+        world = services.served.stamp
         answers.shown(
             Shown(
                 answered.answer_id,

@@ -36,7 +36,7 @@ DECIDING = ("index", "triton", "schema", "model_world", "serving")
 
 
 def _same_world(services: Services, found: str | None) -> bool:
-    return same_world(found, services.world.world_id if services.world else "")
+    return same_world(found, services.served.world_id)
 
 
 async def _model_checks(services: Services) -> dict[str, bool]:
@@ -44,7 +44,7 @@ async def _model_checks(services: Services) -> dict[str, bool]:
         signature = await services.model.ready_signature(CHECK_TIMEOUT_S)
     except RankingModelError:
         return {"triton": False, "schema": False, "model_world": False}
-    schema = services.artifacts.current.schema
+    schema = services.served.artifacts.current.schema
     return {
         "triton": True,
         "schema": not signature_mismatches(schema, signature),
@@ -56,14 +56,14 @@ async def held_world(services: Services) -> RedisWorld:
     """What Redis holds against the served world, noted in the recsys_redis_world gauge.
     Reading the layout record is the liveness check too."""
     answered, found = await services.store.world_state(CHECK_TIMEOUT_S)
-    held = redis_world(answered, found, services.world.world_id if services.world else "")
+    held = redis_world(answered, found, services.served.world_id)
     services.metrics.note_redis_world(held)
     _note_world_age(services)
     return held
 
 
 def _note_world_age(services: Services) -> None:
-    built = built_at(services.world.world_id) if services.world else None
+    built = built_at(services.served.world_id) if services.served.stamp else None
     if built is not None:
         services.metrics.world_age.set(max(0.0, time.time() - built))
 
@@ -101,7 +101,7 @@ async def readiness(services: Services) -> dict[str, bool]:
     of calls to Redis and Triton. What is local (the index, draining) is read every time,
     so a SIGTERM takes the instance out of rotation at once.
     """
-    catalog = services.artifacts.current.catalog
+    catalog = services.served.artifacts.current.catalog
     dependencies = await services.readiness_checks.get(lambda: _dependency_checks(services))
     return {
         "index": catalog.index.ntotal == catalog.world_size > 0,

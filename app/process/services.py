@@ -1,4 +1,7 @@
-"""Everything a running service holds, built and checked at start-up, closed at shutdown."""
+"""Everything a running service of one world holds, built and checked at start-up, closed at
+shutdown: its settings, metrics, clients behind their breakers, logs and exit stack, around
+what its answers are made from (app.process.served_world). Two worlds served side by side
+are two of these (app.process.worlds)."""
 
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from app.process.catalog_follower import CatalogFollower, replayed
 from app.process.connections import breakers_for, open_clients
 from app.process.model_inputs import widest_with_memory
 from app.process.reload import Reloader, model_routing
+from app.process.served_world import ServedWorld
 from app.process.startup_checks import (
     STARTUP_CALL_TIMEOUT_S,
     checked_redis,
@@ -70,24 +74,14 @@ class Services:
     metrics: ServiceMetrics
     store: FeatureStore
     model: TritonPool
-    artifacts: ArtifactsRef
-    pipeline: RecommendPipeline
     breakers: dict[str, CircuitBreaker]
-    reloader: Reloader
     shadow: ShadowCalls
     # Closes what start-up opened, in the reverse order (shadow calls first, Redis last).
     closing: AsyncExitStack
     events: EventLog
-    trending: TrendingItems
+    served: ServedWorld
     # What answers showed, for the archive; None with RECSYS_ANSWER_LOG_SAMPLE=0.
     answers: AnswerLog | None = None
-    world: WorldStamp | None = None
-    item_memory: ItemMemory | None = None
-    # Items put and withdrawn while serving (app.process.catalog_follower); None without room.
-    catalog_log: CatalogLog | None = None
-    catalog_follower: CatalogFollower | None = None
-    # The showings and positives of items added while serving, for exploration.
-    exposure: Exposure | None = None
     # The recent requests' traces, with the debug pages on (app/pipeline/trace.py).
     traces: TraceRing | None = None
     draining: bool = field(default=False)
@@ -377,25 +371,28 @@ async def start_services(
             *(f"{opened.catalog.size:,}", signature.name, schema.width, signature.max_batch_size),
             reloader.report().said(),
         )
+        served = ServedWorld(
+            stamp=stamp,
+            artifacts=artifacts,
+            pipeline=pipeline,
+            reloader=reloader,
+            trending=trending,
+            item_memory=item_memory,
+            catalog_log=following.changes,
+            catalog_follower=following.follower,
+            exposure=following.exposure,
+        )
         return Services(
             settings=settings,
             metrics=metrics,
             store=store,
             model=model,
-            artifacts=artifacts,
-            pipeline=pipeline,
             breakers=breakers,
-            reloader=reloader,
             shadow=shadow,
             closing=stack.pop_all(),
             events=logs.events,
-            trending=trending,
+            served=served,
             answers=logs.answers,
-            world=stamp,
-            item_memory=item_memory,
-            catalog_log=following.changes,
-            catalog_follower=following.follower,
-            exposure=following.exposure,
             traces=_trace_ring(settings),
             explaining=asyncio.Semaphore(settings.debug_explain_in_flight),
         )

@@ -30,21 +30,22 @@ def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[No
     (`recsys_redis_world`, `recsys_world_age_seconds`) that speak of the world served."""
     settings = services.settings
     tasks = watch_task(services) if stable else []
-    trending = services.trending.keep_current(settings.trending_refresh_s, settings.redis_timeout_s)
+    served = services.served
+    trending = served.trending.keep_current(settings.trending_refresh_s, settings.redis_timeout_s)
     if settings.trending_candidates:
         tasks.append(asyncio.create_task(trending, name="trending"))
     else:
         trending.close()
-    if services.catalog_follower is not None:
-        following = services.catalog_follower.keep_current(
+    if served.catalog_follower is not None:
+        following = served.catalog_follower.keep_current(
             settings.catalog_follow_s, max(settings.redis_timeout_s, 1.0)
         )
         tasks.append(asyncio.create_task(following, name="catalog-changes"))
-        assert services.catalog_log is not None  # the follower follows it
-        room = services.artifacts.current.catalog.room
+        assert served.catalog_log is not None  # the follower follows it
+        room = served.artifacts.current.catalog.room
         assert room is not None
         compacting = keep_small(
-            services.catalog_log,
+            served.catalog_log,
             room.check,
             services.metrics.catalog_log_entries.set,
             COMPACT_CHECK_S,
@@ -52,13 +53,13 @@ def world_tasks(services: Services, stable: bool = True) -> list[asyncio.Task[No
             COMPACT_TIMEOUT_S,
         )
         tasks.append(asyncio.create_task(compacting, name="catalog-compaction"))
-    if services.exposure is not None:
-        exposing = services.exposure.keep_current(
+    if served.exposure is not None:
+        exposing = served.exposure.keep_current(
             settings.exposure_refresh_s, max(settings.redis_timeout_s, 1.0)
         )
         tasks.append(asyncio.create_task(exposing, name="exposure"))
-    if services.item_memory is not None:
-        refreshing = services.item_memory.keep_current(settings.item_refresh_s)
+    if served.item_memory is not None:
+        refreshing = served.item_memory.keep_current(settings.item_refresh_s)
         tasks.append(asyncio.create_task(refreshing, name="item-features"))
     if services.answers is not None:
         flushing = services.answers.keep_flushing(settings.answer_log_flush_s)

@@ -130,7 +130,7 @@ class WorldsReport:
 
 
 def _world_id(services: Services) -> str:
-    return services.world.world_id if services.world is not None else "(unstamped)"
+    return services.served.stamp.world_id if services.served.stamp is not None else "(unstamped)"
 
 
 @dataclass
@@ -311,6 +311,6 @@ def worlds_reload(worlds: Worlds) -> Callable[[], Coroutine[Any, Any, None]]:
         except ConfigError as exc:
             log.error("the worlds file was not applied: %s", exc)
         with contextlib.suppress(ReloadRefusedError):
-            await worlds.stable.services.reloader.reload()
+            await worlds.stable.services.served.reloader.reload()
 
     return reload

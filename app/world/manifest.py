@@ -1,8 +1,9 @@
 """manifest.json: how a world was built, its id and each file's digest.
 
-The only place the file is read or written. A build writes it in steps (the catalog's
-counts, the item prior's report, the stamp last), so a write merges into what is there, and
-replaces the file whole: a crash mid-stamp leaves the old manifest, not half of a new one.
+The only place the file is read or written. A build writes it once, when it stamps the world
+(tools' store/identity.stamp_world); a world stamped again or re-indexed updates it, so a
+write merges into what is there, and replaces the file whole: a crash mid-stamp leaves the
+old manifest, not half of a new one.
 """
 
 from __future__ import annotations

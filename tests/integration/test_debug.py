@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from pydantic import SecretStr
-from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.main import create_app
+from app.world.tables import load_items, load_seen, load_users
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recsys_tools.world.store.files import load_seen
 
+from app.world.tables import load_seen
 from loadtest.service import ApiProcess, start_api
 from tests.integration.conftest import CONTEXT, Stack
 

@@ -14,11 +14,11 @@ import pytest
 import redis
 from recsys_tools.localstack import ManagedProcess, start_ingest
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
-from recsys_tools.world.store.files import load_items
 
 from app.clients.event_log import partition_of
 from app.clients.feature_store import decode_seen
 from app.core.events import Event, EventType, encode_entry
+from app.world.tables import load_items
 from tests.integration.conftest import SMALL_WORLD, Stack, load_redis, metric_samples
 from tests.integration.test_realtime import (
     APPLIED_WITHIN_S,

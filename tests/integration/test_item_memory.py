@@ -43,11 +43,11 @@ async def test_a_new_load_is_read_beside_and_swapped_whole(stack: Stack, loaded_
     services = await start_services(stack.settings(redis_url=loaded_redis), ServiceMetrics())
     client = redis.Redis.from_url(loaded_redis)
     try:
-        memory = services.item_memory
+        memory = services.served.item_memory
         assert memory is not None
         before = memory.current
         assert before.version == _text(client.hget("recsys:meta", ITEMS_VERSION_FIELD))
-        keys = services.artifacts.current.item_keys
+        keys = services.served.artifacts.current.item_keys
         position = 17
         raw = client.get(keys[position])
         assert isinstance(raw, bytes)
@@ -86,7 +86,7 @@ async def test_the_matrix_is_read_through_a_pause_longer_than_a_requests_redis_t
     services = await start_services(settings, ServiceMetrics())
     client = redis.Redis.from_url(loaded_redis)
     try:
-        memory = services.item_memory
+        memory = services.served.item_memory
         assert memory is not None
         client.hset("recsys:meta", ITEMS_VERSION_FIELD, "after-a-pause")
         client.client_pause(300, all=True)

@@ -10,7 +10,6 @@ import onnxruntime as ort
 import pytest
 import redis
 from httpx import AsyncClient
-from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.clients.feature_store import encode_seen
 from app.pipeline.packing import encode_context, pack_rows
@@ -18,6 +17,7 @@ from app.release.keyspace import KeySpace
 from app.world.attributes import load_attributes
 from app.world.layout import MODEL_FILE
 from app.world.schema import HEAD_NAMES, HEADS_OUTPUT
+from app.world.tables import load_items, load_seen, load_users
 from tests.integration.conftest import CONTEXT, PLAIN_RULES, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

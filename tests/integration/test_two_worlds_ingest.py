@@ -9,12 +9,12 @@ from pathlib import Path
 
 import redis
 from recsys_tools.localstack import ManagedProcess, start_ingest, start_redis, unapplied
-from recsys_tools.world.store.files import load_items
 from recsys_tools.world.store.redis_loader import load_world_into_redis
 
 from app.clients.feature_store import decode_seen
 from app.release.keyspace import KeySpace
 from app.release.worlds import WorldRef, WorldsPlan, write_worlds
+from app.world.tables import load_items
 from tests.integration.conftest import CONTEXT, Stack, serving
 
 PARTITIONS = 2

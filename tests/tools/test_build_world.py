@@ -20,19 +20,21 @@ from recsys_tools.world.learn.derive import (
     category_codes,
     interactions_schema_path,
     item_dense,
-    published_at,
+    item_tallies,
+    published_from,
+    totals,
     user_dense,
 )
 from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
-from recsys_tools.world.store.files import load_items, load_seen, load_users
 
 from app.core.errors import ConfigError
 from app.release.catalog import load_catalog
 from app.world.layout import MANIFEST_FILE, MODEL_FILE, REPORT_FILE
 from app.world.schema import FeatureSchema, load_schema
+from app.world.tables import load_items, load_seen, load_users
 
 START = 1_600_000_000
 DAY = 86_400
@@ -111,7 +113,16 @@ def test_the_world_has_every_file_and_loads_as_the_service_loads_it(
     rows = np.zeros((3, schema.width), dtype=np.float32)
     (scores,) = session.run([schema.output_name], {schema.input_name: rows})
     assert scores.shape == (3, 1)
-    assert json.loads((world / MANIFEST_FILE).read_text())["source"] == "interactions"
+    manifest = json.loads((world / MANIFEST_FILE).read_text())
+    # Written once, at the stamp: what the catalog, the item prior and the build each say.
+    assert manifest["source"] == "interactions"
+    assert manifest["items"] == manifest["index_ntotal"] == 41
+    assert manifest["embedding_dim"] == schema.embedding_dim
+    assert manifest["item_prior"]
+    assert manifest["build_seconds"] > 0
+    assert manifest["counts"] == built["counts"]
+    assert manifest["files"]
+    assert manifest["world_id"]
 
 
 def test_ids_stay_as_written_and_categories_take_the_first_listed(
@@ -329,4 +340,5 @@ def test_publish_times_come_from_the_table_else_the_first_interaction(tmp_path: 
     table = _write_csv(tmp_path / "i.csv", ["item_id", "pub"], [("a", "2024-01-01"), ("b", "")])
     items = read_items(table, ItemColumns(published="pub"))
     log = read_log(log_file, LogColumns("u", "i", "t"), items)
-    assert published_at(log).tolist() == [1_704_067_200, 200]
+    published = published_from(item_tallies(log), log.items, totals(log))
+    assert published.tolist() == [1_704_067_200, 200]

@@ -20,11 +20,11 @@ from recsys_tools.world.learn.ranker.from_impressions import (
     train_impression_ranker,
 )
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
-from recsys_tools.world.store.files import load_items, load_users
 
 from app.archive.rows import ANSWERS_SCHEMA, EVENTS_SCHEMA
 from app.world.layout import MODEL_FILE
 from app.world.schema import FeatureSchema, load_schema
+from app.world.tables import load_items, load_users
 
 TINY = DemoSize(items=600, users=100, impressions=8000)
 T0_MS = 1_764_547_200_000

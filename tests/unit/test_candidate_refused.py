@@ -38,7 +38,10 @@ async def _no_close() -> None:
 
 def _stable(settings: Settings) -> Services:
     # Only what open_worlds and the report read of a started world.
-    return cast(Services, SimpleNamespace(settings=settings, world=None, aclose=_no_close))
+    return cast(
+        Services,
+        SimpleNamespace(settings=settings, served=SimpleNamespace(stamp=None), aclose=_no_close),
+    )
 
 
 @pytest.fixture(autouse=True)

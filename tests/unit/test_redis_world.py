@@ -57,7 +57,8 @@ async def test_the_watch_stops_even_when_the_client_swallows_its_cancellation() 
             return True, None
 
     metrics = ServiceMetrics()
-    services = SimpleNamespace(store=SwallowingStore(), world=None, metrics=metrics)
+    served = SimpleNamespace(stamp=None, world_id="")
+    services = SimpleNamespace(store=SwallowingStore(), served=served, metrics=metrics)
     watch = asyncio.create_task(watch_redis_world(cast(Services, services), interval_s=10))
     await entered.wait()
     watch.cancel()

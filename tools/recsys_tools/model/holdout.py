@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from app.core.errors import ConfigError
 from app.world.layout import HOLDOUT_FILE, USERS_FILE
 from app.world.manifest import read_manifest
+from app.world.tables import load_users
 from recsys_tools.world.generate.synth import generate_world
 from recsys_tools.world.learn.ranker.train import training_rows
 from recsys_tools.world.recipes.demo import SYNTHETIC
-from recsys_tools.world.store.files import load_users
 
 if TYPE_CHECKING:
     import numpy as np

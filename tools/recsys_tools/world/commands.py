@@ -153,8 +153,8 @@ def _reindex(args: argparse.Namespace) -> None:
 def _import_catalog(args: argparse.Namespace) -> None:
     schema = load_schema(args.schema)
     items, users = read_items(args.items, schema), read_users(args.users, schema)
-    write_catalog(args.world, schema, items, users, args.index_factory)
-    world_id = stamp_world(args.world, schema)
+    catalog = write_catalog(args.world, schema, items, users, args.index_factory)
+    world_id = stamp_world(args.world, schema, **catalog.manifest())
     print(
         json.dumps(
             {

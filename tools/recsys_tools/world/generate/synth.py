@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from app.pipeline.packing import encode_context
 from app.world.schema import FeatureSchema
-from recsys_tools.world.store.files import ItemTable, SeenLists, UserTable
+from app.world.tables import ItemTable, SeenLists, UserTable
 
 DAY = 86_400
 FloatArray = npt.NDArray[np.float32]

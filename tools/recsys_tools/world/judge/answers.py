@@ -26,9 +26,9 @@ from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, MODEL_FILE, SCHEMA_F
 from app.world.neighbours import load_neighbours
 from app.world.prerank import load_prerank
 from app.world.schema import FeatureSchema, load_schema
+from app.world.tables import load_items, load_positives, load_seen, load_users
 from recsys_tools.world.judge.evaluate import RANK_BATCH, Evaluator, JudgedUser, ServedModel
 from recsys_tools.world.judge.served_view import nearby
-from recsys_tools.world.store.files import load_items, load_positives, load_seen, load_users
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]

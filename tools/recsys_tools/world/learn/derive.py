@@ -202,10 +202,6 @@ def published_from(tallies: ItemTallies, items: ItemInfo, all_totals: Totals) ->
     return np.where(given == NO_TIME, first, given)
 
 
-def published_at(log: InteractionLog) -> IntArray:
-    return published_from(item_tallies(log), log.items, totals(log))
-
-
 def popularity(log: InteractionLog) -> npt.NDArray[np.float32]:
     return _positives_per(log.item, log, log.n_items).astype(np.float32)
 

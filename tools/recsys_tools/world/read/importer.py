@@ -14,7 +14,7 @@ import numpy as np
 
 from app.core.errors import ConfigError
 from app.world.schema import FeatureSchema
-from recsys_tools.world.store.files import ItemTable, UserTable
+from app.world.tables import ItemTable, UserTable
 
 
 def read_columns(path: Path) -> dict[str, Any]:

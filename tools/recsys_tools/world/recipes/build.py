@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.world.layout import REPORT_FILE
-from app.world.manifest import update_manifest
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, time_features, weigh_inputs
 from recsys_tools.world.learn.derive import check_derivable
@@ -53,6 +52,7 @@ class EngineFacts:
     interactions: str  # where the log was read from
     counts: dict[str, Any]
     histories: dict[str, int]
+    manifest: dict[str, Any]  # what the manifest says of the files written (store/world.py)
 
 
 class Served(Protocol):
@@ -117,7 +117,7 @@ def build_world(
         log.info("wrote the world to %s %s", world, clock.took("write"))
         report = _report(recipe, judged, served.learnt.ranker, choice, written, schema)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
-    _finish(world, schema, recipe, report)
+    _finish(world, schema, recipe, report, written.manifest)
     return report
 
 
@@ -234,12 +234,19 @@ def ranker_report(ranker: ListRanker) -> dict[str, Any]:
 
 
 def _finish(
-    world: Path, schema: FeatureSchema, recipe: WorldRecipe, report: dict[str, Any]
+    world: Path,
+    schema: FeatureSchema,
+    recipe: WorldRecipe,
+    report: dict[str, Any],
+    written: dict[str, Any],
 ) -> None:
-    """The report beside the world, its manifest, and the stamp that names it whole."""
+    """The report beside the world, then the stamp that names it whole, with its manifest
+    (what writing the world said of its files, `written`, and how the world was built)."""
     (world / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    update_manifest(
+    stamp_world(
         world,
+        schema,
+        **written,
         source="interactions",
         interactions=recipe.interactions.name,
         item_table=None if recipe.items is None else recipe.items.name,
@@ -249,4 +256,3 @@ def _finish(
         evaluation=report["evaluation"]["methods"],
         build_seconds=report["seconds"]["total"],
     )
-    stamp_world(world, schema)

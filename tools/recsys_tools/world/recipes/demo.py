@@ -13,16 +13,15 @@ from app.world.attributes import save_attributes
 from app.world.foldin import PLAIN, save_foldin
 from app.world.item_prior import save_item_prior
 from app.world.layout import MODEL_FILE
-from app.world.manifest import update_manifest
 from app.world.neighbours import save_neighbours
 from app.world.schema import FeatureSchema
+from app.world.tables import save_table
 from recsys_tools.world.generate.synth import generate_world
 from recsys_tools.world.generate.titles import generated_attributes, genre_names
 from recsys_tools.world.learn.item_prior import ItemAttributesIn, fit_item_prior
 from recsys_tools.world.learn.neighbours import item_neighbours
 from recsys_tools.world.learn.ranker.train import train_ranker
 from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.files import save_table
 from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,7 @@ def build_demo_world(
     started = time.perf_counter()
     generated = generate_world(schema, size.items, size.users, size.impressions, seed)
     log.info("generated %d items, %d users", size.items, size.users)
-    write_catalog(world, schema, generated.items, generated.users, index_factory)
+    catalog = write_catalog(world, schema, generated.items, generated.users, index_factory)
     save_table(world, generated.seen)
     # Its vectors are generated, not fitted: new ones are folded in with plain counts.
     save_foldin(world, PLAIN)
@@ -83,13 +82,14 @@ def build_demo_world(
     )
     save_item_prior(world, prior)
     report = trained.report.as_dict()
-    update_manifest(
+    stamp_world(
         world,
+        schema,
+        **catalog.manifest(),
         source=SYNTHETIC,
         seed=seed,
         training=report,
         item_prior=prior_report.as_dict(),
         build_seconds=round(time.perf_counter() - started, 1),
     )
-    stamp_world(world, schema)
     return report

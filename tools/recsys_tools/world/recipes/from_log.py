@@ -20,6 +20,7 @@ from app.core.errors import ConfigError
 from app.world.foldin import FoldInParams
 from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
+from app.world.tables import PositiveLists, SeenLists, save_table
 from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_holdout
 from recsys_tools.world.learn import derive
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
@@ -32,7 +33,6 @@ from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
 from recsys_tools.world.recipes.learnt import Learnt, learn_part, learn_ranker, world_parts
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.recipes.report import counts, histories
-from recsys_tools.world.store.files import PositiveLists, SeenLists, save_table
 from recsys_tools.world.store.world import write_world
 
 log = logging.getLogger("recsys.build")
@@ -137,12 +137,13 @@ class LocalServed:
             save_table(world, seen)
             save_table(world, positive_lists(part))
 
-        write_world(world, self.schema, parts, recipe.index_factory, lists)
+        written = write_world(world, self.schema, parts, recipe.index_factory, lists)
         return EngineFacts(
             {"name": "local"},
             str(recipe.interactions),
             counts(self.whole, part, len(self.learnt.taught.served_users)),
             histories(seen),
+            written.manifest,
         )
 
 

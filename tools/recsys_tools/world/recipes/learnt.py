@@ -13,6 +13,7 @@ import numpy.typing as npt
 from app.world.foldin import FoldInParams
 from app.world.neighbours import Neighbours
 from app.world.schema import FeatureSchema
+from app.world.tables import HeldOut, ItemTable, UserTable
 from recsys_tools.world.judge.evaluate import ServedModel
 from recsys_tools.world.learn.derive import (
     ItemFacts,
@@ -33,7 +34,6 @@ from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray, StrArray
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
-from recsys_tools.world.store.files import HeldOut, ItemTable, UserTable
 from recsys_tools.world.store.world import WorldParts
 
 log = logging.getLogger("recsys.build")

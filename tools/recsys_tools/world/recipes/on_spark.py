@@ -259,10 +259,13 @@ class SparkRead:
             write_positives(part, world / POSITIVES_FILE, ids)
             return seen
 
-        seen_users, longest = write_world(world, self._schema, parts, recipe.index_factory, lists)
-        return self._reported(learnt.taught, seen_users, longest)
+        written = write_world(world, self._schema, parts, recipe.index_factory, lists)
+        seen_users, longest = written.listed
+        return self._reported(learnt.taught, seen_users, longest, written.manifest)
 
-    def _reported(self, taught: Taught, seen_users: int, longest: int) -> EngineFacts:
+    def _reported(
+        self, taught: Taught, seen_users: int, longest: int, manifest: dict[str, Any]
+    ) -> EngineFacts:
         whole_log, sample, settings = self._whole_log, self._sample, self._settings
         counted = whole_log.counts
         engine = {
@@ -286,7 +289,7 @@ class SparkRead:
             "served_positives": taught.positives,
         }
         histories = {"users": seen_users, "longest": longest}
-        return EngineFacts(engine, whole_log.uri, counts, histories)
+        return EngineFacts(engine, whole_log.uri, counts, histories, manifest)
 
 
 @dataclass(frozen=True, slots=True)

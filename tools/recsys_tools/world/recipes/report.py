@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from app.world.tables import SeenLists
 from recsys_tools.world.read.log import InteractionLog
-from recsys_tools.world.store.files import SeenLists
 
 
 def counts(whole: InteractionLog, served: InteractionLog, users: int) -> dict[str, Any]:

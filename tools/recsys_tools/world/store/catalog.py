@@ -1,24 +1,41 @@
 """A world's catalog written afresh: its tables checked and saved, the index and the
-cold-start default built over them, the manifest."""
+cold-start default built over them; what the manifest says of them, returned for the stamp."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, REPORT_FILE, STAMPED_FILES
-from app.world.manifest import update_manifest
 from app.world.schema import FeatureSchema
-from recsys_tools.world.store.files import ItemTable, UserTable, save_default_user, save_table
+from app.world.tables import ItemTable, UserTable, save_default_user, save_table
 from recsys_tools.world.store.index import build_index, save_index
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class CatalogFacts:
+    """What the manifest says of a world's catalog and its index."""
+
+    schema_version: int
+    embedding_dim: int
+    items: int
+    users: int
+    index: str  # the factory asked for
+    index_ntotal: int
+    index_build_seconds: float
+
+    def manifest(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def write_catalog(
     world: Path, schema: FeatureSchema, items: ItemTable, users: UserTable, index_factory: str
-) -> None:
+) -> CatalogFacts:
     """Check and save the tables, then build the index and the cold-start default over them.
 
     This starts the world afresh: what an earlier build left (a seen list, a model, the
@@ -41,8 +58,7 @@ def write_catalog(
         index_factory,
         time.perf_counter() - started,
     )
-    update_manifest(
-        world,
+    return CatalogFacts(
         schema_version=schema.version,
         embedding_dim=schema.embedding_dim,
         items=len(items.ids),

@@ -13,6 +13,7 @@ import re
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from app.core.atomic_files import copy_atomically, write_atomically
 from app.core.errors import ConfigError
@@ -38,8 +39,10 @@ def _stamp_model(path: Path, world_id: str) -> None:
     onnx.save(model, str(path))
 
 
-def stamp_world(world: Path, schema: FeatureSchema) -> str:
-    """Give the world a new id; call it last, once every file is written."""
+def stamp_world(world: Path, schema: FeatureSchema, **manifest: Any) -> str:
+    """Give the world a new id; call it last, once every file is written. The manifest is
+    written once, here: `manifest`'s fields, the id and each file's digest, merged into what
+    an earlier stamp of this world wrote (a world stamped again keeps how it was built)."""
     if not schema.source:
         raise ConfigError("the feature schema has no source text to write into the world")
     world_id = new_world_id()
@@ -49,7 +52,7 @@ def stamp_world(world: Path, schema: FeatureSchema) -> str:
     digests = {
         name: file_digest(world / name) for name in STAMPED_FILES if (world / name).is_file()
     }
-    update_manifest(world, world_id=world_id, files=digests)
+    update_manifest(world, **manifest, world_id=world_id, files=digests)
     return world_id
 
 

@@ -36,7 +36,7 @@ from app.release.keyspace import KeySpace
 from app.world.layout import ITEMS_FILE, POSITIVES_FILE, SEEN_FILE, USERS_FILE
 from app.world.schema import FeatureSchema
 from app.world.stamp import read_stamp, verify_files
-from recsys_tools.world.store.files import SeenLists, UserTable, load_items
+from app.world.tables import SeenLists, UserTable, load_items
 from recsys_tools.world.store.npz_stream import mapped
 
 # Seen and positive lists share a layout: users, offsets, items.

@@ -15,7 +15,7 @@ from app.core.errors import ConfigError
 from app.world.layout import INDEX_FILE, MANIFEST_FILE
 from app.world.manifest import read_manifest, update_manifest
 from app.world.stamp import file_digest, read_stamp
-from recsys_tools.world.store.files import load_items
+from app.world.tables import load_items
 from recsys_tools.world.store.index import build_index, save_index
 
 

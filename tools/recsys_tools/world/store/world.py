@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -14,12 +14,11 @@ from app.world.attributes import save_attributes
 from app.world.foldin import FoldInParams, save_foldin
 from app.world.item_prior import ItemPrior, save_item_prior
 from app.world.layout import MODEL_FILE
-from app.world.manifest import update_manifest
 from app.world.neighbours import Neighbours, save_neighbours
 from app.world.prerank import PrerankWeights, save_prerank
 from app.world.schema import FeatureSchema
+from app.world.tables import HeldOut, ItemTable, UserTable, save_holdout
 from recsys_tools.world.store.catalog import write_catalog
-from recsys_tools.world.store.files import HeldOut, ItemTable, UserTable, save_holdout
 
 Listed = TypeVar("Listed")
 
@@ -41,26 +40,35 @@ class WorldParts:
     held_out: HeldOut  # the ranker's rows it never learnt from
 
 
+@dataclass(frozen=True, slots=True)
+class Written(Generic[Listed]):
+    """What writing a world returned: what `write_lists` did, and what the manifest says of
+    the files written (the build stamps it, once, with the rest)."""
+
+    listed: Listed
+    manifest: dict[str, Any]
+
+
 def write_world(
     world: Path,
     schema: FeatureSchema,
     parts: WorldParts,
     index_factory: str,
     write_lists: Callable[[Path], Listed],
-) -> Listed:
-    """The world's files; returns what `write_lists` (the seen lists and positives) returned.
+) -> Written[Listed]:
+    """The world's files, and what `write_lists` (the seen lists and positives) returned.
 
     The catalog goes first: writing it clears what an earlier build left in the directory.
-    The stamp is not written here; the build stamps the world once its report is beside it.
+    Neither the stamp nor the manifest is written here; the build stamps the world once its
+    report is beside it.
     """
-    write_catalog(world, schema, parts.items, parts.users, index_factory)
+    catalog = write_catalog(world, schema, parts.items, parts.users, index_factory)
     save_attributes(world, parts.attributes)
     listed = write_lists(world)
     save_foldin(world, parts.foldin)
     save_neighbours(world, parts.neighbours)
     save_item_prior(world, parts.prior)
-    update_manifest(world, item_prior=parts.prior_report)
     save_prerank(world, parts.prerank)
     (world / MODEL_FILE).write_bytes(parts.model)
     save_holdout(world, parts.held_out)
-    return listed
+    return Written(listed, {**catalog.manifest(), "item_prior": parts.prior_report})

@@ -372,15 +372,8 @@ async def start_services(
             reloader.report().said(),
         )
         served = ServedWorld(
-            stamp=stamp,
-            artifacts=artifacts,
-            pipeline=pipeline,
-            reloader=reloader,
-            trending=trending,
-            item_memory=item_memory,
-            catalog_log=following.changes,
-            catalog_follower=following.follower,
-            exposure=following.exposure,
+            *(stamp, artifacts, pipeline, reloader, trending, item_memory),
+            *(following.changes, following.follower, following.exposure),
         )
         return Services(
             settings=settings,

@@ -9,41 +9,90 @@ old manifest, not half of a new one.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.world.layout import MANIFEST_FILE
+from app.world.schema import checked_name
 
 
-def read_manifest(world: Path) -> dict[str, Any]:
-    """Its fields; empty where the world has no manifest (built before stamping)."""
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a world's manifest says. The fields the service and the tools act on are typed
+    and checked when read; `written` is the file's every field as the build wrote it (how
+    the world was built: the training report, counts, the evaluation), for the reports."""
+
+    world_id: str | None = None  # None: built before stamping, served unchecked
+    files: Mapping[str, str] = field(default_factory=dict)  # stamped file -> sha256
+    items: int = 0  # 0 where it says no count: the memory estimate reads none
+    source: str | None = None  # what the world was built from ("synthetic", "interactions")
+    written: Mapping[str, Any] = field(default_factory=dict)
+
+
+def read_manifest(world: Path) -> Manifest:
+    """The world's manifest; an empty one where the world has none (built before stamping).
+    A file that is no JSON object, an id that is no name or digests that are no mapping are
+    one ConfigError naming the file."""
     path = world / MANIFEST_FILE
-    if not path.is_file():
-        return {}
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        # RecursionError: nesting deeper than the parser's stack, a hostile file's.
-        reason = f"{type(exc).__name__}: {exc}"[:200]
-        raise ConfigError(f"{path} is not readable JSON ({reason}): rebuild the world") from exc
-    if not isinstance(manifest, dict):
-        raise ConfigError(f"{path} is not a JSON object: rebuild the world")
-    return manifest
+    written = _read_fields(path)
+    world_id = written.get("world_id")
+    if world_id == "":
+        world_id = None
+    if world_id is not None:
+        # The id names directories and goes into Triton's config text (recsys release world).
+        world_id = checked_name(world_id, f"{path}: world_id")
+    files = written.get("files", {})
+    if not isinstance(files, dict):
+        raise ConfigError(f"{path}: files must map each file's name to its digest")
+    source = written.get("source")
+    return Manifest(
+        world_id=world_id,
+        files={str(name): str(digest) for name, digest in files.items()},
+        items=_count(written.get("items", 0)),
+        source=None if source is None else str(source),
+        written=written,
+    )
 
 
 def update_manifest(world: Path, **fields: Any) -> None:
     """Sets `fields`, keeping the rest."""
-    merged = {**read_manifest(world), **fields}
+    path = world / MANIFEST_FILE
+    merged = {**_read_fields(path), **fields}
     text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
-    write_atomically(world / MANIFEST_FILE, text.encode())
+    write_atomically(path, text.encode())
 
 
 def manifest_items(world: Path) -> int:
-    """The world's item count as its manifest says; 0 where it says none, cannot be read, or
-    says something no count is (negative, infinite, not a number)."""
+    """The world's item count as its manifest says; 0 where it says none or cannot be read."""
     try:
-        return max(0, int(read_manifest(world).get("items", 0)))
-    except (ConfigError, ValueError, TypeError, OverflowError):
+        return read_manifest(world).items
+    except ConfigError:
+        return 0
+
+
+def _read_fields(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the parser's stack, a hostile file's.
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+        raise ConfigError(f"{path} is not readable JSON ({reason}): rebuild the world") from exc
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{path} is not a JSON object: rebuild the world")
+    return fields
+
+
+def _count(value: object) -> int:
+    """A count, or 0 for what no count is (negative, infinite, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return 0
+    try:
+        return max(0, int(value))
+    except (ValueError, OverflowError):
         return 0

@@ -16,9 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from app.core.errors import ConfigError
-from app.world.layout import MANIFEST_FILE, SERVED_FILES
+from app.world.layout import SERVED_FILES
 from app.world.manifest import read_manifest
-from app.world.schema import checked_name
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +48,10 @@ def file_digest(path: Path) -> str:
 
 def read_stamp(world: Path) -> WorldStamp | None:
     """The world's id and file digests; None for a world built before stamping."""
-    path = world / MANIFEST_FILE
     manifest = read_manifest(world)
-    world_id = manifest.get("world_id")
-    if world_id is None or world_id == "":
+    if manifest.world_id is None:
         return None
-    # The id names directories and goes into Triton's config text (recsys release world).
-    world_id = checked_name(world_id, f"{path}: world_id")
-    digests = manifest.get("files", {})
-    if not isinstance(digests, dict):
-        raise ConfigError(f"{path}: files must map each file's name to its digest")
-    return WorldStamp(world_id, {str(k): str(v) for k, v in digests.items()})
+    return WorldStamp(manifest.world_id, dict(manifest.files))
 
 
 def verify_files(world: Path, stamp: WorldStamp, names: tuple[str, ...] = SERVED_FILES) -> None:

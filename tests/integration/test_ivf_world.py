@@ -39,7 +39,7 @@ def _reindexed(world: Path, cells: int) -> None:
     index = faiss.read_index(str(world / INDEX_FILE))
     vectors = index.reconstruct_n(0, index.ntotal)
     save_index(world, build_index(vectors, f"IVF{cells},Flat"))
-    files = dict(read_manifest(world)["files"])
+    files = dict(read_manifest(world).files)
     files[INDEX_FILE] = file_digest(world / INDEX_FILE)
     update_manifest(world, files=files)
 

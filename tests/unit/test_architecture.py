@@ -189,4 +189,4 @@ def test_the_check_sees_an_upward_import() -> None:
     world = "recsys_tools.world"
     assert _room(f"{world}.store.catalog", world, WORLD_FLOORS) == 0
     assert _room(f"{world}.commands", world, WORLD_FLOORS) == len(WORLD_FLOORS) - 1
-    assert "recsys_tools.world.store.catalog" in _graph("recsys_tools")[f"{world}.recipes.demo"]
+    assert "recsys_tools.world.store.world" in _graph("recsys_tools")[f"{world}.recipes.demo"]

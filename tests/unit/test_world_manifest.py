@@ -1,5 +1,5 @@
 """manifest.json read and written in one place: whatever a file holds, a reader gets the
-manifest's fields or one ConfigError naming the file, never a parser's traceback."""
+typed manifest or one ConfigError naming the file, never a parser's traceback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from app.core.errors import ConfigError
 from app.world.layout import MANIFEST_FILE
-from app.world.manifest import manifest_items, read_manifest, update_manifest
+from app.world.manifest import Manifest, manifest_items, read_manifest, update_manifest
 
 
 def _world(tmp_path: Path, text: str | bytes) -> Path:
@@ -46,13 +46,30 @@ def test_a_manifest_that_is_no_json_object_is_one_config_error(
 
 
 def test_a_world_without_a_manifest_reads_empty(tmp_path: Path) -> None:
-    assert read_manifest(tmp_path) == {}
+    assert read_manifest(tmp_path) == Manifest()
     assert manifest_items(tmp_path) == 0
 
 
 @pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"world_id": "a/../b"}, "world_id"),
+        ({"world_id": 7}, "world_id"),
+        ({"world_id": "w1", "files": ["items.npz"]}, "files must map"),
+        ({"files": "items.npz"}, "files must map"),
+    ],
+)
+def test_an_id_or_digests_of_the_wrong_shape_are_refused_naming_the_file(
+    tmp_path: Path, fields: dict[str, object], refused: str
+) -> None:
+    world = _world(tmp_path, json.dumps(fields))
+    with pytest.raises(ConfigError, match=rf"manifest\.json: {refused}"):
+        read_manifest(world)
+
+
+@pytest.mark.parametrize(
     ("items", "counted"),
-    [(1200, 1200), ("1200", 1200), (-5, 0), ("x", 0), ([3], 0), (None, 0)],
+    [(1200, 1200), ("1200", 1200), (-5, 0), ("x", 0), ([3], 0), (None, 0), (True, 0)],
 )
 def test_the_item_count_is_a_count_or_none(tmp_path: Path, items: object, counted: int) -> None:
     world = _world(tmp_path, json.dumps({"items": items}))
@@ -67,11 +84,19 @@ def test_an_infinite_item_count_reads_none(tmp_path: Path) -> None:
 
 def test_a_write_merges_into_what_is_there(tmp_path: Path) -> None:
     update_manifest(tmp_path, items=3, files={"items.npz": "ab"})
-    update_manifest(tmp_path, world_id="20261206-120000-abcdef")
-    assert read_manifest(tmp_path) == {
+    update_manifest(tmp_path, world_id="20261206-120000-abcdef", training={"rows": 9})
+    manifest = read_manifest(tmp_path)
+    assert (manifest.world_id, manifest.files, manifest.items, manifest.source) == (
+        "20261206-120000-abcdef",
+        {"items.npz": "ab"},
+        3,
+        None,
+    )
+    assert manifest.written == {
         "items": 3,
         "files": {"items.npz": "ab"},
         "world_id": "20261206-120000-abcdef",
+        "training": {"rows": 9},
     }
     # Replaced whole: no temporary file is left beside it.
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_FILE]

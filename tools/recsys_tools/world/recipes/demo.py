@@ -9,20 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from app.world.attributes import save_attributes
-from app.world.foldin import PLAIN, save_foldin
-from app.world.item_prior import save_item_prior
-from app.world.layout import MODEL_FILE
-from app.world.neighbours import save_neighbours
+from app.world.foldin import PLAIN
+from app.world.neighbours import Neighbours
+from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from app.world.tables import save_table
-from recsys_tools.world.generate.synth import generate_world
+from recsys_tools.world.generate.synth import World, generate_world
 from recsys_tools.world.generate.titles import generated_attributes, genre_names
 from recsys_tools.world.learn.item_prior import ItemAttributesIn, fit_item_prior
 from recsys_tools.world.learn.neighbours import item_neighbours
 from recsys_tools.world.learn.ranker.train import train_ranker
-from recsys_tools.world.store.catalog import write_catalog
 from recsys_tools.world.store.identity import stamp_world
+from recsys_tools.world.store.world import WorldParts, write_world
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +45,9 @@ def build_demo_world(
     started = time.perf_counter()
     generated = generate_world(schema, size.items, size.users, size.impressions, seed)
     log.info("generated %d items, %d users", size.items, size.users)
-    catalog = write_catalog(world, schema, generated.items, generated.users, index_factory)
-    save_table(world, generated.seen)
-    # Its vectors are generated, not fitted: new ones are folded in with plain counts.
-    save_foldin(world, PLAIN)
-    # Items clicked by the same users are neighbours; the pre-rank weights stay the default
-    # (the user's vector alone): nothing here was held out to fit them on.
-    clicked = generated.interactions.clicked == 1
-    by_user = np.argsort(generated.interactions.users[clicked], kind="stable")
-    save_neighbours(
-        world,
-        item_neighbours(
-            generated.interactions.users[clicked][by_user],
-            generated.interactions.items[clicked][by_user],
-            size.users,
-            size.items,
-        ),
-    )
     log.info("training the ranker on %d impressions", size.impressions)
     trained = train_ranker(generated, schema, seed)
-    (world / MODEL_FILE).write_bytes(trained.onnx_model)
     attributes = generated_attributes(generated.items.categories, seed)
-    save_attributes(world, attributes)
     codes = generated.items.categories
     prior, prior_report = fit_item_prior(
         ItemAttributesIn(
@@ -80,16 +59,43 @@ def build_demo_world(
         generated.items.embeddings,
         seed,
     )
-    save_item_prior(world, prior)
+    parts = WorldParts(
+        items=generated.items,
+        users=generated.users,
+        attributes=attributes,
+        # Its vectors are generated, not fitted: new ones are folded in with plain counts.
+        foldin=PLAIN,
+        neighbours=_clicked_together(generated, size),
+        prior=prior,
+        prior_report=prior_report.as_dict(),
+        # Nothing was held out to fit pre-rank's weights on: the user's vector alone.
+        prerank=PrerankWeights(),
+        model=trained.onnx_model,
+        held_out=trained.held_out,
+    )
+    written = write_world(
+        world, schema, parts, index_factory, lambda path: save_table(path, generated.seen)
+    )
     report = trained.report.as_dict()
     stamp_world(
         world,
         schema,
-        **catalog.manifest(),
+        **written.manifest,
         source=SYNTHETIC,
         seed=seed,
         training=report,
-        item_prior=prior_report.as_dict(),
         build_seconds=round(time.perf_counter() - started, 1),
     )
     return report
+
+
+def _clicked_together(generated: World, size: DemoSize) -> Neighbours:
+    """Items clicked by the same users are neighbours."""
+    clicked = generated.interactions.clicked == 1
+    by_user = np.argsort(generated.interactions.users[clicked], kind="stable")
+    return item_neighbours(
+        generated.interactions.users[clicked][by_user],
+        generated.interactions.items[clicked][by_user],
+        size.users,
+        size.items,
+    )

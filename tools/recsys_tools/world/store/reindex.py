@@ -39,7 +39,7 @@ def reindex_beside(world: Path, out: Path, factory: str) -> str:
     shutil.copy2(world / MANIFEST_FILE, out / MANIFEST_FILE)
     items = load_items(out)
     save_index(out, build_index(items.embeddings, factory))
-    files = {**read_manifest(out).get("files", {}), INDEX_FILE: file_digest(out / INDEX_FILE)}
+    files = {**read_manifest(out).files, INDEX_FILE: file_digest(out / INDEX_FILE)}
     update_manifest(out, files=files)
     return stamp.world_id
 

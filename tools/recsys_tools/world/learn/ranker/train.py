@@ -16,6 +16,7 @@ import numpy.typing as npt
 from app.core.errors import ConfigError
 from app.pipeline.packing import encode_context, pack_rows
 from app.world.schema import FeatureSchema
+from app.world.tables import HeldOut
 from recsys_tools.world.generate.synth import World
 from recsys_tools.world.judge.measures import auc
 from recsys_tools.world.learn.ranker.export import export_net
@@ -50,6 +51,11 @@ class TrainingReport:
 class TrainedRanker:
     onnx_model: bytes
     report: TrainingReport
+    held_out: HeldOut  # the test impressions' rows, which it never learnt from
+
+
+# The share of a synthetic world's impressions held out to test the ranker.
+TEST_SHARE = 0.2
 
 
 def training_rows(world: World, schema: FeatureSchema) -> FloatArray:
@@ -101,7 +107,7 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
     rows = training_rows(world, schema)
     labels, liked = world.interactions.clicked, world.interactions.liked
     rng = np.random.default_rng(seed)
-    test = rng.random(len(labels)) < 0.2
+    test = rng.random(len(labels)) < TEST_SHARE
     # A tenth of the users are kept from the networks to choose between them (fit_best).
     apart = ~test & (world.interactions.users % 10 == 0)
     learn = ~test & ~apart
@@ -122,7 +128,13 @@ def train_ranker(world: World, schema: FeatureSchema, seed: int = 7) -> TrainedR
         flops_per_row=model.flops_per_row,
         considered=model.considered,
     )
-    return TrainedRanker(export_onnx(model, schema), report)
+    held_out = HeldOut(
+        rows[test],
+        labels[test].astype(np.int8),
+        world.users.ids[world.interactions.users[test]],
+        world.items.ids[world.interactions.items[test]],
+    )
+    return TrainedRanker(export_onnx(model, schema), report, held_out)
 
 
 def export_onnx(model: RankerNet, schema: FeatureSchema) -> bytes:

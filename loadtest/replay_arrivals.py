@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from recsys_tools.localstack import start_ingest
-from recsys_tools.replay import Row, arrivals_for, replay, rows_in_time_order
+from recsys_tools.replay import ReplayRow, arrivals_for, replay, rows_in_time_order
 from recsys_tools.world.generate.arrivals import write_arrival_log
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.items import ItemColumns, read_items
@@ -83,7 +83,7 @@ def _items_in(table: Path, id_column: str, ids: set[str], out: Path) -> Path:
     return out
 
 
-def untouched_share(rows: list[Row], new: frozenset[str]) -> float:
+def untouched_share(rows: list[ReplayRow], new: frozenset[str]) -> float:
     """Of the positives on new items, the share whose item no other user had a row on
     before: only its attributes can recall it then, which bounds what arrivals can buy."""
     users: dict[str, set[str]] = {}
@@ -97,7 +97,12 @@ def untouched_share(rows: list[Row], new: frozenset[str]) -> float:
 
 
 def _replayed(
-    world: Path, folder: Path, rows: list[Row], table: Path, item_columns: ItemColumns, static: bool
+    world: Path,
+    folder: Path,
+    rows: list[ReplayRow],
+    table: Path,
+    item_columns: ItemColumns,
+    static: bool,
 ) -> dict[str, Any]:
     arriving = arrivals_for(rows, world, read_items(table, item_columns), static)
     with local_service(world, trending_candidates="50") as (api, stack):

@@ -18,7 +18,7 @@ from typing import Any
 
 from recsys_tools.demo import LocalStack
 from recsys_tools.localstack import start_ingest
-from recsys_tools.replay import Row, replay, rows_in_time_order
+from recsys_tools.replay import ReplayRow, replay, rows_in_time_order
 from recsys_tools.world.generate.drift import write_drift_log
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.log import LogColumns, read_log
@@ -34,7 +34,7 @@ COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
 
 def replay_twice(
-    url: str, stack: LocalStack, world: Path, folder: Path, rows: list[Row], k: int
+    url: str, stack: LocalStack, world: Path, folder: Path, rows: list[ReplayRow], k: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The rows replayed posting nothing, then again posting each (a real recsys-ingest
     applies them), on one Redis load: the static figure and the real-time one."""

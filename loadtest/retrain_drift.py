@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 from recsys_tools.localstack import start_ingest, unapplied
-from recsys_tools.replay import Row, replay
+from recsys_tools.replay import ReplayRow, replay
 from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan, archive_rows, as_of, base_rows
 from recsys_tools.retrain_verdict import hit_at_k
@@ -147,8 +147,10 @@ def _table(rows: list[tuple[str, str, float, int]]) -> pa.Table:
     )
 
 
-def _rows(rows: list[tuple[str, str, float, int]], ask: bool) -> list[Row]:
-    return [Row(user, item, ts, ask and rating >= 4.0, rating) for user, item, rating, ts in rows]
+def _rows(rows: list[tuple[str, str, float, int]], ask: bool) -> list[ReplayRow]:
+    return [
+        ReplayRow(user, item, ts, ask and rating >= 4.0, rating) for user, item, rating, ts in rows
+    ]
 
 
 def served_next_day(world: Path, drift: DailyDrift, folder: Path) -> dict[str, Any]:

@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from recsys_tools.catalog_export import Row, built_without_times, published, replayed, write_table
+from recsys_tools.catalog_export import (
+    ItemRow,
+    built_without_times,
+    published,
+    replayed,
+    write_table,
+)
 from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.times import NO_TIME
 
@@ -14,7 +20,7 @@ from app.world.layout import REPORT_FILE
 
 
 def test_puts_withdrawals_and_refits_replay_into_the_table() -> None:
-    rows = {"i1": Row("One", "drama", 10), "i2": Row("Two", "comedy", 20)}
+    rows = {"i1": ItemRow("One", "drama", 10), "i2": ItemRow("Two", "comedy", 20)}
     batches: list[dict[str, Any]] = [
         {"puts": [["n1", "New", ["drama", "war"], 0, 30, [], [0.1], False]], "withdrawals": []},
         {"puts": [["i2", "Two, again", ["comedy"], 1, 20, [], [0.2], False]], "withdrawals": []},
@@ -23,7 +29,7 @@ def test_puts_withdrawals_and_refits_replay_into_the_table() -> None:
         {"puts": [["n1", "", [], 0, 0, [], [0.3], False, True]], "withdrawals": []},
     ]
     now = replayed(rows, batches)
-    assert now == {"i2": Row("Two, again", "comedy", 20), "n1": Row("New", "drama|war", 30)}
+    assert now == {"i2": ItemRow("Two, again", "comedy", 20), "n1": ItemRow("New", "drama|war", 30)}
 
 
 def test_a_world_without_times_exports_blank_dates_the_next_build_reads_as_unknown(
@@ -40,7 +46,7 @@ def test_a_world_without_times_exports_blank_dates_the_next_build_reads_as_unkno
     # 0 is the log's first time there, "never said"; a date the item table gave stays.
     dates = published([0, 1_700_000_000], True)
     assert dates == [None, 1_700_000_000]
-    rows = {"a": Row("A", "x", dates[0]), "b": Row("B", "y", dates[1])}
+    rows = {"a": ItemRow("A", "x", dates[0]), "b": ItemRow("B", "y", dates[1])}
     out = tmp_path / "items-now.csv"
     write_table(rows, out)
     back = read_items(out, ItemColumns(category="categories", published="published_at"))

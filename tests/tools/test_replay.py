@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from recsys_tools.replay import Row, Score, rows_in_time_order
+from recsys_tools.replay import ReplayRow, Score, rows_in_time_order
 from recsys_tools.replay_arrivals import WorldItems, arrivals
 from recsys_tools.world.generate.arrivals import ArrivalShape, write_arrival_log
 from recsys_tools.world.generate.drift import DriftShape, write_drift_log
@@ -110,11 +110,11 @@ def test_the_arrival_log_brings_items_the_world_before_the_cut_lacks(tmp_path: P
 
 def test_positives_on_new_items_nobody_else_had_touched_are_told_apart() -> None:
     rows = [
-        Row("u1", "new", 1, True, 5.0),  # nobody before: untouched
-        Row("u1", "new", 2, True, 5.0),  # only the same user before: still untouched
-        Row("u2", "new", 3, False, 1.0),  # not a positive
-        Row("u3", "new", 4, True, 4.0),  # u1 and u2 before it
-        Row("u3", "old", 5, True, 4.0),  # not new
+        ReplayRow("u1", "new", 1, True, 5.0),  # nobody before: untouched
+        ReplayRow("u1", "new", 2, True, 5.0),  # only the same user before: still untouched
+        ReplayRow("u2", "new", 3, False, 1.0),  # not a positive
+        ReplayRow("u3", "new", 4, True, 4.0),  # u1 and u2 before it
+        ReplayRow("u3", "old", 5, True, 4.0),  # not new
     ]
     assert untouched_share(rows, frozenset({"new"})) == pytest.approx(2 / 3, abs=1e-3)
     assert untouched_share(rows, frozenset()) == 0.0

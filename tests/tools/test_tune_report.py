@@ -35,7 +35,7 @@ from recsys_tools.tune.report import (
     ERRORS,
     MEETS,
     P99_OVER,
-    Recommendation,
+    TuneChoice,
     TuneReport,
     largest_chunk,
     recommend,
@@ -288,7 +288,7 @@ def test_the_most_headroom_wins_over_a_lower_p99() -> None:
     results = [_result(0, 8.0, 0.80), _result(500, 12.0, 0.55), _result(2000, 25.0, 0.40)]
     # 2000 us would free the most time but misses the 20 ms target.
     choice = recommend(results, 20.0)
-    assert choice == Recommendation(1, True, choice.reason if choice else "")
+    assert choice == TuneChoice(1, True, choice.reason if choice else "")
 
 
 def test_headroom_within_the_tie_goes_to_the_lowest_p99() -> None:

@@ -37,7 +37,7 @@ PAGE = 1000
 
 
 @dataclass(slots=True)
-class Row:
+class ItemRow:
     title: str
     categories: str
     published_at: int | None  # None: nothing said when
@@ -62,7 +62,7 @@ def published(moments: list[int], timeless: bool) -> list[int | None]:
     return [None if timeless and moment == 0 else moment for moment in moments]
 
 
-def world_rows(world: Path) -> dict[str, Row]:
+def world_rows(world: Path) -> dict[str, ItemRow]:
     """The world's items as it was built."""
     with np.load(world / ITEMS_FILE) as stored:
         ids = stored["ids"].astype(str).tolist()
@@ -72,19 +72,19 @@ def world_rows(world: Path) -> dict[str, Row]:
     titles = attributes.get("title", np.full(len(ids), "")).tolist()
     names = attributes.get("categories", np.full(len(ids), "")).tolist()
     return {
-        item: Row(str(title), str(categories), moment)
+        item: ItemRow(str(title), str(categories), moment)
         for item, title, categories, moment in zip(ids, titles, names, dated, strict=True)
     }
 
 
-def replayed(rows: dict[str, Row], batches: list[dict[str, Any]]) -> dict[str, Row]:
+def replayed(rows: dict[str, ItemRow], batches: list[dict[str, Any]]) -> dict[str, ItemRow]:
     """`rows` with the log's batches applied in order: puts (a vector-only refit changes no
     attribute) and withdrawals."""
     for body in batches:
         for put in body.get("puts", []):
             if len(put) > 8 and put[8]:
                 continue
-            rows[str(put[0])] = Row(str(put[1]), "|".join(put[2]), int(put[4]))
+            rows[str(put[0])] = ItemRow(str(put[1]), "|".join(put[2]), int(put[4]))
         for item in body.get("withdrawals", []):
             rows.pop(str(item), None)
     return rows
@@ -103,7 +103,7 @@ def log_bodies(client: redis.Redis, log_key: str) -> list[dict[str, Any]]:
         start = "(" + entries[-1][0].decode()
 
 
-def write_table(rows: dict[str, Row], out: Path) -> int:
+def write_table(rows: dict[str, ItemRow], out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)

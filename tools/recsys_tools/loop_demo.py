@@ -59,7 +59,7 @@ from recsys_tools.localstack import (
     unapplied,
     unarchived,
 )
-from recsys_tools.loop_traffic import Row, ask_and_click, post_week
+from recsys_tools.loop_traffic import RatingRow, ask_and_click, post_week
 from recsys_tools.outcomes import TYPES
 from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan
@@ -120,7 +120,7 @@ def shifted(drift: DailyDrift, now_s: float) -> DailyDrift:
     today = int(now_s // DAY * DAY)
     offset = today - drift.next_day_start
 
-    def moved(rows: list[Row]) -> list[Row]:
+    def moved(rows: list[RatingRow]) -> list[RatingRow]:
         return [(user, item, rating, ts + offset) for user, item, rating, ts in rows]
 
     return DailyDrift(moved(drift.history), moved(drift.later), moved(drift.next_day), today)

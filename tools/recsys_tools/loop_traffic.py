@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 
 EVENT_BATCH = 500
-Row = tuple[str, str, float, int]  # user, item, rating, seconds since the epoch
+RatingRow = tuple[str, str, float, int]  # user, item, rating, seconds since the epoch
 
 
-async def post_week(url: str, rows: list[Row]) -> int:
+async def post_week(url: str, rows: list[RatingRow]) -> int:
     """The week's ratings as the frontend posts them, stamped when they happened."""
     posted = 0
     async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
@@ -51,11 +51,11 @@ class Day:
     failed: int = 0
 
 
-async def ask_and_click(url: str, rows: list[Row], num_items: int, callers: int = 4) -> Day:
+async def ask_and_click(url: str, rows: list[RatingRow], num_items: int, callers: int = 4) -> Day:
     """Each user asks before each rating and clicks the item where it was shown; users are
     spread over `callers` concurrent callers, each user's rows in their order."""
     day = Day()
-    by_user: dict[str, list[Row]] = {}
+    by_user: dict[str, list[RatingRow]] = {}
     for row in rows:
         by_user.setdefault(row[0], []).append(row)
     users = sorted(by_user)

@@ -44,7 +44,7 @@ log = logging.getLogger("recsys.replay")
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
+class ReplayRow:
     user: str
     item: str
     ts_s: int
@@ -85,7 +85,7 @@ class Score:
         }
 
 
-def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> list[Row]:
+def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> list[ReplayRow]:
     require_times(
         interactions.timed,
         interactions.source,
@@ -99,7 +99,7 @@ def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> lis
             continue
         weight = None if interactions.weight is None else float(interactions.weight[n])
         rows.append(
-            Row(
+            ReplayRow(
                 user=str(interactions.user_ids[interactions.user[n]]),
                 item=str(interactions.items.ids[interactions.item[n]]),
                 ts_s=ts,
@@ -110,7 +110,7 @@ def rows_in_time_order(interactions: InteractionLog, since_s: int | None) -> lis
     return rows
 
 
-def _event(row: Row, n: int) -> dict[str, Any]:
+def _event(row: ReplayRow, n: int) -> dict[str, Any]:
     """The row as the frontend would have posted it: a rating with its value, else a click."""
     event: dict[str, Any] = {"event_id": f"replay-{n}", "user_id": row.user, "item_id": row.item}
     if row.rating is not None:
@@ -122,7 +122,7 @@ def _event(row: Row, n: int) -> dict[str, Any]:
 
 async def replay(
     url: str,
-    rows: list[Row],
+    rows: list[ReplayRow],
     k: int,
     events: bool,
     settle_s: float = 0.05,
@@ -171,7 +171,7 @@ ADMIN_TOKEN_VARIABLE = "RECSYS_ADMIN_TOKEN"
 
 
 def arrivals_for(
-    rows: list[Row], world: Path, table: ItemInfo | None, static_catalog: bool
+    rows: list[ReplayRow], world: Path, table: ItemInfo | None, static_catalog: bool
 ) -> Arrivals:
     """The items the world lacks: put before their first row, or (static) only told apart."""
     found = arrivals(

@@ -47,7 +47,7 @@ def verdict(result: SettingResult, p99_ms: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation:
+class TuneChoice:
     index: int  # into the results
     met_target: bool
     reason: str
@@ -66,7 +66,7 @@ def _p99(result: SettingResult) -> float:
     return math.inf if result.p99_ms is None else result.p99_ms
 
 
-def recommend(results: Sequence[SettingResult], p99_ms: float) -> Recommendation | None:
+def recommend(results: Sequence[SettingResult], p99_ms: float) -> TuneChoice | None:
     """The setting to serve with, by RULE; the lowest p99 when none meets the target."""
     meets = [i for i, result in enumerate(results) if verdict(result, p99_ms) == MEETS]
     if meets:
@@ -77,12 +77,12 @@ def recommend(results: Sequence[SettingResult], p99_ms: float) -> Recommendation
             least = min(known)
             pool = [i for i in pool if (busy[i] or 0.0) <= least + BUSY_TIE]
         best = min(pool, key=lambda i: (_p99(results[i]), i))
-        return Recommendation(best, True, RULE)
+        return TuneChoice(best, True, RULE)
     timed = [i for i, result in enumerate(results) if result.p99_ms is not None]
     if not timed:
         return None
     best = min(timed, key=lambda i: (results[i].errors, _p99(results[i]), i))
-    return Recommendation(
+    return TuneChoice(
         best,
         False,
         f"no setting meets p99 <= {p99_ms:g} ms at the offered rate: the fewest errors, then "
@@ -106,7 +106,7 @@ class TuneReport:
     p99_target_ms: float
     original: Setting
     results: tuple[SettingResult, ...]
-    recommendation: Recommendation | None
+    recommendation: TuneChoice | None
     left_loaded: str  # "original" or "chosen": what Triton serves once the sweep is done
 
     @property

@@ -29,7 +29,7 @@ from recsys_tools.tune.config import (
 )
 from recsys_tools.tune.figures import SettingResult, measured, stats_delta
 from recsys_tools.tune.load import FloatArray, chunked, drive, request_rows
-from recsys_tools.tune.report import Recommendation, TuneReport, recommend
+from recsys_tools.tune.report import TuneChoice, TuneReport, recommend
 
 log = logging.getLogger("recsys.tune")
 
@@ -213,7 +213,7 @@ async def _sweep(client: Any, options: TuneOptions) -> TuneReport:
     grid = _grid(options, found)
     blocks, source = request_rows(options.world, io.width, options.rows)
     results: list[SettingResult] = []
-    recommendation: Recommendation | None = None
+    recommendation: TuneChoice | None = None
     changed = False  # a load that fails leaves the config it had: nothing to put back
     try:
         for setting in grid:

@@ -34,7 +34,7 @@ from recsys_tools.model.engine.options import (
     quadlet_value,
 )
 from recsys_tools.model.engine.profile import REQUEST_ROWS, Profile, profile_for
-from recsys_tools.model.engine.release import Release, release_of
+from recsys_tools.model.engine.release import ImageRelease, release_of
 from recsys_tools.model.engine.report import EngineReport, render_text
 from recsys_tools.model.engine.runner import run_build
 
@@ -45,8 +45,8 @@ __all__ = [
     "BuildOptions",
     "Command",
     "EngineReport",
+    "ImageRelease",
     "Profile",
-    "Release",
     "build_engine",
     "profile_for",
     "quadlet_value",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from recsys_tools.model.engine.layout import BUILD_DIR, CALIBRATION_DIR, VERSION_DIR
 from recsys_tools.model.engine.options import BuildOptions
 from recsys_tools.model.engine.profile import Profile
-from recsys_tools.model.engine.release import Release
+from recsys_tools.model.engine.release import ImageRelease
 
 # The check server: loopback ports beside production's 8001/8002, and the image's own user.
 CHECK_CONTAINER = "recsys-build-engine"
@@ -42,7 +42,7 @@ def _gpu() -> tuple[str, ...]:
 
 def plan_build(
     options: BuildOptions,
-    release: Release,
+    release: ImageRelease,
     profile: Profile,
     onnx: str,
     tail: tuple[str, ...] = (),
@@ -74,7 +74,7 @@ def plan_build(
 
 
 def serve_commands(
-    options: BuildOptions, release: Release, profile: Profile, stage: str
+    options: BuildOptions, release: ImageRelease, profile: Profile, stage: str
 ) -> list[Command]:
     """A throwaway Triton of the serving image on the new model, then perf_analyzer per shape."""
     model, repository = options.out.name, options.out.resolve().parent
@@ -107,7 +107,7 @@ def serve_commands(
     return commands
 
 
-def copy_table_command(options: BuildOptions, release: Release, table: str) -> Command:
+def copy_table_command(options: BuildOptions, release: ImageRelease, table: str) -> Command:
     """onnxruntime reads the table from the engine cache, which is a volume, not the model."""
     source = options.out.resolve() / CALIBRATION_DIR
     argv = (
@@ -120,7 +120,7 @@ def copy_table_command(options: BuildOptions, release: Release, table: str) -> C
 
 def commands_for(
     options: BuildOptions,
-    release: Release,
+    release: ImageRelease,
     profile: Profile,
     onnx: str,
     table: str | None,

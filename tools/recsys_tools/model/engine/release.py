@@ -21,7 +21,7 @@ _NOT_SERVING = {"-sdk": "the client SDK image", "-min": "the image without backe
 
 
 @dataclass(frozen=True, slots=True)
-class Release:
+class ImageRelease:
     """The serving image and the images of the same release that build for and measure it."""
 
     triton_image: str
@@ -30,7 +30,7 @@ class Release:
     sdk_image: str
 
 
-def release_of(image: str) -> Release:
+def release_of(image: str) -> ImageRelease:
     """The release (YY.MM) of a tritonserver image, and the same release's TensorRT image."""
     found = _IMAGE.match(image)
     if found is None:
@@ -46,7 +46,7 @@ def release_of(image: str) -> Release:
             f"serving image {image!r} is {_NOT_SERVING[flavour]}: give the one Triton serves "
             f"with ({repo}/tritonserver:{release}-py3)"
         )
-    return Release(
+    return ImageRelease(
         image,
         release,
         f"{repo}/tensorrt:{release}-py3{flavour}",

@@ -10,7 +10,7 @@ from typing import Any
 
 from recsys_tools.model.engine.commands import CHECK_CONTAINER, Command
 from recsys_tools.model.engine.profile import Profile
-from recsys_tools.model.engine.release import Release
+from recsys_tools.model.engine.release import ImageRelease
 
 
 @dataclass(slots=True)
@@ -21,7 +21,7 @@ class EngineReport:
     model: str
     engine: str
     precision: str
-    release: Release
+    release: ImageRelease
     profile: Profile
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -77,8 +77,8 @@ class Opened(Protocol):
         ...
 
     def learn_again(self, recipe: WorldRecipe) -> Learnt:
-        """Learnt again for an input compared (the local engine learns everything again,
-        the Spark engine only the ranker, on the train part's factors)."""
+        """Learnt again for an input compared: the ranker only, on what the train part
+        taught (both engines learn it once)."""
         ...
 
     def judge(self, learnt: Learnt) -> dict[str, Any]:

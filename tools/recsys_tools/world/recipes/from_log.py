@@ -30,7 +30,14 @@ from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
 from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
-from recsys_tools.world.recipes.learnt import Learnt, learn_part, learn_ranker, world_parts
+from recsys_tools.world.recipes.learnt import (
+    Learnt,
+    Taught,
+    known_of,
+    learn_part,
+    learn_ranker,
+    world_parts,
+)
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.recipes.report import counts, histories
 from recsys_tools.world.store.world import write_world
@@ -61,14 +68,6 @@ class LocalOps:
         return positive_neighbours(part)
 
 
-def learn(
-    part: InteractionLog, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
-) -> Learnt:
-    """Everything learnt from `part`, the ranker on its own lists."""
-    taught = learn_part(LocalOps(), part, schema, recipe, clock, label)
-    return Learnt(taught, learn_ranker(part, schema, recipe, clock, label))
-
-
 class LocalEngine:
     """Reads the whole log into memory and learns from it in this process."""
 
@@ -96,16 +95,36 @@ class LocalLog:
         # What the evaluation needs of the recipe, the same through the build.
         self._index_factory, self._seed = recipe.index_factory, recipe.seed
         self._train = whole.subset(holdout.train)
+        self._taught: dict[tuple[int, float], tuple[Taught, Taught]] = {}
 
     @property
     def judged_on(self) -> InteractionLog:
         return self._train
 
     def learn_first(self, recipe: WorldRecipe) -> Learnt:
-        return learn(self._train, self._schema, recipe, self._clock, "train")
+        return self._with_ranker(recipe, "train")
 
     def learn_again(self, recipe: WorldRecipe) -> Learnt:
-        return learn(self._train, self._schema, recipe, self._clock, "compare")
+        return self._with_ranker(recipe, "compare")
+
+    def _with_ranker(self, recipe: WorldRecipe, label: str) -> Learnt:
+        taught, early = self._learnt_on_train(recipe)
+        train = self._train
+        ranker = learn_ranker(train, self._schema, recipe, self._clock, label, known_of(early))
+        return Learnt(taught, ranker)
+
+    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[Taught, Taught]:
+        """What the train part teaches, and what its early part does (the ranker's lists
+        are pooled and featured from it), learnt once for the seed and the regularisation:
+        an input compared trains only the ranker again, as on the Spark engine."""
+        key = (recipe.seed, recipe.als_regularization)
+        if key not in self._taught:
+            train, schema, clock = self._train, self._schema, self._clock
+            taught = learn_part(LocalOps(), train, schema, recipe, clock, "train")
+            early = train.subset(split_holdout(train, recipe.holdout_share, seed=recipe.seed).train)
+            early_taught = learn_part(LocalOps(), early, schema, recipe, clock, "early")
+            self._taught[key] = (taught, early_taught)
+        return self._taught[key]
 
     def judge(self, learnt: Learnt) -> dict[str, Any]:
         served = learnt.served()
@@ -116,8 +135,13 @@ class LocalLog:
     def served(self, recipe: WorldRecipe, judged: Judged) -> LocalServed:
         if recipe.keep_holdout:
             return LocalServed(self._whole, self._train, judged.weighed.learnt, self._schema)
-        learnt = learn(self._whole, self._schema, recipe, self._clock, "all")
-        return LocalServed(self._whole, self._whole, learnt, self._schema)
+        whole, schema, clock = self._whole, self._schema, self._clock
+        taught = learn_part(LocalOps(), whole, schema, recipe, clock, "all")
+        # The whole log's early part, by the same split, is the train part: the lists are
+        # pooled and featured from what it taught.
+        train_taught, _ = self._learnt_on_train(recipe)
+        ranker = learn_ranker(whole, schema, recipe, clock, "all", known_of(train_taught))
+        return LocalServed(whole, whole, Learnt(taught, ranker), schema)
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,16 @@ def learn_part(
     )
 
 
+def known_of(early: Taught, users: IntArray | None = None) -> Known:
+    """What a part's early rows taught, as the ranker's lists see it: rows of `users` (their
+    indexes in the part taught, in the lists' user order), every user where None."""
+    embeddings, user_dense = early.embeddings, early.user_dense
+    if users is not None:
+        embeddings = Embeddings(embeddings.users[users], embeddings.items)
+        user_dense = user_dense[users]
+    return Known(embeddings, user_dense, early.item_dense, early.neighbours, early.popularity)
+
+
 @dataclass(frozen=True, slots=True)
 class Learnt:
     """Everything learnt from one part of the log: what it taught, and the ranker."""
@@ -174,10 +184,10 @@ def learn_ranker(
     recipe: WorldRecipe,
     clock: Clock,
     label: str,
-    known: Known | None = None,
+    known: Known,
 ) -> ListRanker:
-    """The ranker learnt on `sample`'s lists (pooled and featured from `known`, else from
-    the sample's own early part)."""
+    """The ranker learnt on `sample`'s lists, pooled and featured from `known` (known_of
+    the early rows of every history)."""
     with clock.step(f"{label}.ranker"):
         ranker = train_list_ranker(sample, schema, recipe.training(), known)
     log.info(

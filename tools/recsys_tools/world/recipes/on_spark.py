@@ -33,7 +33,14 @@ from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
 from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
-from recsys_tools.world.recipes.learnt import Learnt, Taught, learn_part, learn_ranker, world_parts
+from recsys_tools.world.recipes.learnt import (
+    Learnt,
+    Taught,
+    known_of,
+    learn_part,
+    learn_ranker,
+    world_parts,
+)
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
 from recsys_tools.world.spark.factors import factorize_on_spark
 from recsys_tools.world.spark.neighbours import neighbours_on_spark
@@ -83,19 +90,6 @@ class SparkOps:
 
     def neighbours(self, part: Part) -> Neighbours:
         return neighbours_on_spark(part)
-
-
-def _known_for(taught: Taught, users: np.ndarray) -> Known:
-    """What a part taught, as the ranker's lists see it for these users (their indexes in
-    the whole log, in the sample's user order)."""
-    embeddings = Embeddings(taught.embeddings.users[users], taught.embeddings.items)
-    return Known(
-        embeddings,
-        taught.user_dense[users],
-        taught.item_dense,
-        taught.neighbours,
-        taught.popularity,
-    )
 
 
 def _served_model(learnt: Learnt, sample_users: np.ndarray) -> ServedModel:
@@ -215,7 +209,7 @@ class SparkRead:
             early_rows = with_later(train.rows, self._holdout_share).filter("not later")
             early = Part(train.log, early_rows.drop("later"))
             early_taught = learn_part(SparkOps(), early, self._schema, recipe, self._clock, "early")
-            self._known = _known_for(early_taught, self._sample.users)
+            self._known = known_of(early_taught, self._sample.users)
         return self._taught, self._known
 
     def learn_first(self, recipe: WorldRecipe) -> Learnt:
@@ -245,7 +239,7 @@ class SparkRead:
         # Each sampled user's early part of all their rows is the train part: the lists are
         # featured from what the train part taught.
         taught_train, _ = self._learnt_on_train(recipe)
-        known = _known_for(taught_train, self._sample.users)
+        known = known_of(taught_train, self._sample.users)
         ranker = learn_ranker(self._sample.log, self._schema, recipe, self._clock, "all", known)
         return SparkServed(self, part, Learnt(taught_all, ranker))
 

@@ -31,9 +31,8 @@ from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.judge.served_view import latest_positives
 from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.learn.blend import Blend, blended_onnx, choose_blend, recall_scores
-from recsys_tools.world.learn.derive import category_codes, item_dense, popularity, user_dense
-from recsys_tools.world.learn.factorize import Embeddings, factorize
-from recsys_tools.world.learn.neighbours import positive_neighbours
+from recsys_tools.world.learn.derive import category_codes
+from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.prerank import (
     Pools,
     RankedLists,
@@ -108,16 +107,6 @@ class Known:
     popularity: FloatArray
 
 
-def known_from(early: InteractionLog, schema: FeatureSchema, training: ListTraining) -> Known:
-    return Known(
-        factorize(early, schema.embedding_dim, training.seed, training.als_regularization),
-        user_dense(early, schema),
-        item_dense(early, schema),
-        positive_neighbours(early),
-        popularity(early),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Lists:
     """The two halves' candidate lists, and their packed rows."""
@@ -131,13 +120,11 @@ class _Lists:
 
 
 def _candidate_lists(
-    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known | None
+    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known
 ) -> _Lists:
     """Each user's pool rebuilt from their past, cut by pre-rank to the rows the model scores."""
     split = split_holdout(part, training.holdout_share, seed=training.seed)
     early = part.subset(split.train)
-    if known is None:
-        known = known_from(early, schema, training)
     embeddings = known.embeddings
     user_blobs = np.concatenate([embeddings.users, known.user_dense], axis=1)
     item_blobs = np.concatenate([embeddings.items, known.item_dense], axis=1)
@@ -195,11 +182,11 @@ def _candidate_lists(
 
 
 def train_list_ranker(
-    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known | None = None
+    part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known
 ) -> ListRanker:
-    """The network learnt on the learning users' lists, blended on the blending users'; what
-    the lists are pooled and featured from is learnt from the part's early rows unless
-    `known` is given."""
+    """The network learnt on the learning users' lists, blended on the blending users'; the
+    lists are pooled and featured from `known`, what the early rows of every history taught
+    (the part's own split: split_holdout with the training's share and seed)."""
     lists = _candidate_lists(part, schema, training, known)
     listed = lists.listed
     model = fit_ranker(

@@ -22,7 +22,8 @@ MODEL_FILE = "model.onnx"
 SEEN_FILE = "seen.npz"
 # Each user's positives, oldest first, repeats kept: what the consumer folds vectors in from.
 POSITIVES_FILE = "positives.npz"
-# Labelled rows the model did not learn from (recsys model compare); every build saves them.
+# Labelled rows the model did not learn from (recsys model compare); build-world and build-demo
+# save them.
 HOLDOUT_FILE = "holdout.npz"
 # The schema the world was built for; the service serves it by default.
 SCHEMA_FILE = "feature_schema.json"

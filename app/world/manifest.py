@@ -19,18 +19,20 @@ from app.core.errors import ConfigError
 from app.world.layout import MANIFEST_FILE
 from app.world.schema import checked_name
 
+# Past this an item count is no count: the memory estimate's float arithmetic stays exact.
+MAX_COUNT = 2**53
+
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """What a world's manifest says. The fields the service and the tools act on are typed
-    and checked when read; `written` is the file's every field as the build wrote it (how
-    the world was built: the training report, counts, the evaluation), for the reports."""
+    """What a world's manifest says that the service and the tools act on, checked when
+    read. The file holds more (how the world was built: the training report, counts, the
+    evaluation), for people and reports; nothing here reads it."""
 
     world_id: str | None = None  # None: built before stamping, served unchecked
     files: Mapping[str, str] = field(default_factory=dict)  # stamped file -> sha256
     items: int = 0  # 0 where it says no count: the memory estimate reads none
     source: str | None = None  # what the world was built from ("synthetic", "interactions")
-    written: Mapping[str, Any] = field(default_factory=dict)
 
 
 def read_manifest(world: Path) -> Manifest:
@@ -38,23 +40,27 @@ def read_manifest(world: Path) -> Manifest:
     A file that is no JSON object, an id that is no name or digests that are no mapping are
     one ConfigError naming the file."""
     path = world / MANIFEST_FILE
-    written = _read_fields(path)
-    world_id = written.get("world_id")
+    fields = _read_fields(path)
+    world_id = fields.get("world_id")
     if world_id == "":
         world_id = None
     if world_id is not None:
         # The id names directories and goes into Triton's config text (recsys release world).
-        world_id = checked_name(world_id, f"{path}: world_id")
-    files = written.get("files", {})
+        try:
+            world_id = checked_name(world_id, f"{path}: world_id")
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}: rebuild the world") from None
+    files = fields.get("files", {})
     if not isinstance(files, dict):
-        raise ConfigError(f"{path}: files must map each file's name to its digest")
-    source = written.get("source")
+        raise ConfigError(
+            f"{path}: files must map each file's name to its digest: rebuild the world"
+        )
+    source = fields.get("source")
     return Manifest(
         world_id=world_id,
         files={str(name): str(digest) for name, digest in files.items()},
-        items=_count(written.get("items", 0)),
+        items=_count(fields.get("items", 0)),
         source=None if source is None else str(source),
-        written=written,
     )
 
 
@@ -89,10 +95,11 @@ def _read_fields(path: Path) -> dict[str, Any]:
 
 
 def _count(value: object) -> int:
-    """A count, or 0 for what no count is (negative, infinite, not a number)."""
+    """A count, or 0 for what no count is (negative, infinite, past MAX_COUNT, not a number)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return 0
     try:
-        return max(0, int(value))
+        count = int(value)
     except (ValueError, OverflowError):
         return 0
+    return count if 0 <= count <= MAX_COUNT else 0

@@ -35,7 +35,10 @@ def is_name(value: object) -> TypeGuard[str]:
 def checked_name(value: object, where: str) -> str:
     """`value` when it is a name; ConfigError saying `where` it came from otherwise."""
     if not is_name(value):
-        raise ConfigError(f"{where} is {value!r}: a name is {NAME_RULE}")
+        shown = repr(value)
+        if len(shown) > 80:  # a hostile file's megabyte of id is not repeated in every log line
+            shown = shown[:77] + "..."
+        raise ConfigError(f"{where} is {shown}: a name is {NAME_RULE}")
     return value
 
 

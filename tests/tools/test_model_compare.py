@@ -21,8 +21,7 @@ from recsys_tools.model.holdout import load_holdout
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.core.errors import ConfigError
-from app.world.layout import HOLDOUT_FILE, MODEL_FILE
-from app.world.manifest import read_manifest
+from app.world.layout import HOLDOUT_FILE, MANIFEST_FILE, MODEL_FILE
 from app.world.schema import FeatureSchema, load_schema
 
 TINY = DemoSize(items=600, users=100, impressions=8000)
@@ -62,7 +61,7 @@ def _copy(world: Path, tmp_path: Path) -> Path:
 
 
 def test_the_demo_holds_out_its_rankers_test_rows(report: Comparison, world: Path) -> None:
-    training = read_manifest(world).written["training"]
+    training = json.loads((world / MANIFEST_FILE).read_text())["training"]
     assert report.rows == training["test_rows"]
     assert report.holdout == str(world / HOLDOUT_FILE)
     # onnxruntime's FP32 scores of the same rows give the AUC the build reported.

@@ -35,7 +35,6 @@ from app.release.keyspace import KeySpace
 from app.world.layout import (
     ATTRIBUTES_FILE,
     DEFAULT_USER_FILE,
-    HOLDOUT_FILE,
     INDEX_FILE,
     ITEMS_FILE,
     MODEL_FILE,
@@ -106,12 +105,9 @@ def ensure_world(world: Path) -> None:
     missing = [name for name in WORLD_FILES if not (world / name).is_file()]
     source = read_manifest(world).source
     # A demo world built before titles were generated is built again, to show them; one
-    # built before the score was a log-odds, to serve it; one built before it saved its
-    # held-out rows, for recsys model compare.
+    # built before the score was a log-odds, to serve it.
     stale = source == SYNTHETIC and (
-        not (world / ATTRIBUTES_FILE).is_file()
-        or not (world / HOLDOUT_FILE).is_file()
-        or not _scores_log_odds(world)
+        not (world / ATTRIBUTES_FILE).is_file() or not _scores_log_odds(world)
     )
     if not missing and not stale:
         log.info("Serving the world in %s as it is.", world)

@@ -3,7 +3,7 @@
 Each model scores the same labelled held-out rows on the CPU with onnxruntime; the report
 gives each one's AUC and its loss against FP32, how far the scores and the top of each
 request's ranking move, file sizes and the latency of one request's batch. Held-out rows come
-from the world's holdout.npz, or for a synthetic world are made again from its seed.
+from the world's holdout.npz (model/holdout.py).
 """
 
 from __future__ import annotations

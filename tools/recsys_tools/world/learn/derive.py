@@ -202,10 +202,6 @@ def published_from(tallies: ItemTallies, items: ItemInfo, all_totals: Totals) ->
     return np.where(given == NO_TIME, first, given)
 
 
-def popularity(log: InteractionLog) -> npt.NDArray[np.float32]:
-    return _positives_per(log.item, log, log.n_items).astype(np.float32)
-
-
 def category_codes(items: ItemInfo) -> IntArray:
     """Each item's first listed category; items without one share the code after the last."""
     offsets = items.category_offsets

@@ -26,16 +26,18 @@ from recsys_tools.world.learn import derive
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings, factorize, foldin_params
 from recsys_tools.world.learn.neighbours import positive_neighbours
+from recsys_tools.world.learn.ranker.from_log import early_part
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
 from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
 from recsys_tools.world.recipes.learnt import (
     Learnt,
-    Taught,
+    TrainLessons,
     known_of,
     learn_part,
     learn_ranker,
+    lessons_key,
     world_parts,
 )
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
@@ -95,7 +97,7 @@ class LocalLog:
         # What the evaluation needs of the recipe, the same through the build.
         self._index_factory, self._seed = recipe.index_factory, recipe.seed
         self._train = whole.subset(holdout.train)
-        self._taught: dict[tuple[int, float], tuple[Taught, Taught]] = {}
+        self._lessons: TrainLessons | None = None
 
     @property
     def judged_on(self) -> InteractionLog:
@@ -108,23 +110,19 @@ class LocalLog:
         return self._with_ranker(recipe, "compare")
 
     def _with_ranker(self, recipe: WorldRecipe, label: str) -> Learnt:
-        taught, early = self._learnt_on_train(recipe)
-        train = self._train
-        ranker = learn_ranker(train, self._schema, recipe, self._clock, label, known_of(early))
-        return Learnt(taught, ranker)
+        lessons = self._learnt_on_train(recipe)
+        ranker = learn_ranker(self._train, self._schema, recipe, self._clock, label, lessons.known)
+        return Learnt(lessons.taught, ranker)
 
-    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[Taught, Taught]:
-        """What the train part teaches, and what its early part does (the ranker's lists
-        are pooled and featured from it), learnt once for the seed and the regularisation:
-        an input compared trains only the ranker again, as on the Spark engine."""
-        key = (recipe.seed, recipe.als_regularization)
-        if key not in self._taught:
+    def _learnt_on_train(self, recipe: WorldRecipe) -> TrainLessons:
+        """Learnt from the train part once: each input compared trains only the ranker again."""
+        if self._lessons is None:
             train, schema, clock = self._train, self._schema, self._clock
             taught = learn_part(LocalOps(), train, schema, recipe, clock, "train")
-            early = train.subset(split_holdout(train, recipe.holdout_share, seed=recipe.seed).train)
+            early = early_part(train, recipe.training())
             early_taught = learn_part(LocalOps(), early, schema, recipe, clock, "early")
-            self._taught[key] = (taught, early_taught)
-        return self._taught[key]
+            self._lessons = TrainLessons(lessons_key(recipe), taught, known_of(early_taught))
+        return self._lessons.asked_by(recipe)
 
     def judge(self, learnt: Learnt) -> dict[str, Any]:
         served = learnt.served()
@@ -139,7 +137,7 @@ class LocalLog:
         taught = learn_part(LocalOps(), whole, schema, recipe, clock, "all")
         # The whole log's early part, by the same split, is the train part: the lists are
         # pooled and featured from what it taught.
-        train_taught, _ = self._learnt_on_train(recipe)
+        train_taught = self._learnt_on_train(recipe).taught
         ranker = learn_ranker(whole, schema, recipe, clock, "all", known_of(train_taught))
         return LocalServed(whole, whole, Learnt(taught, ranker), schema)
 

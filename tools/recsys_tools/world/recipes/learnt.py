@@ -152,6 +152,32 @@ def known_of(early: Taught, users: IntArray | None = None) -> Known:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainLessons:
+    """What the train part taught, and what the ranker's lists know (its early part's
+    lessons), learnt once a build: regularize fixes the regularisation before the first
+    learning, and an input compared changes only what the ranker reads. `learnt_for` is
+    what of the recipe they were learnt with."""
+
+    learnt_for: tuple[int, float, float]
+    taught: Taught
+    known: Known
+
+    def asked_by(self, recipe: WorldRecipe) -> TrainLessons:
+        """These lessons, for a recipe that would learn the same ones."""
+        if lessons_key(recipe) != self.learnt_for:
+            raise ValueError(
+                f"the train part was learnt with (seed, regularisation, holdout share) "
+                f"{self.learnt_for}, asked again with {lessons_key(recipe)}"
+            )
+        return self
+
+
+def lessons_key(recipe: WorldRecipe) -> tuple[int, float, float]:
+    """What learn_part and the early split read of a recipe."""
+    return (recipe.seed, recipe.als_regularization, recipe.holdout_share)
+
+
+@dataclass(frozen=True, slots=True)
 class Learnt:
     """Everything learnt from one part of the log: what it taught, and the ranker."""
 

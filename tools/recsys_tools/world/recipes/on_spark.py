@@ -28,7 +28,6 @@ from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings
-from recsys_tools.world.learn.ranker.from_log import Known
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
@@ -36,9 +35,11 @@ from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
 from recsys_tools.world.recipes.learnt import (
     Learnt,
     Taught,
+    TrainLessons,
     known_of,
     learn_part,
     learn_ranker,
+    lessons_key,
     world_parts,
 )
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
@@ -186,31 +187,29 @@ class SparkRead:
         self._schema, self._clock, self._settings = schema, clock, settings
         # What the evaluation needs of the recipe, the same through the build.
         self._index_factory, self._seed = recipe.index_factory, recipe.seed
-        self._holdout_share = recipe.holdout_share
         self._sample_train = sample.log.subset(sample.holdout.train)
-        self._taught: Taught | None = None
-        self._known: Known | None = None
+        self._lessons: TrainLessons | None = None
 
     @property
     def judged_on(self) -> InteractionLog:
         return self._sample_train
 
-    def _learnt_on_train(self, recipe: WorldRecipe) -> tuple[Taught, Known]:
+    def _learnt_on_train(self, recipe: WorldRecipe) -> TrainLessons:
         """Learnt from the train part once: each input compared trains only the ranker again."""
-        if self._taught is None or self._known is None:
-            self._taught = learn_part(
-                SparkOps(), self._train, self._schema, recipe, self._clock, "train"
-            )
+        if self._lessons is None:
+            train, schema, clock = self._train, self._schema, self._clock
+            taught = learn_part(SparkOps(), train, schema, recipe, clock, "train")
             # The ranker's lists are pooled and featured from every user's early part of the
             # train part, as the served world is from every user's rows, not from the
             # sample's alone (its counts a fraction of the log's, its factors from a
-            # fraction of the users).
-            train = self._train
-            early_rows = with_later(train.rows, self._holdout_share).filter("not later")
+            # fraction of the users). Only the sampled users' rows are kept of it: the
+            # lists are the sample's, and the driver holds them.
+            early_rows = with_later(train.rows, recipe.holdout_share).filter("not later")
             early = Part(train.log, early_rows.drop("later"))
-            early_taught = learn_part(SparkOps(), early, self._schema, recipe, self._clock, "early")
-            self._known = known_of(early_taught, self._sample.users)
-        return self._taught, self._known
+            early_taught = learn_part(SparkOps(), early, schema, recipe, clock, "early")
+            known = known_of(early_taught, self._sample.users)
+            self._lessons = TrainLessons(lessons_key(recipe), taught, known)
+        return self._lessons.asked_by(recipe)
 
     def learn_first(self, recipe: WorldRecipe) -> Learnt:
         return self._with_ranker(recipe, "train")
@@ -219,9 +218,10 @@ class SparkRead:
         return self._with_ranker(recipe, "compare")
 
     def _with_ranker(self, recipe: WorldRecipe, label: str) -> Learnt:
-        taught, known = self._learnt_on_train(recipe)
+        lessons = self._learnt_on_train(recipe)
         sample = self._sample_train
-        return Learnt(taught, learn_ranker(sample, self._schema, recipe, self._clock, label, known))
+        ranker = learn_ranker(sample, self._schema, recipe, self._clock, label, lessons.known)
+        return Learnt(lessons.taught, ranker)
 
     def judge(self, learnt: Learnt) -> dict[str, Any]:
         served = _served_model(learnt, self._sample.users)
@@ -238,7 +238,7 @@ class SparkRead:
         taught_all = learn_part(SparkOps(), part, self._schema, recipe, self._clock, "all")
         # Each sampled user's early part of all their rows is the train part: the lists are
         # featured from what the train part taught.
-        taught_train, _ = self._learnt_on_train(recipe)
+        taught_train = self._learnt_on_train(recipe).taught
         known = known_of(taught_train, self._sample.users)
         ranker = learn_ranker(self._sample.log, self._schema, recipe, self._clock, "all", known)
         return SparkServed(self, part, Learnt(taught_all, ranker))

@@ -41,9 +41,7 @@ class WorldRecipe:
         return REGULARIZATION if self.regularization is None else self.regularization
 
     def training(self) -> ListTraining:
-        return ListTraining(
-            self.holdout_share, self.seed, self.als_regularization, self.network, self.without
-        )
+        return ListTraining(self.holdout_share, self.seed, self.network, self.without)
 
 
 @dataclass(slots=True)

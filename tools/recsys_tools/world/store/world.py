@@ -56,7 +56,7 @@ def write_world(
     index_factory: str,
     write_lists: Callable[[Path], Listed],
 ) -> Written[Listed]:
-    """The world's files, and what `write_lists` (the seen lists and positives) returned.
+    """The world's files, and what `write_lists` (the users' lists) returned.
 
     The catalog goes first: writing it clears what an earlier build left in the directory.
     Neither the stamp nor the manifest is written here; the build stamps the world once its

@@ -27,7 +27,7 @@ from app.world.neighbours import Neighbours
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
-from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.judge.evaluate import HoldoutSplit, split_holdout
 from recsys_tools.world.judge.served_view import latest_positives
 from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.learn.blend import Blend, blended_onnx, choose_blend, recall_scores
@@ -69,7 +69,6 @@ class ListTraining:
 
     holdout_share: float
     seed: int
-    als_regularization: float
     network: str  # a key of net.NETWORKS
     without: frozenset[str]  # the inputs this build leaves out (judge/ablation.py)
 
@@ -119,11 +118,26 @@ class _Lists:
     liked: BoolArray  # the part's rows the network is taught to find
 
 
+def early_part(part: InteractionLog, training: ListTraining) -> InteractionLog:
+    """Each history's early rows, as the ranker's lists split the part: what `known` must be
+    learnt from (learnt from more, it would have seen the targets)."""
+    return part.subset(_split(part, training).train)
+
+
+def _split(part: InteractionLog, training: ListTraining) -> HoldoutSplit:
+    return split_holdout(part, training.holdout_share, seed=training.seed)
+
+
 def _candidate_lists(
     part: InteractionLog, schema: FeatureSchema, training: ListTraining, known: Known
 ) -> _Lists:
     """Each user's pool rebuilt from their past, cut by pre-rank to the rows the model scores."""
-    split = split_holdout(part, training.holdout_share, seed=training.seed)
+    if known.user_dense.shape[0] != part.n_users or known.item_dense.shape[0] != part.n_items:
+        raise ValueError(
+            f"what the lists know covers {known.user_dense.shape[0]} users and "
+            f"{known.item_dense.shape[0]} items, the part {part.n_users} and {part.n_items}"
+        )
+    split = _split(part, training)
     early = part.subset(split.train)
     embeddings = known.embeddings
     user_blobs = np.concatenate([embeddings.users, known.user_dense], axis=1)

@@ -40,6 +40,10 @@ async def test_three_times_capacity_is_shed_fast_and_the_rest_served_in_budget(
         rss_before = api.rss_bytes()
         outcome = await overload(load, capacity, factor=3.0, duration_s=4.0)
         rss_growth = api.rss_bytes() - rss_before
+        # What the worker can do right after: a neighbour that takes a core for a while
+        # lowers this as it lowered the overload's goodput, where the reference taken
+        # before it would blame admission. A collapse under overload does not outlast it.
+        after = await closed_loop(load, 2, 2.0)
     print(dataclasses.asdict(outcome), rss_growth)
     assert reference.statuses == {200: reference.ok}
     assert set(outcome.statuses) == {"200", "503"}, outcome
@@ -75,7 +79,8 @@ async def test_three_times_capacity_is_shed_fast_and_the_rest_served_in_budget(
     assert outcome.shed_p99_ms <= BUDGET_MS, outcome
     # An unprotected service serves a fraction of its capacity at 3x (every request slow,
     # most timing out); this guards against that collapse.
-    assert outcome.goodput_share >= 0.5, outcome
+    machine = min(capacity, after.requests_per_s)
+    assert outcome.goodput_rps >= 0.5 * machine, (outcome, after.requests_per_s)
     assert rss_growth < 30 * 2**20, f"memory grew by {rss_growth} bytes under overload"
 
 

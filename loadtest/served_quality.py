@@ -50,6 +50,7 @@ from recsys_tools.replay import rows_in_time_order
 from recsys_tools.world.judge.answers import AskContext
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.neighbours import COSINE, NeighbourModel
 from recsys_tools.world.read.formats import FileLayout
 from recsys_tools.world.read.items import ItemColumns
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
@@ -207,7 +208,9 @@ def _live(
     return figures
 
 
-def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
+def measure(
+    name: str, data: Path, folder: Path, seed: int, neighbours: NeighbourModel = COSINE
+) -> dict[str, Any]:
     public = SETS[name]
     whole = read_log(data / public.ratings, public.columns)
     split = write_split(whole, SHARE, folder, public.columns.weight, seed=seed)
@@ -219,6 +222,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
         items=data / public.items,
         item_columns=public.item_columns,
         seed=seed,
+        neighbours=neighbours,
     )
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
@@ -255,6 +259,7 @@ def measure(name: str, data: Path, folder: Path, seed: int) -> dict[str, Any]:
         "times": report["times"],
         **baselines,
         "network_weight": report["ranker"]["blend"]["model"],
+        "neighbours": report["neighbours"],
         "als_regularization": report["als"]["regularization"],
         "ratios": {
             "live_over_ease": _ratio(live, baselines["ease"][recall_key]),
@@ -303,15 +308,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="worlds built, each its own seed")
     parser.add_argument("--first-seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
+    parser.add_argument("--neighbours", choices=("cosine", "ease"), default="cosine")
     args = parser.parse_args()
+    model = NeighbourModel(args.neighbours)
     runs = [
-        measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed)
+        measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed, model)
         for seed in range(args.first_seed, args.first_seed + args.seeds)
     ]
     figures = {"runs": runs, "median_ratios": _median(runs)}
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        record(args.out, f"served_quality_{args.set}", figures)
+        key = "" if model.kind == "cosine" else f"_{model.kind}"
+        record(args.out, f"served_quality_{args.set}{key}", figures)
 
 
 if __name__ == "__main__":

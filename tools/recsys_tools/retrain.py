@@ -81,6 +81,7 @@ from recsys_tools.world.read.formats import FileLayout
 from recsys_tools.world.read.log import LogColumns, require_times
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
+from recsys_tools.world.recipes.report import built_neighbours
 from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger("recsys.retrain")
@@ -224,6 +225,8 @@ def _built(plan: RetrainPlan, training: Path, world: Path, positive: float) -> F
         ),
         seed=plan.seed,
         network=plan.network,
+        # The serving world's neighbour model, so that the verdict compares like with like.
+        neighbours=built_neighbours(plan.serving),
     )
     schema = load_schema(plan.schema or interactions_schema_path())
     build_world_from_log(recipe, world, schema)

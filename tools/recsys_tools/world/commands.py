@@ -23,9 +23,16 @@ from recsys_tools.world.flags import (
     add_log_flags,
     item_columns,
     log_columns,
+    positive_float,
 )
 from recsys_tools.world.judge.ablation import ITEM_FEATURES
 from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.neighbours import (
+    EASE_LAMBDA,
+    EASE_LAMBDAS,
+    EASE_MAX_ITEMS,
+    NeighbourModel,
+)
 from recsys_tools.world.learn.ranker.net import NETWORKS
 from recsys_tools.world.read.importer import read_items, read_users
 from recsys_tools.world.recipes.capacity import check_fits, too_big
@@ -53,6 +60,13 @@ def _build_demo(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def _neighbour_model(args: argparse.Namespace) -> NeighbourModel:
+    if args.ease_lambda is not None and args.neighbours != "ease":
+        raise ConfigError("--ease-lambda is EASE's: give it with --neighbours ease")
+    lam = EASE_LAMBDA if args.ease_lambda is None else args.ease_lambda
+    return NeighbourModel(args.neighbours, lam)
+
+
 def _build_world(args: argparse.Namespace) -> None:
     schema = load_schema(args.schema or interactions_schema_path())
     recipe = WorldRecipe(
@@ -67,6 +81,7 @@ def _build_world(args: argparse.Namespace) -> None:
         index_factory=args.index_factory,
         network=args.network,
         regularization=args.als_regularization,
+        neighbours=_neighbour_model(args),
     )
     if args.engine == "spark":
         report = _build_on_spark(recipe, args)
@@ -348,6 +363,21 @@ def _add_build_world(
         default=None,
         help="ALS's regularisation; default: each of a grid tried on the log's own split in "
         "time, the one whose factors recall best what users went on to like kept",
+    )
+    built.add_argument(
+        "--neighbours",
+        choices=("cosine", "ease"),
+        default="cosine",
+        help="how the item-to-item neighbours are scored: cosine over co-occurrence, or "
+        f"EASE's item weights (up to {EASE_MAX_ITEMS:,} items with positives: it inverts "
+        "their square)",
+    )
+    built.add_argument(
+        "--ease-lambda",
+        type=positive_float,
+        default=None,
+        help=f"EASE's regularisation, with --neighbours ease (default {EASE_LAMBDA:g}; "
+        f"from {EASE_LAMBDAS[0]:g} to {EASE_LAMBDAS[1]:g})",
     )
     built.add_argument("--seed", type=int, default=7)
     add_engine_flags(built)

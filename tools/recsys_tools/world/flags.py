@@ -5,6 +5,7 @@ the item table's columns, and where a build runs."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from app.core.errors import ConfigError
@@ -27,6 +28,17 @@ def _separator(text: str) -> str:
             f"a separator is one character, or one of {', '.join(NAMED_SEPARATORS)}"
         )
     return sep
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0, for a flag that scales or regularises."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
+    return value
 
 
 def _names(text: str) -> tuple[str, ...]:

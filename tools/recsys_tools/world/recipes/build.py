@@ -31,6 +31,7 @@ from recsys_tools.world.learn.regularization import Choice, choose_regularizatio
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.recipes.learnt import Learnt
 from recsys_tools.world.recipes.recipe import Clock, WorldRecipe
+from recsys_tools.world.recipes.report import neighbours_report
 from recsys_tools.world.store.identity import stamp_world
 
 log = logging.getLogger("recsys.build")
@@ -201,6 +202,7 @@ def _report(
             "regularization": recipe.als_regularization,
             "chosen_on": None if choice is None else choice.recall,
         },
+        "neighbours": neighbours_report(recipe.neighbours),
         "ranker": ranker_report(ranker),
     }
 

@@ -25,7 +25,11 @@ from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_hold
 from recsys_tools.world.learn import derive
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings, factorize, foldin_params
-from recsys_tools.world.learn.neighbours import positive_neighbours
+from recsys_tools.world.learn.neighbours import (
+    NeighbourModel,
+    check_ease_fits,
+    positive_neighbours,
+)
 from recsys_tools.world.learn.ranker.from_log import early_part
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
@@ -66,8 +70,8 @@ class LocalOps:
     ) -> tuple[Embeddings, FoldInParams]:
         return factorize(part, dim, seed, regularization), foldin_params(part, regularization)
 
-    def neighbours(self, part: InteractionLog) -> Neighbours:
-        return positive_neighbours(part)
+    def neighbours(self, part: InteractionLog, model: NeighbourModel) -> Neighbours:
+        return positive_neighbours(part, model)
 
 
 class LocalEngine:
@@ -78,6 +82,10 @@ class LocalEngine:
         self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
     ) -> Iterator[LocalLog]:
         whole = _read(recipe, clock)
+        if recipe.neighbours.kind == "ease":
+            # Refused before any learning: every part's items with positives are the log's
+            # at most.
+            check_ease_fits(len(np.unique(whole.item[whole.positive])), recipe.neighbours)
         yield LocalLog(whole, _hold_out(whole, recipe, clock), schema, recipe, clock)
 
 

@@ -29,6 +29,7 @@ from recsys_tools.world.learn.derive import (
 )
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
+from recsys_tools.world.learn.neighbours import NeighbourModel
 from recsys_tools.world.learn.ranker.from_log import Known, ListRanker, train_list_ranker
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
@@ -60,8 +61,8 @@ class PartOps(Protocol[P]):
         """ALS's factors on BM25 confidences, and what the service folds a user in with."""
         ...
 
-    def neighbours(self, part: P) -> Neighbours:
-        """Each item's neighbours by the users who liked both."""
+    def neighbours(self, part: P, model: NeighbourModel) -> Neighbours:
+        """Each item's neighbours by the users who liked both, scored by `model`."""
         ...
 
 
@@ -119,7 +120,7 @@ def learn_part(
         clock.took(f"{label}.embeddings"),
     )
     with clock.step(f"{label}.neighbours"):
-        neighbours = ops.neighbours(part)
+        neighbours = ops.neighbours(part, recipe.neighbours)
     log.info(
         "%s: %d neighbours of %s items %s",
         label,
@@ -158,7 +159,7 @@ class TrainLessons:
     learning, and an input compared changes only what the ranker reads. `learnt_for` is
     what of the recipe they were learnt with."""
 
-    learnt_for: tuple[int, float, float]
+    learnt_for: tuple[int, float, float, NeighbourModel]
     taught: Taught
     known: Known
 
@@ -166,15 +167,16 @@ class TrainLessons:
         """These lessons, for a recipe that would learn the same ones."""
         if lessons_key(recipe) != self.learnt_for:
             raise ValueError(
-                f"the train part was learnt with (seed, regularisation, holdout share) "
+                f"the train part was learnt with (seed, regularisation, holdout share, "
+                "neighbours) "
                 f"{self.learnt_for}, asked again with {lessons_key(recipe)}"
             )
         return self
 
 
-def lessons_key(recipe: WorldRecipe) -> tuple[int, float, float]:
+def lessons_key(recipe: WorldRecipe) -> tuple[int, float, float, NeighbourModel]:
     """What learn_part and the early split read of a recipe."""
-    return (recipe.seed, recipe.als_regularization, recipe.holdout_share)
+    return (recipe.seed, recipe.als_regularization, recipe.holdout_share, recipe.neighbours)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings
+from recsys_tools.world.learn.neighbours import NeighbourModel
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
@@ -89,8 +90,8 @@ class SparkOps:
         counts.unpersist()
         return embeddings, params
 
-    def neighbours(self, part: Part) -> Neighbours:
-        return neighbours_on_spark(part)
+    def neighbours(self, part: Part, model: NeighbourModel) -> Neighbours:
+        return neighbours_on_spark(part, model=model)
 
 
 def _served_model(learnt: Learnt, sample_users: np.ndarray) -> ServedModel:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recsys_tools.world.learn.factorize import REGULARIZATION
+from recsys_tools.world.learn.neighbours import COSINE, NeighbourModel
 from recsys_tools.world.learn.ranker.from_log import ListTraining
 from recsys_tools.world.read.items import ItemColumns
 from recsys_tools.world.read.log import LogColumns
@@ -34,6 +35,8 @@ class WorldRecipe:
     without: frozenset[str] = frozenset()
     # ALS's regularisation; None: chosen on the log's own split (regularization.py).
     regularization: float | None = None
+    # How the item-to-item neighbours are scored (learn/neighbours.py).
+    neighbours: NeighbourModel = COSINE
 
     @property
     def als_regularization(self) -> float:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.core.errors import ConfigError
+from app.world.layout import REPORT_FILE
 from app.world.tables import SeenLists
+from recsys_tools.world.learn.neighbours import COSINE, EASE_LAMBDA, NeighbourModel
 from recsys_tools.world.read.log import InteractionLog
 
 
@@ -32,3 +37,25 @@ def histories(seen: SeenLists) -> dict[str, int]:
     """How many histories there are and the longest: the service filters each one whole."""
     lengths = np.diff(seen.offsets)
     return {"users": len(lengths), "longest": int(lengths.max()) if len(lengths) else 0}
+
+
+def neighbours_report(model: NeighbourModel) -> dict[str, Any]:
+    if model.kind == "cosine":
+        return {"model": "cosine"}
+    return {"model": model.kind, "lambda": model.lam}
+
+
+def built_neighbours(world: Path) -> NeighbourModel:
+    """The neighbour model a world's report says it was built with (a retrain keeps it);
+    cosine where the report says none (a world built before the choice existed)."""
+    path = world / REPORT_FILE
+    try:
+        said = json.loads(path.read_text()).get("neighbours")
+    except (OSError, ValueError, AttributeError):
+        return COSINE
+    if not isinstance(said, dict) or said.get("model") != "ease":
+        return COSINE
+    try:
+        return NeighbourModel("ease", float(said.get("lambda", EASE_LAMBDA)))
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise ConfigError(f"{path}: neighbours {said!r:.80} ({exc})") from None

@@ -1,4 +1,4 @@
-"""Item-to-item neighbours as Spark jobs: learn/neighbours.py's cosine over co-occurrence,
+"""Item-to-item neighbours as Spark jobs: learn/neighbours.py's models over co-occurrence,
 each user's latest HISTORY positives, top NEIGHBOURS_K per item.
 
 A self-join of the kept rows on the user makes one row per pair of a user's items (up to
@@ -7,7 +7,9 @@ the co-occurrence is counted as the local engine counts it, by a sparse product,
 of users: each slice's XᵀX leaves its partition already summed, the slices' counts meet
 by item, and each item's top k is chosen there, in the local engine's arithmetic (float32
 counts and norms, ties to the lower index), so both engines pick the same neighbours. Only
-the result, items by k, comes back to the driver.
+the result, items by k, comes back to the driver. EASE's weights need the whole matrix
+inverted: its counts, summed per pair on the cluster, come back to the driver (the items
+under its ceiling), which chooses with learn/neighbours.ease_neighbours itself.
 """
 
 from __future__ import annotations
@@ -20,11 +22,19 @@ import numpy.typing as npt
 import pyarrow as pa
 import scipy.sparse as sp
 from pyspark import Broadcast
-from pyspark.sql import Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as sf
 
 from app.world.neighbours import Neighbours
-from recsys_tools.world.learn.neighbours import HISTORY, NEIGHBOURS_K, closest
+from recsys_tools.world.learn.neighbours import (
+    COSINE,
+    HISTORY,
+    NEIGHBOURS_K,
+    NeighbourModel,
+    check_ease_fits,
+    closest,
+    ease_neighbours,
+)
 from recsys_tools.world.spark.tables import Part
 
 # Kept (user, item) rows per slice of users: a slice's product holds at most this many
@@ -100,7 +110,29 @@ def _top(
     )
 
 
-def neighbours_on_spark(part: Part, k: int = NEIGHBOURS_K, history: int = HISTORY) -> Neighbours:
+def _summed(pairs: DataFrame, chosen: npt.NDArray[np.float32]) -> sp.csr_matrix:
+    """The slices' counts summed per pair on the cluster, on the driver as learn/neighbours
+    holds them: items by items, float32, each item's own count on the diagonal."""
+    # One triangle comes back (the counts are symmetric), each count a float32: at the
+    # ceiling's 10,000 items about 600 MB, under spark.driver.maxResultSize's 1 GB default.
+    upper = pairs.filter("i < j").groupBy("i", "j").agg(sf.sum("c").cast("float").alias("c"))
+    table = upper.toArrow()
+    first = np.asarray(table.column("i").to_numpy(), dtype=np.int64)
+    second = np.asarray(table.column("j").to_numpy(), dtype=np.int64)
+    counts = np.asarray(table.column("c").to_numpy(), dtype=np.float32)
+    own = np.flatnonzero(chosen)
+    return sp.csr_matrix(
+        (
+            np.concatenate([counts, counts, chosen[own]]),
+            (np.concatenate([first, second, own]), np.concatenate([second, first, own])),
+        ),
+        shape=(len(chosen), len(chosen)),
+    )
+
+
+def neighbours_on_spark(
+    part: Part, k: int = NEIGHBOURS_K, history: int = HISTORY, model: NeighbourModel = COSINE
+) -> Neighbours:
     latest = part.rows.filter("pos").groupBy("u", "i").agg(sf.max(sf.struct("t", "r")).alias("at"))
     newest_first = Window.partitionBy("u").orderBy(sf.desc("at"))
     kept = (
@@ -117,9 +149,13 @@ def neighbours_on_spark(part: Part, k: int = NEIGHBOURS_K, history: int = HISTOR
     )
     context = part.rows.sparkSession.sparkContext
     slices = max(-(-int(chosen.sum()) // SLICE_ROWS), context.defaultParallelism, 1)
+    if model.kind == "ease":
+        check_ease_fits(int(np.count_nonzero(chosen)), model)
     norms = context.broadcast(np.sqrt(chosen))
     try:
         pairs = kept.repartition(slices, "u").mapInArrow(partial(_together, n_items), _PAIRS)
+        if model.kind == "ease":
+            return ease_neighbours(_summed(pairs, chosen), model, k)
         top = pairs.repartition(slices, "i").mapInArrow(partial(_top, n_items, k, norms), _TOP)
         table = top.toArrow()
     finally:

@@ -349,6 +349,15 @@ def _add_build_world(
         action="store_true",
         help="serve the world trained without each user's latest 20%% (as evaluated)",
     )
+    _add_learning_flags(built)
+    built.add_argument("--seed", type=int, default=7)
+    add_engine_flags(built)
+    built.set_defaults(run=_build_world)
+
+
+def _add_learning_flags(built: argparse.ArgumentParser) -> None:
+    """The models build-world learns: the ranker's network, ALS's regularisation, the
+    neighbours'."""
     built.add_argument(
         "--network",
         choices=sorted(NETWORKS),
@@ -379,6 +388,3 @@ def _add_build_world(
         help=f"EASE's regularisation, with --neighbours ease (default {EASE_LAMBDA:g}; "
         f"from {EASE_LAMBDAS[0]:g} to {EASE_LAMBDAS[1]:g})",
     )
-    built.add_argument("--seed", type=int, default=7)
-    add_engine_flags(built)
-    built.set_defaults(run=_build_world)

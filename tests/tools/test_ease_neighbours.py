@@ -125,3 +125,9 @@ def test_a_report_with_a_lambda_past_the_range_is_refused_naming_it(tmp_path: Pa
     (tmp_path / REPORT_FILE).write_text(json.dumps({"neighbours": {"model": "ease", "lambda": 0}}))
     with pytest.raises(ConfigError, match=r"report\.json: neighbours"):
         built_neighbours(tmp_path)
+
+
+def test_a_report_that_is_not_json_is_refused_not_read_as_cosine(tmp_path: Path) -> None:
+    (tmp_path / REPORT_FILE).write_text("{")
+    with pytest.raises(ConfigError, match=r"report\.json is not the build's JSON report"):
+        built_neighbours(tmp_path)

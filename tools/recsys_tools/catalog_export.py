@@ -28,9 +28,10 @@ import redis
 from app.core.errors import ConfigError
 from app.release.keyspace import KeySpace
 from app.world.attributes import load_attributes
-from app.world.layout import ITEMS_FILE, REPORT_FILE
+from app.world.layout import ITEMS_FILE
 from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
+from recsys_tools.world.recipes.report import read_report
 
 COLUMNS = ("item_id", "title", "categories", "published_at")
 PAGE = 1000
@@ -46,14 +47,7 @@ class ItemRow:
 def built_without_times(world: Path) -> bool:
     """Whether the world's report says its log had no times: every item the item table gave
     no date then holds the log's first time, 0, which means "never said", not 1970."""
-    path = world / REPORT_FILE
-    if not path.is_file():
-        return False
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not the build's JSON report: {exc}") from None
-    times = report.get("times") if isinstance(report, dict) else None
+    times = (read_report(world) or {}).get("times")
     return isinstance(times, dict) and "column" in times and times["column"] is None
 
 

@@ -45,14 +45,26 @@ def neighbours_report(model: NeighbourModel) -> dict[str, Any]:
     return {"model": model.kind, "lambda": model.lam}
 
 
+def read_report(world: Path) -> dict[str, Any] | None:
+    """The build's report.json; None where the world has none (not built by build-world),
+    ConfigError naming the file where it is not a JSON object."""
+    path = world / REPORT_FILE
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path} is not the build's JSON report: {exc}"[:300]) from None
+    if not isinstance(report, dict):
+        raise ConfigError(f"{path} is not the build's JSON report: not an object")
+    return report
+
+
 def built_neighbours(world: Path) -> NeighbourModel:
     """The neighbour model a world's report says it was built with (a retrain keeps it);
     cosine where the report says none (a world built before the choice existed)."""
     path = world / REPORT_FILE
-    try:
-        said = json.loads(path.read_text()).get("neighbours")
-    except (OSError, ValueError, AttributeError):
-        return COSINE
+    said = (read_report(world) or {}).get("neighbours")
     if not isinstance(said, dict) or said.get("model") != "ease":
         return COSINE
     try:

@@ -218,7 +218,8 @@ def test_the_report_says_which_engine_built_it(built: Built) -> None:
 
 
 def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Path) -> None:
-    # With EASE's neighbours: the cluster sums the pairs' counts, the driver inverts.
+    # With EASE's neighbours over the 150 items most users chose (of about 240): the cluster
+    # sums the pairs' counts of those, the driver inverts.
     processes, url = start_spark_cluster(tmp_path / "cluster", workers=2)
     try:
         _build(
@@ -231,6 +232,8 @@ def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Pat
             url,
             "--neighbours",
             "ease",
+            "--ease-max-items",
+            "150",
             *SMALL,
         )
         workers = [(tmp_path / "cluster" / f"worker-{n}.log").read_text() for n in range(2)]
@@ -244,15 +247,23 @@ def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Pat
     _same_tables(built.local, world, without=NEIGHBOURS_FILE)
     engine = _report(world)["engine"]
     assert engine["master"] == url
-    assert _report(world)["neighbours"] == {"model": "ease", "lambda": EASE_LAMBDA}
+    said = _report(world)["neighbours"]
+    assert said == {
+        "model": "ease",
+        "lambda": EASE_LAMBDA,
+        "max_items": 150,
+        "items_with_neighbours": said["items_with_neighbours"],
+    }
+    assert 100 < said["items_with_neighbours"] <= 150
     # The local engine's EASE over the whole log (the served world's part), to the bit.
     items = read_items(built.movies, ItemColumns(item_id="movieId", category="genres"))
     columns = LogColumns(user="userId", item="movieId", weight="rating", min_weight=MIN_RATING)
-    expected = positive_neighbours(read_log(built.ratings, columns, items), NeighbourModel("ease"))
+    model = NeighbourModel("ease", max_items=150)
+    expected = positive_neighbours(read_log(built.ratings, columns, items), model)
     with np.load(world / NEIGHBOURS_FILE) as written:
         assert np.array_equal(written["positions"], expected.positions)
         assert np.array_equal(written["similarity"], expected.similarity)
-        assert (written["positions"][:, 0] >= 0).sum() > 0
+        assert (written["positions"][:, 0] >= 0).sum() == said["items_with_neighbours"]
     assert engine["sampled_users"] == 120  # a log smaller than the sample: all of it
     # Every user gathered, so the regularisation is chosen on what the local engine chose it
     # on: one objective from one seeded start, the factors point the same way, item by item.

@@ -32,7 +32,7 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.core.errors import ConfigError
 from app.release.catalog import load_catalog
-from app.world.layout import MANIFEST_FILE, MODEL_FILE, REPORT_FILE
+from app.world.layout import MANIFEST_FILE, MODEL_FILE, NEIGHBOURS_FILE, REPORT_FILE
 from app.world.schema import FeatureSchema, load_schema
 from app.world.tables import load_items, load_seen, load_users
 
@@ -172,6 +172,10 @@ def test_the_report_has_the_figures(public: Public, built: dict[str, Any]) -> No
     per_user = np.bincount([r[0] for r in public.rows if r[1] != 999])
     assert report["histories"] == {"users": int((per_user > 0).sum()), "longest": per_user.max()}
     assert {"read", "evaluate", "write", "total"} <= set(report["seconds"])
+    with np.load(public.folder / "world" / NEIGHBOURS_FILE) as written:
+        listed = int((written["positions"][:, 0] >= 0).sum())
+    assert report["neighbours"] == {"model": "cosine", "items_with_neighbours": listed}
+    assert listed > 0
 
 
 def _planted_log(folder: Path) -> Path:

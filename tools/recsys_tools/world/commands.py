@@ -28,6 +28,7 @@ from recsys_tools.world.flags import (
 from recsys_tools.world.judge.ablation import ITEM_FEATURES
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.learn.neighbours import (
+    EASE_ITEM_RANGE,
     EASE_LAMBDA,
     EASE_LAMBDAS,
     EASE_MAX_ITEMS,
@@ -61,10 +62,13 @@ def _build_demo(args: argparse.Namespace) -> None:
 
 
 def _neighbour_model(args: argparse.Namespace) -> NeighbourModel:
-    if args.ease_lambda is not None and args.neighbours != "ease":
-        raise ConfigError("--ease-lambda is EASE's: give it with --neighbours ease")
+    for flag in ("ease_lambda", "ease_max_items"):
+        if getattr(args, flag) is not None and args.neighbours != "ease":
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{name} is EASE's: give it with --neighbours ease")
     lam = EASE_LAMBDA if args.ease_lambda is None else args.ease_lambda
-    return NeighbourModel(args.neighbours, lam)
+    most = EASE_MAX_ITEMS if args.ease_max_items is None else args.ease_max_items
+    return NeighbourModel(args.neighbours, lam, most)
 
 
 def _build_world(args: argparse.Namespace) -> None:
@@ -378,8 +382,8 @@ def _add_learning_flags(built: argparse.ArgumentParser) -> None:
         choices=("cosine", "ease"),
         default="cosine",
         help="how the item-to-item neighbours are scored: cosine over co-occurrence, or "
-        f"EASE's item weights (up to {EASE_MAX_ITEMS:,} items with positives: it inverts "
-        "their square)",
+        "EASE's item weights (over the items most users chose, --ease-max-items of them at "
+        "most: it inverts their square; the rest have no neighbours)",
     )
     built.add_argument(
         "--ease-lambda",
@@ -387,4 +391,12 @@ def _add_learning_flags(built: argparse.ArgumentParser) -> None:
         default=None,
         help=f"EASE's regularisation, with --neighbours ease (default {EASE_LAMBDA:g}; "
         f"from {EASE_LAMBDAS[0]:g} to {EASE_LAMBDAS[1]:g})",
+    )
+    built.add_argument(
+        "--ease-max-items",
+        type=int,
+        default=None,
+        help=f"the most items EASE fits, with --neighbours ease (default {EASE_MAX_ITEMS:,}; "
+        f"from {EASE_ITEM_RANGE[0]:,} to {EASE_ITEM_RANGE[1]:,}): it holds about 20 bytes "
+        "an item squared while fitting, 2 GB at 10,000, and its arithmetic grows as the cube",
     )

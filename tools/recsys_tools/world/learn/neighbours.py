@@ -8,8 +8,11 @@ HISTORY positives counting (which bounds the pairs a long history adds: their sq
   outrank one seen together often.
 - ease: EASE's item weights (Steck, "Embarrassingly Shallow Autoencoders", 2019),
   B = -P / diag(P) with P = (C + λI)⁻¹: how much having chosen i says of j once every
-  other item the user chose is accounted for. It inverts a matrix of the items with
-  positives squared, so it has a ceiling (NeighbourModel.max_items) and refuses past it.
+  other item the user chose is accounted for. It inverts a matrix of the items it fits
+  squared, so it fits at most NeighbourModel.max_items of them. Past that it fits the items
+  chosen by the most users (counting each user's latest HISTORY positives, in the part it
+  learns from): a rarely chosen item's list says little. The rest have no neighbours and
+  are no item's neighbour; the report counts the items with neighbours.
 
 The service recalls and pre-ranks with the result (app.world.neighbours); the build's
 item-to-item baseline scores with it too.
@@ -17,11 +20,13 @@ item-to-item baseline scores with it too.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+import scipy.linalg
 import scipy.sparse as sp
 
 from app.core.errors import ConfigError
@@ -29,21 +34,25 @@ from app.world.neighbours import Neighbours
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray
 
+log = logging.getLogger("recsys.build")
 NEIGHBOURS_K = 50
 HISTORY = 100
 SHRINK = 10.0
 EASE_LAMBDA = 200.0
-# The items with positives EASE inverts at most: 8 bytes an item squared, about four times
-# over while inverting (3.2 GB at 10,000), and a cube's arithmetic (about a minute on 2
-# cores, three times a build: the train part, its early part, all).
+# The items EASE fits at most by default. The matrix is inverted in place, EASE_BYTES an
+# item squared (0.8 GB at 10,000), and its arithmetic grows as the cube, three fits a build
+# (the train part, its early part, all).
 EASE_MAX_ITEMS = 10_000
+# What --ease-max-items may be: at the top, 12.8 GB.
+EASE_ITEM_RANGE = (2, 40_000)
+EASE_BYTES = 8
 # What --ease-lambda may be: below it the matrix may be singular, past it every weight is 0.
 EASE_LAMBDAS = (1e-3, 1e6)
 
 
 @dataclass(frozen=True, slots=True)
 class NeighbourModel:
-    """Which model scores the neighbours, and EASE's λ and ceiling."""
+    """Which model scores the neighbours, and EASE's λ and the most items it fits."""
 
     kind: Literal["cosine", "ease"] = "cosine"
     lam: float = EASE_LAMBDA
@@ -55,6 +64,12 @@ class NeighbourModel:
         low, high = EASE_LAMBDAS
         if not low <= self.lam <= high:
             raise ConfigError(f"EASE's lambda is {self.lam:g}: give one from {low:g} to {high:g}")
+        fewest, most = EASE_ITEM_RANGE
+        if type(self.max_items) is not int or not fewest <= self.max_items <= most:
+            raise ConfigError(
+                f"EASE fits at most {self.max_items!r:.40} items: give a whole number from "
+                f"{fewest:,} to {most:,}"
+            )
 
 
 COSINE = NeighbourModel()
@@ -89,7 +104,7 @@ def item_neighbours(
     )
     together = (matrix.T @ matrix).tocsr()
     if model.kind == "ease":
-        return ease_neighbours(together, model, k)
+        return ease_neighbours(together, np.bincount(items, minlength=n_items), model, k)
     together.setdiag(0)
     together.eliminate_zeros()
     norms = np.sqrt(np.asarray(matrix.sum(axis=0)).ravel())
@@ -121,14 +136,24 @@ def closest(
     return others[top], scores[top]
 
 
-def ease_neighbours(together: sp.csr_matrix, model: NeighbourModel, k: int) -> Neighbours:
-    """Each item's `k` largest positive weights in EASE's B, from the co-occurrence counts
-    `together` (items by items, its diagonal each item's own count); ties to the lower
-    index. Both engines call it on the same counts, so they pick the same neighbours."""
+def ease_neighbours(
+    together: sp.csr_matrix, chosen_by: IntArray, model: NeighbourModel, k: int
+) -> Neighbours:
+    """Each item's `k` largest positive weights in EASE's B over the items `ease_items`
+    keeps, ties to the lower index: from the co-occurrence counts `together` (items by
+    items, its diagonal unread) and `chosen_by`, each item's users, counted exactly (float32
+    sums stop counting at 2^24). Both engines call it on the same counts, so they pick the
+    same neighbours."""
     n_items = together.shape[0]
-    active = np.flatnonzero(together.diagonal() > 0)
-    check_ease_fits(len(active), model)
-    weights = _ease_weights(together[active][:, active].toarray(), model.lam)
+    active = ease_items(chosen_by, model.max_items)
+    if len(active) < np.count_nonzero(chosen_by):
+        log.info(
+            "EASE fits the %s items most users chose of %s (--ease-max-items): the rest have "
+            "no neighbours",
+            f"{len(active):,}",
+            f"{np.count_nonzero(chosen_by):,}",
+        )
+    weights = _ease_weights(together[active][:, active], chosen_by[active], model)
     positions = np.full((n_items, k), -1, dtype=np.int32)
     similarity = np.zeros((n_items, k), dtype=np.float32)
     depth = min(k, len(active) - 1)
@@ -139,21 +164,63 @@ def ease_neighbours(together: sp.csr_matrix, model: NeighbourModel, k: int) -> N
     return Neighbours(positions, similarity)
 
 
-def _ease_weights(counts: npt.NDArray[np.float32], lam: float) -> npt.NDArray[np.float64]:
-    """B[i, j], what choosing i says of j, the diagonal -inf (never a neighbour). The gram is
-    let go once inverted: at the ceiling each n-by-n float64 array is 0.8 GB."""
-    gram = counts.astype(np.float64)
-    gram[np.diag_indices_from(gram)] += lam
+def ease_items(chosen_by: IntArray, most: int) -> IntArray:
+    """The items EASE fits, in index order: those chosen at all (`chosen_by`, users per
+    item), and past `most` of them the `most` chosen by the most users, ties to the lower
+    index."""
+    chosen = np.flatnonzero(chosen_by > 0)
+    if len(chosen) <= most:
+        return chosen
+    ranked = chosen[np.lexsort((chosen, -chosen_by[chosen]))]
+    kept: IntArray = np.sort(ranked[:most])
+    return kept
+
+
+def _ease_weights(
+    pairs: sp.csr_matrix, own: IntArray, model: NeighbourModel
+) -> npt.NDArray[np.float64]:
+    """B[i, j], what choosing i says of j, the diagonal -inf (never a neighbour), from the
+    pairs' counts and each item's `own`. One n-by-n array: the gram is written in Fortran
+    order so that LAPACK inverts it in place (by Cholesky: it is positive definite)."""
+    n = len(own)
     try:
-        weights = np.asarray(np.linalg.inv(gram), dtype=np.float64)
+        gram = pairs.astype(np.float64).toarray(order="F")
+        gram[np.diag_indices(n)] = own.astype(np.float64) + model.lam
+        inverse = scipy.linalg.inv(gram, overwrite_a=True, check_finite=False, assume_a="pos")
+    except MemoryError:
+        raise ConfigError(
+            f"EASE over {n:,} items needs about {ease_bytes(n) / 2**30:.1f} GiB more memory "
+            "than this process could have: lower --ease-max-items"
+        ) from None
     except np.linalg.LinAlgError:
         raise ConfigError(
-            f"EASE's matrix is singular at --ease-lambda {lam:g}: give a larger one"
+            f"EASE's matrix is singular at --ease-lambda {model.lam:g}: give a larger one"
         ) from None
     del gram
+    # P is symmetric: its transpose is the same matrix, in the C order rows are read in.
+    weights: npt.NDArray[np.float64] = inverse.T
     weights /= -np.diag(weights)
     np.fill_diagonal(weights, -np.inf)
     return weights
+
+
+def ease_bytes(items: int) -> int:
+    """What fitting EASE over `items` items holds at its peak, its one n-by-n array."""
+    return EASE_BYTES * items * items
+
+
+def check_ease_memory(items: int, model: NeighbourModel, limit: tuple[int, str] | None) -> None:
+    """Refuse, before anything is learnt, an EASE that cannot fit under this process's own
+    memory `limit` (capacity.memory_limit): `items` are those with positives."""
+    if model.kind != "ease" or limit is None:
+        return
+    need = ease_bytes(min(items, model.max_items))
+    if need > limit[0]:
+        raise ConfigError(
+            f"EASE over {min(items, model.max_items):,} items needs about "
+            f"{need / 2**30:.1f} GiB, more than {limit[1]} ({limit[0] / 2**30:.1f} GiB): "
+            "lower --ease-max-items"
+        )
 
 
 def largest_weights(row: npt.NDArray[np.float64], depth: int) -> npt.NDArray[np.int64]:
@@ -166,15 +233,6 @@ def largest_weights(row: npt.NDArray[np.float64], depth: int) -> npt.NDArray[np.
     order = np.lexsort((candidates, -row[candidates]))
     chosen: npt.NDArray[np.int64] = candidates[order][:depth]
     return chosen
-
-
-def check_ease_fits(items: int, model: NeighbourModel) -> None:
-    if items > model.max_items:
-        raise ConfigError(
-            f"EASE's neighbours invert a matrix of the items with positives squared: "
-            f"{items:,} items, past the ceiling of {model.max_items:,}; build with "
-            "--neighbours cosine"
-        )
 
 
 def positive_neighbours(part: InteractionLog, model: NeighbourModel = COSINE) -> Neighbours:

@@ -116,7 +116,7 @@ def build_world(
         with clock.step("write"):
             written = served.write(world, recipe)
         log.info("wrote the world to %s %s", world, clock.took("write"))
-        report = _report(recipe, judged, served.learnt.ranker, choice, written, schema)
+        report = _report(recipe, judged, served.learnt, choice, written, schema)
     report["seconds"] = {**clock.seconds, "total": round(time.perf_counter() - started, 2)}
     _finish(world, schema, recipe, report, written.manifest)
     return report
@@ -181,7 +181,7 @@ def judge_inputs(
 def _report(
     recipe: WorldRecipe,
     judged: Judged,
-    ranker: ListRanker,
+    learnt: Learnt,
     choice: Choice | None,
     written: EngineFacts,
     schema: FeatureSchema,
@@ -202,8 +202,8 @@ def _report(
             "regularization": recipe.als_regularization,
             "chosen_on": None if choice is None else choice.recall,
         },
-        "neighbours": neighbours_report(recipe.neighbours),
-        "ranker": ranker_report(ranker),
+        "neighbours": neighbours_report(recipe.neighbours, learnt.taught.neighbours),
+        "ranker": ranker_report(learnt.ranker),
     }
 
 

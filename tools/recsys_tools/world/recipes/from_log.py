@@ -27,7 +27,7 @@ from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings, factorize, foldin_params
 from recsys_tools.world.learn.neighbours import (
     NeighbourModel,
-    check_ease_fits,
+    check_ease_memory,
     positive_neighbours,
 )
 from recsys_tools.world.learn.ranker.from_log import early_part
@@ -35,6 +35,7 @@ from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
 from recsys_tools.world.read.tables import FLAGS
 from recsys_tools.world.recipes.build import EngineFacts, Judged, build_world
+from recsys_tools.world.recipes.capacity import memory_limit
 from recsys_tools.world.recipes.learnt import (
     Learnt,
     TrainLessons,
@@ -82,10 +83,10 @@ class LocalEngine:
         self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
     ) -> Iterator[LocalLog]:
         whole = _read(recipe, clock)
-        if recipe.neighbours.kind == "ease":
-            # Refused before any learning: every part's items with positives are the log's
-            # at most.
-            check_ease_fits(len(np.unique(whole.item[whole.positive])), recipe.neighbours)
+        # Refused before any learning: every part's items with positives are the log's at
+        # most.
+        items = len(np.unique(whole.item[whole.positive]))
+        check_ease_memory(items, recipe.neighbours, memory_limit())
         yield LocalLog(whole, _hold_out(whole, recipe, clock), schema, recipe, clock)
 
 

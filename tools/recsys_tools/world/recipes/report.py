@@ -10,8 +10,9 @@ import numpy as np
 
 from app.core.errors import ConfigError
 from app.world.layout import REPORT_FILE
+from app.world.neighbours import Neighbours
 from app.world.tables import SeenLists
-from recsys_tools.world.learn.neighbours import COSINE, EASE_LAMBDA, NeighbourModel
+from recsys_tools.world.learn.neighbours import COSINE, EASE_LAMBDA, EASE_MAX_ITEMS, NeighbourModel
 from recsys_tools.world.read.log import InteractionLog
 
 
@@ -39,10 +40,18 @@ def histories(seen: SeenLists) -> dict[str, int]:
     return {"users": len(lengths), "longest": int(lengths.max()) if len(lengths) else 0}
 
 
-def neighbours_report(model: NeighbourModel) -> dict[str, Any]:
+def neighbours_report(model: NeighbourModel, served: Neighbours) -> dict[str, Any]:
+    """The model and how many items the served world gives neighbours: with EASE, past
+    `max_items` the items fewer users chose have none."""
+    with_neighbours = int((served.positions[:, 0] >= 0).sum()) if served.k else 0
     if model.kind == "cosine":
-        return {"model": "cosine"}
-    return {"model": model.kind, "lambda": model.lam}
+        return {"model": "cosine", "items_with_neighbours": with_neighbours}
+    return {
+        "model": model.kind,
+        "lambda": model.lam,
+        "max_items": model.max_items,
+        "items_with_neighbours": with_neighbours,
+    }
 
 
 def read_report(world: Path) -> dict[str, Any] | None:
@@ -68,6 +77,10 @@ def built_neighbours(world: Path) -> NeighbourModel:
     if not isinstance(said, dict) or said.get("model") != "ease":
         return COSINE
     try:
-        return NeighbourModel("ease", float(said.get("lambda", EASE_LAMBDA)))
+        lam = float(said.get("lambda", EASE_LAMBDA))
+        most = said.get("max_items", EASE_MAX_ITEMS)
+        if isinstance(most, float) and most.is_integer():
+            most = int(most)  # 10000.0: a hand's edit, the same count
+        return NeighbourModel("ease", lam, most)
     except (TypeError, ValueError, ConfigError) as exc:
-        raise ConfigError(f"{path}: neighbours {said!r:.80} ({exc})") from None
+        raise ConfigError(f"{path}: neighbours {said!r:.120} ({exc})") from None

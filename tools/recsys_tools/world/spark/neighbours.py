@@ -8,8 +8,9 @@ of users: each slice's XᵀX leaves its partition already summed, the slices' co
 by item, and each item's top k is chosen there, in the local engine's arithmetic (float32
 counts and norms, ties to the lower index), so both engines pick the same neighbours. Only
 the result, items by k, comes back to the driver. EASE's weights need the whole matrix
-inverted: its counts, summed per pair on the cluster, come back to the driver (the items
-under its ceiling), which chooses with learn/neighbours.ease_neighbours itself.
+inverted: its counts, summed per pair on the cluster (of the items it fits, at most
+NeighbourModel.max_items, the others' rows dropped before the product), come back to the
+driver, which chooses with learn/neighbours.ease_neighbours itself.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from recsys_tools.world.learn.neighbours import (
     HISTORY,
     NEIGHBOURS_K,
     NeighbourModel,
-    check_ease_fits,
     closest,
+    ease_items,
     ease_neighbours,
 )
+from recsys_tools.world.read.tables import BoolArray
 from recsys_tools.world.spark.tables import Part
 
 # Kept (user, item) rows per slice of users: a slice's product holds at most this many
@@ -49,9 +51,16 @@ def _arrays(batches: Iterator[pa.RecordBatch], *names: str) -> list[npt.NDArray[
     return [np.asarray(table.column(name).to_numpy(), dtype=np.int64) for name in names]
 
 
-def _together(n_items: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One slice of users' co-occurrence counts, i != j."""
+def _together(
+    n_items: int, fitted: Broadcast[BoolArray] | None, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """One slice of users' co-occurrence counts, i != j; only of the `fitted` items where
+    EASE fits some (a pair's count is of the users who chose both, so dropping the other
+    items' rows first counts the same)."""
     user, item = _arrays(batches, "u", "i")
+    if fitted is not None:
+        keep = fitted.value[item]
+        user, item = user[keep], item[keep]
     if not len(user):
         return
     _, rows = np.unique(user, return_inverse=True)
@@ -110,23 +119,24 @@ def _top(
     )
 
 
-def _summed(pairs: DataFrame, chosen: npt.NDArray[np.float32]) -> sp.csr_matrix:
+def _summed(pairs: DataFrame, n_items: int) -> sp.csr_matrix:
     """The slices' counts summed per pair on the cluster, on the driver as learn/neighbours
-    holds them: items by items, float32, each item's own count on the diagonal."""
-    # One triangle comes back (the counts are symmetric), each count a float32: at the
-    # ceiling's 10,000 items about 600 MB, under spark.driver.maxResultSize's 1 GB default.
+    holds them: items by items, float32, the diagonal empty (ease_neighbours reads each
+    item's own count from the exact one)."""
+    # One triangle comes back (the counts are symmetric), 12 bytes a pair: at 10,000 items
+    # chosen together about 600 MB, under spark.driver.maxResultSize's 1 GB default (past
+    # about 13,000, raise it with --spark-conf).
     upper = pairs.filter("i < j").groupBy("i", "j").agg(sf.sum("c").cast("float").alias("c"))
     table = upper.toArrow()
     first = np.asarray(table.column("i").to_numpy(), dtype=np.int64)
     second = np.asarray(table.column("j").to_numpy(), dtype=np.int64)
     counts = np.asarray(table.column("c").to_numpy(), dtype=np.float32)
-    own = np.flatnonzero(chosen)
     return sp.csr_matrix(
         (
-            np.concatenate([counts, counts, chosen[own]]),
-            (np.concatenate([first, second, own]), np.concatenate([second, first, own])),
+            np.concatenate([counts, counts]),
+            (np.concatenate([first, second]), np.concatenate([second, first])),
         ),
-        shape=(len(chosen), len(chosen)),
+        shape=(n_items, n_items),
     )
 
 
@@ -143,23 +153,30 @@ def neighbours_on_spark(
     )
     n_items = part.log.n_items
     per_item = kept.groupBy("i").count().toArrow()
-    chosen = np.zeros(n_items, dtype=np.float32)
-    chosen[np.asarray(per_item.column("i").to_numpy(), dtype=np.int64)] = np.asarray(
-        per_item.column("count").to_numpy(), dtype=np.float32
+    chosen_by = np.zeros(n_items, dtype=np.int64)
+    chosen_by[np.asarray(per_item.column("i").to_numpy(), dtype=np.int64)] = np.asarray(
+        per_item.column("count").to_numpy(), dtype=np.int64
     )
     context = part.rows.sparkSession.sparkContext
-    slices = max(-(-int(chosen.sum()) // SLICE_ROWS), context.defaultParallelism, 1)
+    slices = max(-(-int(chosen_by.sum()) // SLICE_ROWS), context.defaultParallelism, 1)
+    norms = context.broadcast(np.sqrt(chosen_by.astype(np.float32)))
+    fitted = None
     if model.kind == "ease":
-        check_ease_fits(int(np.count_nonzero(chosen)), model)
-    norms = context.broadcast(np.sqrt(chosen))
+        mask = np.zeros(n_items, dtype=bool)
+        mask[ease_items(chosen_by, model.max_items)] = True
+        fitted = context.broadcast(mask)
     try:
-        pairs = kept.repartition(slices, "u").mapInArrow(partial(_together, n_items), _PAIRS)
+        pairs = kept.repartition(slices, "u").mapInArrow(
+            partial(_together, n_items, fitted), _PAIRS
+        )
         if model.kind == "ease":
-            return ease_neighbours(_summed(pairs, chosen), model, k)
+            return ease_neighbours(_summed(pairs, n_items), chosen_by, model, k)
         top = pairs.repartition(slices, "i").mapInArrow(partial(_top, n_items, k, norms), _TOP)
         table = top.toArrow()
     finally:
         norms.unpersist()
+        if fitted is not None:
+            fitted.unpersist()
         kept.unpersist()
     positions = np.full((n_items, k), -1, dtype=np.int32)
     similarity = np.zeros((n_items, k), dtype=np.float32)

@@ -28,6 +28,7 @@ from recsys_tools.world.flags import (
 from recsys_tools.world.judge.ablation import ITEM_FEATURES
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.learn.neighbours import (
+    EASE_BYTES,
     EASE_ITEM_RANGE,
     EASE_LAMBDA,
     EASE_LAMBDAS,
@@ -397,6 +398,7 @@ def _add_learning_flags(built: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"the most items EASE fits, with --neighbours ease (default {EASE_MAX_ITEMS:,}; "
-        f"from {EASE_ITEM_RANGE[0]:,} to {EASE_ITEM_RANGE[1]:,}): it holds about 20 bytes "
-        "an item squared while fitting, 2 GB at 10,000, and its arithmetic grows as the cube",
+        f"from {EASE_ITEM_RANGE[0]:,} to {EASE_ITEM_RANGE[1]:,}): it inverts in place, "
+        f"{EASE_BYTES} bytes an item squared (0.8 GB at 10,000), and its arithmetic grows as "
+        "the cube",
     )

@@ -55,32 +55,34 @@ def write_movie_log(folder: Path) -> tuple[Path, Path, dict[str, set[str]]]:
     return folder / "ratings.csv", folder / "movies.csv", rated
 
 
+def movie_world_args(ratings: Path, movies: Path, world: Path, *extra: str) -> list[str]:
+    """build-world's arguments for the log write_movie_log wrote."""
+    return [
+        "build-world",
+        "--interactions",
+        str(ratings),
+        "--user-col",
+        "userId",
+        "--item-col",
+        "movieId",
+        "--weight-col",
+        "rating",
+        "--min-weight",
+        str(MIN_RATING),
+        "--items",
+        str(movies),
+        "--item-id-col",
+        "movieId",
+        "--category-col",
+        "genres",
+        "--world",
+        str(world),
+        *extra,
+    ]
+
+
 def build_movie_world(ratings: Path, movies: Path, world: Path, *extra: str) -> None:
-    code = main(
-        [
-            "build-world",
-            "--interactions",
-            str(ratings),
-            "--user-col",
-            "userId",
-            "--item-col",
-            "movieId",
-            "--weight-col",
-            "rating",
-            "--min-weight",
-            str(MIN_RATING),
-            "--items",
-            str(movies),
-            "--item-id-col",
-            "movieId",
-            "--category-col",
-            "genres",
-            "--world",
-            str(world),
-            *extra,
-        ]
-    )
-    assert code == 0
+    assert main(movie_world_args(ratings, movies, world, *extra)) == 0
 
 
 @dataclass(frozen=True)

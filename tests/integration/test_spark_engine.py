@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +61,7 @@ from tests.integration.movie_log import (
     served_world,
     write_movie_log,
 )
+from tests.recsys_cli import RECSYS
 
 JAVA = bool(shutil.which("java") or os.environ.get("JAVA_HOME"))
 # Skipped only when asked (the run's summary counts them either way): a machine without Java
@@ -117,10 +117,7 @@ def _recsys(argv: list[str]) -> subprocess.CompletedProcess[str]:
     starts its JVM by fork with a preexec_fn, and this test process holds gRPC's threads
     from the tests before it: one such fork left a child that died before exec (loaded run
     47: JAVA_GATEWAY_EXITED). A fresh process has no other threads to fork among."""
-    code = "import sys; from recsys_tools.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run(
-        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=1200
-    )
+    return subprocess.run([*RECSYS, *argv], capture_output=True, text=True, timeout=1200)
 
 
 @pytest.fixture(scope="module")

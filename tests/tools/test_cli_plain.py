@@ -20,9 +20,9 @@ from recsys_tools.localstack import lease_ports, leased_port
 from recsys_tools.world.recipes.demo import DemoSize, build_demo_world
 
 from app.world.schema import load_schema
+from tests.recsys_cli import RECSYS
 
 TINY = DemoSize(items=400, users=60, impressions=4000)
-RECSYS = [sys.executable, "-c", "import sys; from recsys_tools.cli import main; sys.exit(main())"]
 SERVE = [sys.executable, "-m", "app"]
 
 

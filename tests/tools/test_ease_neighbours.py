@@ -208,9 +208,8 @@ def test_an_ease_past_the_processs_memory_limit_is_refused_before_learning() -> 
     limit = (2**30, "its cgroup's memory limit")
     big = NeighbourModel("ease", max_items=20_000)
     # 20,000 items squared of float64 is 3.2 GB, past a 1 GiB limit; the items with
-    # positives bound what is fitted, and cosine inverts nothing.
+    # positives bound what is fitted.
     with pytest.raises(ConfigError, match=r"20,000 items needs about 3\.0 GiB.*--ease-max-items"):
         check_ease_memory(50_000, big, limit)
     check_ease_memory(5_000, big, limit)
-    check_ease_memory(50_000, COSINE, limit)
     check_ease_memory(50_000, big, None)

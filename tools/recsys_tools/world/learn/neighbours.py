@@ -210,9 +210,9 @@ def ease_bytes(items: int) -> int:
 
 
 def check_ease_memory(items: int, model: NeighbourModel, limit: tuple[int, str] | None) -> None:
-    """Refuse, before anything is learnt, an EASE that cannot fit under this process's own
-    memory `limit` (capacity.memory_limit): `items` are those with positives."""
-    if model.kind != "ease" or limit is None:
+    """Refuse, before anything is learnt, an EASE (`model`) that cannot fit under this
+    process's own memory `limit` (capacity.memory_limit): `items` are those with positives."""
+    if limit is None:
         return
     need = ease_bytes(min(items, model.max_items))
     if need > limit[0]:

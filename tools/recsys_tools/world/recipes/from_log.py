@@ -83,10 +83,11 @@ class LocalEngine:
         self, recipe: WorldRecipe, schema: FeatureSchema, clock: Clock
     ) -> Iterator[LocalLog]:
         whole = _read(recipe, clock)
-        # Refused before any learning: every part's items with positives are the log's at
-        # most.
-        items = len(np.unique(whole.item[whole.positive]))
-        check_ease_memory(items, recipe.neighbours, memory_limit())
+        if recipe.neighbours.kind == "ease":
+            # Refused before any learning: every part's items with positives are the log's
+            # at most.
+            items = len(np.unique(whole.item[whole.positive]))
+            check_ease_memory(items, recipe.neighbours, memory_limit())
         yield LocalLog(whole, _hold_out(whole, recipe, clock), schema, recipe, clock)
 
 

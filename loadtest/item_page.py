@@ -1,9 +1,11 @@
 """Item pages against the item-to-item baseline, and the home feed beside them, served live.
 
-`python -m loadtest.item_page [--seeds 1] [--out docs/benchmarks.json]` generates a log,
-cuts each user's rows in time (the first 80% earlier, the rest later), builds a world from
-the earlier part as `recsys build-world` does, serves it on the local stack (real Redis, real
-Triton, the API as its own process), and for every user with a later positive asks:
+`python -m loadtest.item_page [--seeds 1] [--neighbours cosine|ease] [--viewed W]
+[--out docs/benchmarks.json]` generates a log, cuts each user's rows in time (the first 80%
+earlier, the rest later), builds a world from the earlier part as `recsys build-world` does
+(its neighbours scored by `--neighbours`), serves it on the local stack (real Redis, real
+Triton, the API as its own process; the rules' `viewed` objective `--viewed`), and for every
+user with a later positive asks:
 
 - the item page of the last item they chose before the cut (`context.item_id`, page
   `product`), scored by whether the first item they chose after it is in the top 10;
@@ -41,6 +43,7 @@ from recsys_tools.world.generate.sessions import write_session_items, write_sess
 from recsys_tools.world.judge.answers import AskContext
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.learn.derive import interactions_schema_path
+from recsys_tools.world.learn.neighbours import COSINE, NeighbourModel
 from recsys_tools.world.read.items import ItemColumns
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
@@ -155,7 +158,13 @@ def hits(chosen: list[Visit], lists: dict[str, list[str]]) -> dict[str, Any]:
     }
 
 
-def measure(kind: str, folder: Path, seed: int) -> dict[str, Any]:
+def measure(
+    kind: str,
+    folder: Path,
+    seed: int,
+    neighbours: NeighbourModel = COSINE,
+    viewed: float | None = None,
+) -> dict[str, Any]:
     items: Path | None = None
     if kind == "sessions":
         whole = write_session_log(folder / "log.csv", seed)
@@ -170,13 +179,15 @@ def measure(kind: str, folder: Path, seed: int) -> dict[str, Any]:
         items=items,
         item_columns=ItemColumns(category="genre") if items else ItemColumns(),
         seed=seed,
+        neighbours=neighbours,
     )
     build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     chosen = visits(read_log(split.earlier, COLUMNS), read_log(split.later, COLUMNS))
     moment = AskContext(page="home")
     files = from_files(world, [visit.user for visit in chosen], moment)
     plain = folder / "plain.toml"
-    plain.write_text(PLAIN_RULES)
+    objectives = "" if viewed is None else f"[objectives]\nviewed = {viewed!r}\n"
+    plain.write_text(PLAIN_RULES + objectives)
     options = stack_options(world)
     with (
         local_stack(options) as stack,
@@ -197,6 +208,8 @@ def measure(kind: str, folder: Path, seed: int) -> dict[str, Any]:
     return {
         "log": kind,
         "seed": seed,
+        "neighbours": neighbours.kind,
+        "viewed": viewed,
         "item_page": on_page | {"failed": page.failed, "degraded": dict(page.degraded)},
         "item_to_item": baseline,
         "home": on_home | {"failed": home.failed, "same_as_files": agreement(home, files)},
@@ -213,12 +226,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--logs", default="sessions,drift")
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
+    parser.add_argument("--neighbours", choices=("cosine", "ease"), default="cosine")
+    parser.add_argument(
+        "--viewed", type=float, help="the rules' [objectives] viewed (its default if not given)"
+    )
     args = parser.parse_args()
+    model = NeighbourModel(args.neighbours)
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for kind in args.logs.split(","):
             for seed in range(3, 3 + args.seeds):
-                runs.append(measure(kind, Path(scratch) / f"{kind}-{seed}", seed))
+                folder = Path(scratch) / f"{kind}-{seed}"
+                runs.append(measure(kind, folder, seed, model, args.viewed))
                 log.info("%s", json.dumps(runs[-1]))
     ratios = {
         kind: statistics.median(
@@ -231,7 +250,8 @@ def main() -> None:
     figures = {"runs": runs, "median_item_page_over_item_to_item": ratios}
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        record(args.out, "item_page", figures)
+        key = "item_page" if model.kind == "cosine" else f"item_page_{model.kind}"
+        record(args.out, key, figures)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ redistribution; docs/your-data.md says where it is published), then:
    files give (`recsys evaluate`);
 3. replays the later ratings in time order through the service (`recsys replay`): hit@10
    with nothing posted, then with each rating posted as it happens (a set without times,
-   lastfm-2k's play counts, has its later part drawn at random with the seed, and no replay);
+   lastfm-2k's play counts, has its later part drawn at random with the seed, and no replay;
+   `--no-replay` leaves it out: it is most of a run's time);
 4. computes the baselines on the same split: popularity, and EASE (loadtest/ease.py) with
    its λ chosen on the earlier part's own split, answered and replayed the same way; and
    EASE at its best, λ (20-1000) and its input (positives, or every row) chosen on the
@@ -158,7 +159,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _baselines(
-    earlier_path: Path, later_path: Path, columns: LogColumns, seed: int
+    earlier_path: Path, later_path: Path, columns: LogColumns, seed: int, replay: bool
 ) -> dict[str, Any]:
     earlier, later = read_log(earlier_path, columns), read_log(later_path, columns)
     lam, tried = ease.chosen_lambda(earlier, SHARE, seed=seed)
@@ -168,7 +169,7 @@ def _baselines(
         "lambda_tried_on_the_earlier_parts_split": tried,
         f"recall@{K}": round(ease.recall_at_k(model, earlier, later), 4),
     }
-    if later.timed:  # a replay plays the later rows in time order
+    if later.timed and replay:  # a replay plays the later rows in time order
         rows = rows_in_time_order(later, None)
         timeline = [(row.user, row.item, row.positive) for row in rows]
         chosen["replay_static_hit@10"] = round(ease.replay(model, earlier, timeline, False), 4)
@@ -209,7 +210,12 @@ def _live(
 
 
 def measure(
-    name: str, data: Path, folder: Path, seed: int, neighbours: NeighbourModel = COSINE
+    name: str,
+    data: Path,
+    folder: Path,
+    seed: int,
+    neighbours: NeighbourModel = COSINE,
+    replay: bool = True,
 ) -> dict[str, Any]:
     public = SETS[name]
     whole = read_log(data / public.ratings, public.columns)
@@ -227,7 +233,7 @@ def measure(
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
     built_s = time.perf_counter() - started
-    baselines = _baselines(split.earlier, split.later, columns, seed)
+    baselines = _baselines(split.earlier, split.later, columns, seed, replay)
     asked = questions(read_log(split.later, columns), read_log(split.earlier, columns))
     files = from_files(world, [one.user for one in asked], AskContext())
     plain = folder / "plain.toml"
@@ -240,7 +246,7 @@ def measure(
             with api_on(stack, options.run_dir / f"api-{label}.log", **extra) as api:
                 figures[label] = _live(api.url, split.later, split.earlier, files, columns)
         replayed = None
-        if public.timed:
+        if public.timed and replay:
             rows = rows_in_time_order(read_log(split.later, columns), None)
             with api_on(stack, options.run_dir / "api-replay.log", rules_file=str(plain)) as api:
                 replayed = replay_twice(api.url, stack, world, folder, rows, K)
@@ -309,10 +315,16 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=7)
     parser.add_argument("--out", type=Path, help="merge the figures into this JSON file")
     parser.add_argument("--neighbours", choices=("cosine", "ease"), default="cosine")
+    parser.add_argument(
+        "--no-replay",
+        dest="replay",
+        action="store_false",
+        help="leave out the replays (most of a run's time: the later rows one by one)",
+    )
     args = parser.parse_args()
     model = NeighbourModel(args.neighbours)
     runs = [
-        measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed, model)
+        measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed, model, args.replay)
         for seed in range(args.first_seed, args.first_seed + args.seeds)
     ]
     figures = {"runs": runs, "median_ratios": _median(runs)}

@@ -36,13 +36,14 @@ class ObjectivesRule(BaseModel):
         "ranks by the model's score alone (which already values likes as it was trained to)",
     )
     viewed: float = Field(
-        default=10.0,
+        default=5.0,
         ge=0,
         le=50,
         description="on an item page, how much more an item chosen with the viewed one counts: "
-        "each score's odds are multiplied by exp(viewed * similarity), the similarity (0 to "
-        "1) being how often users chose the two together (the world's neighbours); 0: the "
-        "model's score alone. A feed has no viewed item: it is never changed by this",
+        "each score's odds are multiplied by exp(viewed * closeness), the closeness being its "
+        "similarity to the viewed item (the world's neighbours) as a share of the viewed "
+        "item's closest neighbour's (1 for that one, 0 off its neighbours); 0: the model's "
+        "score alone. A feed has no viewed item: it is never changed by this",
     )
 
 

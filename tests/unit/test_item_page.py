@@ -213,7 +213,8 @@ async def test_items_chosen_with_the_viewed_one_count_more_on_its_page_only() ->
     page = await Reranker(clock=time.time).run(
         Ranked(_viewing(2), scored, ModelUsed()), _ctx(no_rules)
     )
-    # 4 gains 10 * 0.8 in log-odds, 0 gains 3: both pass the model's favourites.
+    # 4, the closest, gains 5 in log-odds (the default weight), 0 gains 5 * 0.3 / 0.8: both
+    # pass the model's favourites.
     assert [item.item_id for item in page.items] == ["i4", "i0", "i5"]
     feed = await Reranker(clock=time.time).run(
         Ranked(_viewing(-1), scored, ModelUsed()), _ctx(no_rules)
@@ -224,3 +225,21 @@ async def test_items_chosen_with_the_viewed_one_count_more_on_its_page_only() ->
         Ranked(_viewing(2), scored, ModelUsed()), _ctx(weightless)
     )
     assert [item.item_id for item in plain.items] == ["i5", "i3", "i4"]
+
+
+async def test_the_viewed_objective_reads_similarity_as_a_share_of_the_closest() -> None:
+    # EASE's weights are a tenth of cosine's and more: the same rule must move the same items.
+    # The model's order 5, 3, 4, 0; at a tenth of the scale 4 still gains 10, 0 gains 3.75.
+    scored = Scored(np.array([5, 3, 4, 0], np.int64), np.array([2.0, 1.5, 1.0, 0.5], np.float32))
+    rules = RerankRules(boost=(), objectives=ObjectivesRule(viewed=2.0))
+    orders = []
+    for scale in (1.0, 0.02):
+        neighbours = Neighbours(NEIGHBOURS.positions, NEIGHBOURS.similarity * scale)
+        base = artifacts()
+        catalog = dataclasses.replace(base.catalog, vectors=VECTORS, neighbours=neighbours)
+        served = serving_artifacts(base.schema, catalog, rules, base.routing, KEYS)
+        ctx = RequestContext("r1", time.monotonic() + 0.1, 0.01, served, ServiceMetrics())
+        page = await Reranker(clock=time.time).run(Ranked(_viewing(2), scored, ModelUsed()), ctx)
+        orders.append([item.item_id for item in page.items])
+    # 4 (1 + 2) passes 5 (2.0); 0 (0.5 + 0.75) passes neither 3 (1.5) nor 5.
+    assert orders == [["i4", "i5", "i3"], ["i4", "i5", "i3"]]

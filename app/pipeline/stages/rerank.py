@@ -115,11 +115,16 @@ class Reranker:
 def _with_viewed(
     catalog: Catalog, viewed: int, positions: Positions
 ) -> npt.NDArray[np.float32] | None:
-    """How often each candidate was chosen with the item the page shows (its neighbours'
-    similarity, 0 elsewhere); None on a feed, or in a world without neighbours."""
+    """How close each candidate is to the item the page shows, as a share of its closest
+    neighbour's similarity (1 for that one, 0 off its neighbours); None on a feed, or in a
+    world without neighbours. A share, because the models' scales differ tenfold (cosine's
+    closest is near 0.2, EASE's weight near 0.02) and the rules' `viewed` must mean the same
+    under either."""
     neighbours = catalog.neighbours
     if viewed < 0 or neighbours is None:
         return None
     near, similarity = neighbours.positions[viewed], neighbours.similarity[viewed]
-    valid = near >= 0
-    return scores_at(positions, near[valid].astype(np.int64), similarity[valid])
+    valid = (near >= 0) & (similarity > 0)
+    closest = similarity[valid].max(initial=0.0)
+    share = similarity[valid] / closest if closest > 0 else similarity[valid]
+    return scores_at(positions, near[valid].astype(np.int64), share)

@@ -49,6 +49,7 @@ from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
+from app.release.rules import ObjectivesRule
 from app.world.layout import ITEMS_FILE
 from app.world.neighbours import load_neighbours
 from app.world.schema import load_schema
@@ -209,7 +210,7 @@ def measure(
         "log": kind,
         "seed": seed,
         "neighbours": neighbours.kind,
-        "viewed": viewed,
+        "viewed": ObjectivesRule().viewed if viewed is None else viewed,
         "item_page": on_page | {"failed": page.failed, "degraded": dict(page.degraded)},
         "item_to_item": baseline,
         "home": on_home | {"failed": home.failed, "same_as_files": agreement(home, files)},
@@ -250,7 +251,9 @@ def main() -> None:
     figures = {"runs": runs, "median_item_page_over_item_to_item": ratios}
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        key = "item_page" if model.kind == "cosine" else f"item_page_{model.kind}"
+        # Each model and weight its own key: a sweep leaves the defaults' figures as they were.
+        key = "item_page" + ("" if model.kind == "cosine" else f"_{model.kind}")
+        key += "" if args.viewed is None else f"_viewed{args.viewed:g}"
         record(args.out, key, figures)
 
 

@@ -330,7 +330,10 @@ def main() -> None:
     figures = {"runs": runs, "median_ratios": _median(runs)}
     print(json.dumps(figures, indent=2))
     if args.out is not None:
-        key = "" if model.kind == "cosine" else f"_{model.kind}"
+        # A run without replays keeps its own key: the full run's replay figures stay.
+        key = ("" if model.kind == "cosine" else f"_{model.kind}") + (
+            "" if args.replay else "_no_replay"
+        )
         record(args.out, f"served_quality_{args.set}{key}", figures)
 
 

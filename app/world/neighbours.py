@@ -2,7 +2,8 @@
 
 neighbours.npz holds `positions` (n_items x k, int32 catalog positions, -1 past an item's
 last neighbour) and `similarity` (n_items x k, float32, descending per row). The build
-computes them from co-occurrence in the log (item-to-item cosine over users); the service
+computes them from co-occurrence in the log (item-to-item cosine over users, or with
+`--neighbours ease` EASE's item weights, on a scale about a tenth of cosine's); the service
 recalls the neighbours of a user's most recent items with them, and the pre-rank stage
 scores candidates by how close they are to those items. A world without the file has no
 item-to-item source: recall and pre-rank work from the user's vector alone.

@@ -228,8 +228,9 @@ async def test_items_chosen_with_the_viewed_one_count_more_on_its_page_only() ->
 
 
 async def test_the_viewed_objective_reads_similarity_as_a_share_of_the_closest() -> None:
-    # EASE's weights are a tenth of cosine's and more: the same rule must move the same items.
-    # The model's order 5, 3, 4, 0; at a tenth of the scale 4 still gains 10, 0 gains 3.75.
+    # EASE's weights are a tenth of cosine's: the same rule must move the same items at either
+    # scale. The model's order 5, 3, 4, 0; at a fiftieth of the scale too, 4 gains 2 (weight
+    # 2, the closest) and 0 gains 2 * 0.3 / 0.8 = 0.75.
     scored = Scored(np.array([5, 3, 4, 0], np.int64), np.array([2.0, 1.5, 1.0, 0.5], np.float32))
     rules = RerankRules(boost=(), objectives=ObjectivesRule(viewed=2.0))
     orders = []
@@ -243,3 +244,20 @@ async def test_the_viewed_objective_reads_similarity_as_a_share_of_the_closest()
         orders.append([item.item_id for item in page.items])
     # 4 (1 + 2) passes 5 (2.0); 0 (0.5 + 0.75) passes neither 3 (1.5) nor 5.
     assert orders == [["i4", "i5", "i3"], ["i4", "i5", "i3"]]
+
+
+async def test_a_viewed_item_without_neighbours_leaves_the_models_order() -> None:
+    scored = Scored(np.array([5, 3, 4, 0], np.int64), np.array([2.0, 1.5, 1.0, 0.5], np.float32))
+    page = await Reranker(clock=time.time).run(
+        Ranked(_viewing(1), scored, ModelUsed()), _ctx(RerankRules(boost=()))
+    )
+    assert [item.item_id for item in page.items] == ["i5", "i3", "i4"]
+
+
+async def test_a_lone_neighbour_is_the_closest_however_weak() -> None:
+    # 4's one neighbour, 2 (0.8; the row's other slot is padding): a share of 1, a gain of 5.
+    scored = Scored(np.array([5, 3, 2, 0], np.int64), np.array([2.0, 1.5, 0.1, 0.5], np.float32))
+    page = await Reranker(clock=time.time).run(
+        Ranked(_viewing(4), scored, ModelUsed()), _ctx(RerankRules(boost=()))
+    )
+    assert [item.item_id for item in page.items] == ["i2", "i5", "i3"]

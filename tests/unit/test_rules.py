@@ -165,6 +165,7 @@ def test_packaged_rules_load() -> None:
     assert rules.diversity.max_per_category == 0
     assert rules.diversity.relevance == 1.0
     assert rules.objectives.like == 0.0
+    assert rules.objectives == ObjectivesRule()  # the file says what the model's defaults are
     assert [boost.name for boost in rules.boost] == ["fresh"]
 
 

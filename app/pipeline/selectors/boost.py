@@ -23,8 +23,8 @@ def log_factors(
 ) -> npt.NDArray[np.float32]:
     """The log of what the rules multiply each candidate by: the like head's value where the
     rules weigh it and the model gave it (a candidate without one, NaN, keeps 1), on an item
-    page exp(viewed * its similarity to the item shown), times every boost whose age window
-    the item falls in."""
+    page exp(viewed * its closeness to the item shown, a share of that item's closest
+    neighbour's similarity), times every boost whose age window the item falls in."""
     factors = np.zeros(len(age_days), dtype=np.float64)
     if rules.objectives.viewed > 0 and with_viewed is not None:
         factors += rules.objectives.viewed * with_viewed

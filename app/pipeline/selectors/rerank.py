@@ -51,7 +51,7 @@ def rerank(
     Orders by score with ties broken by `tie_keys` ascending, so equal scores always come
     out in the same order; unscored candidates (NaN) come after every scored one, in input
     order. Then each selector in turn: the rules' boosts and like and viewed objectives
-    (`with_viewed`: each candidate's similarity to the item an item page shows) value each score
+    (`with_viewed`: each candidate's closeness to the item an item page shows) value each score
     (`scale` says what the scores are: a multiplier multiplies a probability, and a log-odds
     score's odds), at most `max_per_category` of a category stay in the running, with
     `vectors` and a diversity relevance under 1 the answer is chosen again among those by

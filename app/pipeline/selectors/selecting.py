@@ -38,7 +38,8 @@ class Candidates:
     vectors: npt.NDArray[np.float32] | None = None  # for diversity
     likes: npt.NDArray[np.float32] | None = None  # the model's like head
     scale: ScoreScale = "log_odds"
-    # On an item page: how often each was chosen with the item shown (0 to 1); None: a feed.
+    # On an item page: each one's closeness to the item shown, its similarity as a share of
+    # the closest neighbour's (1 for that one, 0 off the item's neighbours); None: a feed.
     with_viewed: npt.NDArray[np.float32] | None = None
     exploring: Exploring | None = None  # None: nothing to explore
 

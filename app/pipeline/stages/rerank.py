@@ -125,6 +125,7 @@ def _with_viewed(
         return None
     near, similarity = neighbours.positions[viewed], neighbours.similarity[viewed]
     valid = (near >= 0) & (similarity > 0)
-    closest = similarity[valid].max(initial=0.0)
-    share = similarity[valid] / closest if closest > 0 else similarity[valid]
+    if not valid.any():
+        return np.zeros(len(positions), dtype=np.float32)
+    share = similarity[valid] / similarity[valid].max()
     return scores_at(positions, near[valid].astype(np.int64), share)

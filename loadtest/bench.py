@@ -219,8 +219,9 @@ def held_data_bytes(world: Path) -> int:
     ]
     if catalog.vectors is not None:  # pre-rank's item vectors
         arrays.append(catalog.vectors)
-    if catalog.neighbours is not None:
-        arrays.extend([catalog.neighbours.positions, catalog.neighbours.similarity])
+    for neighbours in (catalog.neighbours, catalog.page_neighbours):
+        if neighbours is not None:
+            arrays.extend([neighbours.positions, neighbours.similarity])
     item_features = catalog.size * (schema.item_blob_width * 4 + 1)  # matrix + usable flags
     index_bytes = (world / INDEX_FILE).stat().st_size
     return sum(a.nbytes for a in arrays) + item_features + index_bytes

@@ -3,17 +3,17 @@
 `python -m loadtest.item_page [--seeds 1] [--neighbours cosine|ease] [--viewed W]
 [--out docs/benchmarks.json]` generates a log, cuts each user's rows in time (the first 80%
 earlier, the rest later), builds a world from the earlier part as `recsys build-world` does
-(its neighbours scored by `--neighbours`), serves it on the local stack (real Redis, real
-Triton, the API as its own process; the rules' `viewed` objective `--viewed`), and for every
-user with a later positive asks:
+(the feed's neighbours scored by `--neighbours`; an EASE world's pages read cosine's),
+serves it on the local stack (real Redis, real Triton, the API as its own process; the
+rules' `viewed` objective `--viewed`), and for every user with a later positive asks:
 
 - the item page of the last item they chose before the cut (`context.item_id`, page
   `product`), scored by whether the first item they chose after it is in the top 10;
 - the home feed, scored the same way, and compared item for item with the answer the
   world's files give (`recsys evaluate`): the feed the item pages must leave as it was.
 
-The baseline is item-to-item: the ten nearest neighbours (by co-occurrence, the world's own
-neighbours.npz) of the viewed item that the user has not chosen. Two logs:
+The baseline is item-to-item: the ten nearest neighbours (by co-occurrence, the list the
+world's pages read) of the viewed item that the user has not chosen. Two logs:
 
 - sessions (recsys_tools.world.generate.sessions): a user rates several items of one theme
   in a row; what comes next is told by what came last;
@@ -51,7 +51,7 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.release.rules import ObjectivesRule
 from app.world.layout import ITEMS_FILE
-from app.world.neighbours import load_neighbours
+from app.world.neighbours import load_page_neighbours
 from app.world.schema import load_schema
 from loadtest.record import record
 from loadtest.service import api_on
@@ -108,10 +108,11 @@ def visits(earlier: InteractionLog, later: InteractionLog) -> list[Visit]:
 
 
 def item_to_item(world: Path, chosen: list[Visit]) -> dict[str, list[str]]:
-    """Each visit's baseline: the viewed item's nearest neighbours the user has not seen."""
+    """Each visit's baseline: the viewed item's nearest neighbours the user has not seen, from
+    the list the world's pages read (cosine's, in an EASE world)."""
     with np.load(world / ITEMS_FILE) as stored:
         ids = stored["ids"].astype(str)
-    neighbours = load_neighbours(world, len(ids))
+    neighbours = load_page_neighbours(world, len(ids))
     assert neighbours is not None, "a world built from a log has neighbours"
     at = {item: n for n, item in enumerate(ids.tolist())}
     answers: dict[str, list[str]] = {}

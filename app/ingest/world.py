@@ -112,7 +112,7 @@ def load_ingest_world(
     arrivals, step = None, None
     if changes is not None and headroom > 0:
         step = item_step_of(world, item_ids, vectors)
-        room = make_room(categories, published, vectors, None, headroom, schema.item_blob_width)
+        room = make_room(categories, published, vectors, headroom, schema.item_blob_width)
         arrivals = LogReader(changes(world_id), room, skipped)
         vectors = room.vectors
         if params.weighting is Weighting.BM25 and len(params.idf):

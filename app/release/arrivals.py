@@ -189,8 +189,6 @@ class CatalogRoom:
     categories: npt.NDArray[np.int64]
     published_at: npt.NDArray[np.int64]
     vectors: FloatArray
-    neighbour_positions: npt.NDArray[np.int32] | None
-    neighbour_similarity: FloatArray | None
     blobs: FloatArray  # (capacity, item blob width): the added items' feature rows
     present: npt.NDArray[np.bool_]  # base + capacity: a row that holds an item
     withdrawn: npt.NDArray[np.bool_]  # base + capacity
@@ -379,7 +377,6 @@ def make_room(
     categories: npt.NDArray[np.int64],
     published_at: npt.NDArray[np.int64],
     vectors: FloatArray,
-    neighbours: tuple[npt.NDArray[np.int32], FloatArray] | None,
     capacity: int,
     blob_width: int,
 ) -> CatalogRoom:
@@ -395,8 +392,6 @@ def make_room(
         categories=_grown(categories, rows, 0),
         published_at=_grown(published_at, rows, 0),
         vectors=_grown(vectors, rows, 0.0),
-        neighbour_positions=None if neighbours is None else _grown(neighbours[0], rows, -1),
-        neighbour_similarity=None if neighbours is None else _grown(neighbours[1], rows, 0.0),
         blobs=np.zeros((capacity, blob_width), dtype=np.float32),
         present=present,
         withdrawn=np.zeros(rows, dtype=bool),

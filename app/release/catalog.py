@@ -21,7 +21,7 @@ from app.release.added_cells import added_cells
 from app.release.arrivals import CatalogRoom, make_room
 from app.world.attributes import ItemAttributes, load_attributes
 from app.world.item_prior import ItemPrior, load_item_prior
-from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE
+from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, PAGE_NEIGHBOURS_FILE
 from app.world.neighbours import Neighbours, load_neighbours
 from app.world.prerank import PrerankWeights, load_prerank
 from app.world.schema import FeatureSchema
@@ -43,7 +43,12 @@ class Catalog:
     # which would cost pre-rank more than its whole score (measured: 180 of 210 us for 2,600
     # candidates); 128 bytes an item at 32 dimensions, 13 MB for 100k items.
     vectors: npt.NDArray[np.float32] | None = None
+    # The neighbours hold the world's items only: one added while serving has none (what
+    # users chose with it is the next build's to learn) and reads past their rows find none.
     neighbours: Neighbours | None = None
+    # The item page's own list, where the build scored it by another model than the feed's
+    # (app.world.neighbours); None: the page reads `neighbours`.
+    page_neighbours: Neighbours | None = None
     prerank: PrerankWeights = field(default_factory=PrerankWeights)
     attributes: ItemAttributes = field(default_factory=ItemAttributes)
     # Items added while serving (app.release.arrivals): the arrays above are then views of
@@ -56,6 +61,11 @@ class Catalog:
     def size(self) -> int:
         """Positions below this hold an item (or an added item's hole), world's or added."""
         return len(self.categories)
+
+    @property
+    def neighbours_for_pages(self) -> Neighbours | None:
+        """The neighbours an item page reads: its own list, or the feed's."""
+        return self.neighbours if self.page_neighbours is None else self.page_neighbours
 
     @property
     def world_size(self) -> int:
@@ -82,15 +92,11 @@ class Catalog:
 def in_room(catalog: Catalog, room: CatalogRoom) -> Catalog:
     """The catalog as the room holds it now: views up to its size, no copy."""
     size = room.size
-    neighbours = catalog.neighbours
-    if room.neighbour_positions is not None and room.neighbour_similarity is not None:
-        neighbours = Neighbours(room.neighbour_positions[:size], room.neighbour_similarity[:size])
     return replace(
         catalog,
         categories=room.categories[:size],
         published_at=room.published_at[:size],
         vectors=room.vectors[:size],
-        neighbours=neighbours,
         attributes=replace(catalog.attributes, extra=room.attributes),
         room=room,
     )
@@ -103,12 +109,10 @@ def with_room(catalog: Catalog, capacity: int, blob_width: int) -> Catalog:
     vectors = catalog.vectors
     if vectors is None:
         raise ConfigError("a catalog without item vectors cannot take items while serving")
-    neighbours = catalog.neighbours
     room = make_room(
         catalog.categories,
         catalog.published_at,
         vectors,
-        None if neighbours is None else (neighbours.positions, neighbours.similarity),
         capacity,
         blob_width,
     )
@@ -165,6 +169,7 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
     # Stable sort: equally popular items keep catalog order, so cold answers are deterministic.
     popular_order = np.argsort(-popularity, kind="stable").astype(np.int64)
     neighbours = load_neighbours(world, len(item_ids))
+    page_neighbours = load_neighbours(world, len(item_ids), PAGE_NEIGHBOURS_FILE)
     return Catalog(
         item_ids,
         categories,
@@ -174,6 +179,7 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
         index,
         vectors,
         neighbours,
+        page_neighbours,
         load_prerank(world),
         load_attributes(world, len(item_ids)),
         prior=load_item_prior(world, schema.embedding_dim, len(schema.item_dense)),

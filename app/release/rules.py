@@ -41,9 +41,9 @@ class ObjectivesRule(BaseModel):
         le=50,
         description="on an item page, how much more an item chosen with the viewed one counts: "
         "each score's odds are multiplied by exp(viewed * closeness), the closeness being its "
-        "similarity to the viewed item (the world's neighbours) as a share of the viewed "
-        "item's closest neighbour's (1 for that one, 0 off its neighbours); 0: the model's "
-        "score alone. A feed has no viewed item: it is never changed by this",
+        "similarity to the viewed item (the neighbours the world keeps for pages) as a share "
+        "of the viewed item's closest neighbour's (1 for that one, 0 off its neighbours); 0: "
+        "the model's score alone. A feed has no viewed item: it is never changed by this",
     )
 
 

@@ -31,9 +31,11 @@ SCHEMA_FILE = "feature_schema.json"
 MANIFEST_FILE = "manifest.json"
 # The build's own evaluation and counts; read by people and tools, never by the service.
 REPORT_FILE = "report.json"
-# Optional parts: each item's nearest items, pre-rank's weights, the words a client may ask
-# for with each item, the guess of an added item's vector, the fold-in's constants.
+# Optional parts: each item's nearest items, the item page's own where a build scores them
+# by another model (else the page reads the first), pre-rank's weights, the words a client
+# may ask for with each item, the guess of an added item's vector, the fold-in's constants.
 NEIGHBOURS_FILE = "neighbours.npz"
+PAGE_NEIGHBOURS_FILE = "page_neighbours.npz"
 PRERANK_FILE = "prerank.json"
 ATTRIBUTES_FILE = "attributes.npz"
 ITEM_PRIOR_FILE = "item_prior.npz"
@@ -45,6 +47,7 @@ SERVED_FILES = (
     INDEX_FILE,
     DEFAULT_USER_FILE,
     NEIGHBOURS_FILE,
+    PAGE_NEIGHBOURS_FILE,
     PRERANK_FILE,
     ATTRIBUTES_FILE,
     ITEM_PRIOR_FILE,
@@ -61,6 +64,7 @@ STAMPED_FILES = (
     MODEL_FILE,
     SCHEMA_FILE,
     NEIGHBOURS_FILE,
+    PAGE_NEIGHBOURS_FILE,
     ITEM_PRIOR_FILE,
     PRERANK_FILE,
     ATTRIBUTES_FILE,

@@ -7,6 +7,11 @@ computes them from co-occurrence in the log (item-to-item cosine over users, or 
 recalls the neighbours of a user's most recent items with them, and the pre-rank stage
 scores candidates by how close they are to those items. A world without the file has no
 item-to-item source: recall and pre-rank work from the user's vector alone.
+
+page_neighbours.npz, the same two arrays, is the item page's list where the build scored the
+feed's by another model: an EASE build keeps cosine's for the page, where cosine's lists
+served the next item better (docs/benchmarks.md, item pages). Without it the page reads
+neighbours.npz.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy.typing as npt
 
 from app.core.errors import ConfigError
 from app.core.vocabulary import Positions
-from app.world.layout import NEIGHBOURS_FILE
+from app.world.layout import NEIGHBOURS_FILE, PAGE_NEIGHBOURS_FILE
 from app.world.stored import reading
 
 
@@ -44,12 +49,22 @@ class Neighbours:
     def k(self) -> int:
         return int(self.positions.shape[1])
 
+    def of(self, item: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+        """The item's neighbours and their similarity, closest first (-1 pads); none for an
+        item past the world's, one added while serving."""
+        if item >= len(self.positions):
+            return np.empty(0, self.positions.dtype), np.empty(0, self.similarity.dtype)
+        return self.positions[item], self.similarity[item]
+
     def around(self, recent: Positions, decay: float) -> Nearby:
         """Items near the `recent` ones (oldest first), each scored by its similarity to
-        them, a more recent item's counting more (`decay` per step back); best first."""
+        them, a more recent item's counting more (`decay` per step back); best first. An
+        item added while serving is near none."""
+        weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
+        known = recent < len(self.positions)
+        recent, weights = recent[known], weights[known]
         if len(recent) == 0:
             return NOWHERE
-        weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
         near = self.positions[recent].ravel()
         score = (self.similarity[recent] * weights[:, None]).ravel()
         valid = near >= 0
@@ -59,17 +74,18 @@ class Neighbours:
         return Nearby(items[order].astype(np.int64), totals[order].astype(np.float32))
 
 
-def save_neighbours(world: Path, neighbours: Neighbours) -> None:
+def save_neighbours(world: Path, neighbours: Neighbours, name: str = NEIGHBOURS_FILE) -> None:
     np.savez(
-        world / NEIGHBOURS_FILE,
+        world / name,
         positions=neighbours.positions.astype(np.int32),
         similarity=neighbours.similarity.astype(np.float32),
     )
 
 
-def load_neighbours(world: Path, n_items: int) -> Neighbours | None:
-    """The world's neighbours, or None when it has none (a world built before them)."""
-    path = world / NEIGHBOURS_FILE
+def load_neighbours(world: Path, n_items: int, name: str = NEIGHBOURS_FILE) -> Neighbours | None:
+    """The world's neighbours (`name`: the feed's, or PAGE_NEIGHBOURS_FILE), or None when it
+    has none (a world built before them)."""
+    path = world / name
     if not path.is_file():
         return None
     with reading(path), np.load(path) as stored:
@@ -84,3 +100,9 @@ def load_neighbours(world: Path, n_items: int) -> Neighbours | None:
     if not np.isfinite(similarity).all():
         raise ConfigError(f"{path} holds NaN or Inf: rebuild the world")
     return Neighbours(positions, similarity)
+
+
+def load_page_neighbours(world: Path, n_items: int) -> Neighbours | None:
+    """What an item page reads: the page's own list, or the feed's where there is none."""
+    page = load_neighbours(world, n_items, PAGE_NEIGHBOURS_FILE)
+    return page if page is not None else load_neighbours(world, n_items)

@@ -43,6 +43,7 @@ from app.world.layout import (
     HOLDOUT_FILE,
     ITEMS_FILE,
     NEIGHBOURS_FILE,
+    PAGE_NEIGHBOURS_FILE,
     POSITIVES_FILE,
     PRERANK_FILE,
     REPORT_FILE,
@@ -268,8 +269,16 @@ def test_a_standalone_cluster_builds_the_same_tables(built: Built, tmp_path: Pat
         "lambda": EASE_LAMBDA,
         "max_items": 150,
         "items_with_neighbours": said["items_with_neighbours"],
+        "page": "cosine",
     }
     assert 100 < said["items_with_neighbours"] <= 150
+    # Its item pages read cosine's lists, which the local cosine build wrote, to the bit.
+    with (
+        np.load(world / PAGE_NEIGHBOURS_FILE) as page,
+        np.load(built.local / NEIGHBOURS_FILE) as cosine,
+    ):
+        assert np.array_equal(page["positions"], cosine["positions"])
+        assert np.array_equal(page["similarity"], cosine["similarity"])
     # The local engine's EASE over the whole log (the served world's part), to the bit.
     items = read_items(built.movies, ItemColumns(item_id="movieId", category="genres"))
     columns = LogColumns(user="userId", item="movieId", weight="rating", min_weight=MIN_RATING)

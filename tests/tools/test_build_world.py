@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from recsys_tools.world.learn.derive import (
     totals,
     user_dense,
 )
+from recsys_tools.world.learn.neighbours import NeighbourModel
 from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
 from recsys_tools.world.recipes.from_log import build_world_from_log
@@ -32,8 +33,15 @@ from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.core.errors import ConfigError
 from app.release.catalog import load_catalog
-from app.world.layout import MANIFEST_FILE, MODEL_FILE, NEIGHBOURS_FILE, REPORT_FILE
+from app.world.layout import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    NEIGHBOURS_FILE,
+    PAGE_NEIGHBOURS_FILE,
+    REPORT_FILE,
+)
 from app.world.schema import FeatureSchema, load_schema
+from app.world.stamp import read_stamp, verify_files
 from app.world.tables import load_items, load_seen, load_users
 
 START = 1_600_000_000
@@ -176,6 +184,48 @@ def test_the_report_has_the_figures(public: Public, built: dict[str, Any]) -> No
         listed = int((written["positions"][:, 0] >= 0).sum())
     assert report["neighbours"] == {"model": "cosine", "items_with_neighbours": listed}
     assert listed > 0
+    assert not (public.folder / "world" / PAGE_NEIGHBOURS_FILE).exists()
+
+
+def _lists(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as written:
+        return written["positions"], written["similarity"]
+
+
+def test_an_ease_world_keeps_cosines_lists_for_its_pages_and_a_cosine_rebuild_drops_them(
+    public: Public, built: dict[str, Any], schema: FeatureSchema, tmp_path: Path
+) -> None:
+    world = tmp_path / "world"
+    ease = NeighbourModel("ease", lam=5.0)
+    report = build_world_from_log(replace(public.recipe, neighbours=ease), world, schema)
+    cosine = _lists(public.folder / "world" / NEIGHBOURS_FILE)
+    page = _lists(world / PAGE_NEIGHBOURS_FILE)
+    # The page's lists are the cosine world's, to the bit; the feed's are EASE's own.
+    assert all(np.array_equal(mine, theirs) for mine, theirs in zip(page, cosine, strict=True))
+    feed = _lists(world / NEIGHBOURS_FILE)
+    assert not np.array_equal(feed[0], cosine[0])
+    assert report["neighbours"]["model"] == "ease"
+    assert report["neighbours"]["page"] == "cosine"
+    # Stamped like every served file: one changed after the build is refused at start.
+    manifest = json.loads((world / MANIFEST_FILE).read_text())
+    assert PAGE_NEIGHBOURS_FILE in manifest["files"]
+    stamp = read_stamp(world)
+    assert stamp is not None
+    verify_files(world, stamp)
+    catalog = load_catalog(world, schema, nprobe=8)
+    assert catalog.neighbours is not None
+    assert catalog.neighbours_for_pages is not None
+    assert np.array_equal(catalog.neighbours_for_pages.positions, cosine[0])
+    assert np.array_equal(catalog.neighbours.positions, feed[0])
+    original = (world / PAGE_NEIGHBOURS_FILE).read_bytes()
+    np.savez(world / PAGE_NEIGHBOURS_FILE, positions=cosine[0][::-1], similarity=cosine[1])
+    with pytest.raises(ConfigError, match=r"page_neighbours\.npz does not belong to world"):
+        verify_files(world, stamp)
+    (world / PAGE_NEIGHBOURS_FILE).write_bytes(original)
+    # A cosine build in the same directory leaves no page list of the EASE one behind.
+    build_world_from_log(public.recipe, world, schema)
+    assert not (world / PAGE_NEIGHBOURS_FILE).exists()
+    assert load_catalog(world, schema, nprobe=8).page_neighbours is None
 
 
 def _planted_log(folder: Path) -> Path:

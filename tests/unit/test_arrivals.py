@@ -28,7 +28,7 @@ DIM = 2
 def _room(capacity: int = 3) -> CatalogRoom:
     vectors = np.eye(4, DIM, dtype=np.float32)
     return make_room(
-        np.arange(4, dtype=np.int64), np.zeros(4, np.int64), vectors, None, capacity, DIM + 1
+        np.arange(4, dtype=np.int64), np.zeros(4, np.int64), vectors, capacity, DIM + 1
     )
 
 
@@ -133,7 +133,7 @@ def test_a_room_refiled_under_a_new_index_finds_its_added_items_there() -> None:
     world = np.concatenate(
         [rng.normal(size=(50, 2)) + centre for centre in ((10, 0), (-10, 0), (0, 10), (0, -10))]
     ).astype(np.float32)
-    room = make_room(np.zeros(200, np.int64), np.zeros(200, np.int64), world, None, 10, 3)
+    room = make_room(np.zeros(200, np.int64), np.zeros(200, np.int64), world, 10, 3)
     room.cells = added_cells(_ivf(world), room.rows)
     room.apply(ChangeBatch(1, (ItemChange("n1", 200, "t", ("a",), 1, 9, (0.5,), (9.0, 1.0)),)))
     room.refile(added_cells(_ivf(world[::-1].copy()), room.rows))

@@ -36,7 +36,7 @@ IDS = [f"i{n}" for n in range(WORLD)] + [f"n{n}" for n in range(4)]
 def _room() -> CatalogRoom:
     vectors = np.eye(WORLD, DIM, dtype=np.float32)
     return make_room(
-        np.arange(WORLD, dtype=np.int64), np.zeros(WORLD, np.int64), vectors, None, 8, DIM + 1
+        np.arange(WORLD, dtype=np.int64), np.zeros(WORLD, np.int64), vectors, 8, DIM + 1
     )
 
 

@@ -111,9 +111,7 @@ def _ctx_with_added(rules: RerankRules) -> RequestContext:
     base = artifacts()
     vectors = np.ones((6, 2), dtype=np.float32)
     catalog = dataclasses.replace(base.catalog, vectors=vectors, neighbours=None)
-    room = make_room(
-        catalog.categories, catalog.published_at, vectors, None, capacity=4, blob_width=3
-    )
+    room = make_room(catalog.categories, catalog.published_at, vectors, capacity=4, blob_width=3)
     puts = tuple(ItemChange(f"n{p}", p, "t", ("a",), 1, 9, (0.5,), (1.0, 2.0)) for p in (6, 7))
     room.apply(ChangeBatch(1, puts, ()))
     grown = in_room(catalog, room)

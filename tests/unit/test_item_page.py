@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
@@ -33,7 +34,9 @@ from app.pipeline.types import (
     Scored,
     UserFeatures,
 )
+from app.release.arrivals import ChangeBatch, ItemChange
 from app.release.artifacts import ServingArtifacts, serving_artifacts
+from app.release.catalog import in_room, with_room
 from app.release.rules import (
     DiversityRule,
     ObjectivesRule,
@@ -261,3 +264,67 @@ async def test_a_lone_neighbour_is_the_closest_however_weak() -> None:
         Ranked(_viewing(4), scored, ModelUsed()), _ctx(RerankRules(boost=()))
     )
     assert [item.item_id for item in page.items] == ["i2", "i5", "i3"]
+
+
+async def test_a_page_list_serves_the_page_and_the_feeds_list_the_signals() -> None:
+    # An EASE build keeps cosine's lists for its pages: there users chose 4, then 0, with 2;
+    # the feed's list says 2 is nearest 5.
+    feed = Neighbours(
+        positions=np.array([[-1], [-1], [5], [-1], [-1], [-1]], np.int32),
+        similarity=np.array([[0], [0], [0.02], [0], [0], [0]], np.float32),
+    )
+    base = artifacts()
+    catalog = dataclasses.replace(
+        base.catalog, vectors=VECTORS, neighbours=feed, page_neighbours=NEIGHBOURS
+    )
+    rules = RerankRules(boost=())
+    served = serving_artifacts(base.schema, catalog, rules, base.routing, KEYS)
+    ctx = RequestContext("r1", time.monotonic() + 0.1, 0.01, served, ServiceMetrics())
+    failing = FakeSearch(error=RecallError(FailureKind.ERROR, "index gone"))
+    found = await ViewedSource(failing, count=5).candidates(
+        Recalling(_viewing(2), 6), Taken.holding(np.empty(0, np.int64)), ctx
+    )
+    assert found.tolist() == [4, 0]
+    # The latest signals read the feed's list: what is near the item viewed is 5.
+    query = Query("u1", 3, moment=Moment(page="home"), viewed_item_id="i2")
+    user = (await UserFeatureHydrator(FakeUserStore(), 0.02).run(query, ctx)).user
+    assert user.nearby.items.tolist() == [5]
+    # The model's order 5, 3, 4, 0: 4, the page list's closest to 2, gains 5 and leads.
+    scored = Scored(np.array([5, 3, 4, 0], np.int64), np.array([2.0, 1.5, 1.0, 0.5], np.float32))
+    page = await Reranker(clock=time.time).run(Ranked(_viewing(2), scored, ModelUsed()), ctx)
+    assert [item.item_id for item in page.items] == ["i4", "i0", "i5"]
+
+
+async def test_an_added_item_has_no_neighbours_and_a_reload_serves_the_lists_it_read() -> None:
+    feed = Neighbours(NEIGHBOURS.positions[:, ::-1].copy(), NEIGHBOURS.similarity[:, ::-1].copy())
+    catalog = dataclasses.replace(
+        artifacts().catalog,
+        index=faiss.IndexFlatIP(2),
+        vectors=VECTORS,
+        neighbours=feed,
+        page_neighbours=NEIGHBOURS,
+    )
+    grown = with_room(catalog, capacity=2, blob_width=3)
+    room = grown.room
+    assert room is not None
+    room.apply(ChangeBatch(1, (ItemChange("n6", 6, "t", ("a",), 1, 9, (0.5,), (1.0, 2.0)),), ()))
+    grown = in_room(grown, room)
+    assert grown.size == 7
+    assert grown.neighbours_for_pages is NEIGHBOURS  # the world's, never copied
+    # The page of the added item: nothing chosen with it, the vectors' nearest only.
+    served = serving_artifacts(
+        artifacts().schema, grown, RerankRules(boost=()), artifacts().routing, KEYS
+    )
+    ctx = RequestContext("r1", time.monotonic() + 0.1, 0.01, served, ServiceMetrics())
+    found = await ViewedSource(FakeSearch(hits=[3]), count=3).candidates(
+        Recalling(_viewing(6), 7), Taken.holding(np.empty(0, np.int64)), ctx
+    )
+    assert found.tolist() == [3]
+    # Among the latest positives it is near nothing; the world's item beside it still is.
+    assert feed.around(np.array([6, 2]), 0.9).items.tolist() == [4, 0]
+    # A reload of the same world reads its files again: those lists are served, the room's
+    # items kept.
+    again = Neighbours(NEIGHBOURS.positions[:, :1].copy(), NEIGHBOURS.similarity[:, :1].copy())
+    reloaded = in_room(dataclasses.replace(catalog, page_neighbours=again), room)
+    assert reloaded.neighbours_for_pages is again
+    assert reloaded.size == 7

@@ -1,9 +1,9 @@
 """Source `viewed`: on an item page, the items around the one it shows.
 
-First what users chose with it (the world's neighbours, closest first), then the items
-nearest its vector: the index's and, searched exactly, those added while serving, so an
-item added a moment ago is on its neighbours' pages at once. A feed (no item viewed) adds
-none.
+First what users chose with it (the neighbours the world keeps for pages, closest first),
+then the items nearest its vector: the index's and, searched exactly, those added while
+serving, so an item added a moment ago is on its neighbours' pages at once. A feed (no item
+viewed) adds none.
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ class ViewedSource:
 
 def _chosen_with(catalog: Catalog, viewed: int, taken: Positions) -> Positions:
     """The viewed item's neighbours that `taken` lacks, closest first."""
-    neighbours = catalog.neighbours
+    neighbours = catalog.neighbours_for_pages
     if neighbours is None:
         return taken[:0]
-    row = neighbours.positions[viewed].astype(np.int64)
+    row = neighbours.of(viewed)[0].astype(np.int64)
     row = row[row >= 0]
     fresh: Positions = row[~member_mask(row, taken)]
     return fresh

@@ -120,10 +120,10 @@ def _with_viewed(
     world without neighbours. A share, because the models' scales differ tenfold (cosine's
     closest is near 0.2, EASE's weight near 0.02) and the rules' `viewed` must mean the same
     under either."""
-    neighbours = catalog.neighbours
+    neighbours = catalog.neighbours_for_pages
     if viewed < 0 or neighbours is None:
         return None
-    near, similarity = neighbours.positions[viewed], neighbours.similarity[viewed]
+    near, similarity = neighbours.of(viewed)
     valid = (near >= 0) & (similarity > 0)
     if not valid.any():
         return np.zeros(len(positions), dtype=np.float32)

@@ -384,7 +384,8 @@ def _add_learning_flags(built: argparse.ArgumentParser) -> None:
         default="cosine",
         help="how the item-to-item neighbours are scored: cosine over co-occurrence, or "
         "EASE's item weights (over the items most users chose, --ease-max-items of them at "
-        "most: it inverts their square; the rest have no neighbours)",
+        "most: it inverts their square; the rest have no neighbours). An EASE world keeps "
+        "cosine's too, for its item pages",
     )
     built.add_argument(
         "--ease-lambda",

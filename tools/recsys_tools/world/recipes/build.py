@@ -202,7 +202,9 @@ def _report(
             "regularization": recipe.als_regularization,
             "chosen_on": None if choice is None else choice.recall,
         },
-        "neighbours": neighbours_report(recipe.neighbours, learnt.taught.neighbours),
+        "neighbours": neighbours_report(
+            recipe.neighbours, learnt.taught.neighbours, learnt.taught.page_neighbours
+        ),
         "ranker": ranker_report(learnt.ranker),
     }
 

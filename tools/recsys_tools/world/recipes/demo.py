@@ -66,6 +66,7 @@ def build_demo_world(
         # Its vectors are generated, not fitted: new ones are folded in with plain counts.
         foldin=PLAIN,
         neighbours=_clicked_together(generated, size),
+        page_neighbours=None,
         prior=prior,
         prior_report=prior_report.as_dict(),
         # Nothing was held out to fit pre-rank's weights on: the user's vector alone.

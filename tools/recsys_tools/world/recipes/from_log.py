@@ -128,9 +128,13 @@ class LocalLog:
         """Learnt from the train part once: each input compared trains only the ranker again."""
         if self._lessons is None:
             train, schema, clock = self._train, self._schema, self._clock
-            taught = learn_part(LocalOps(), train, schema, recipe, clock, "train")
+            taught = learn_part(
+                LocalOps(), train, schema, recipe, clock, "train", serves=recipe.keep_holdout
+            )
             early = early_part(train, recipe.training())
-            early_taught = learn_part(LocalOps(), early, schema, recipe, clock, "early")
+            early_taught = learn_part(
+                LocalOps(), early, schema, recipe, clock, "early", serves=False
+            )
             self._lessons = TrainLessons(lessons_key(recipe), taught, known_of(early_taught))
         return self._lessons.asked_by(recipe)
 
@@ -144,7 +148,7 @@ class LocalLog:
         if recipe.keep_holdout:
             return LocalServed(self._whole, self._train, judged.weighed.learnt, self._schema)
         whole, schema, clock = self._whole, self._schema, self._clock
-        taught = learn_part(LocalOps(), whole, schema, recipe, clock, "all")
+        taught = learn_part(LocalOps(), whole, schema, recipe, clock, "all", serves=True)
         # The whole log's early part, by the same split, is the train part: the lists are
         # pooled and featured from what it taught.
         train_taught = self._learnt_on_train(recipe).taught

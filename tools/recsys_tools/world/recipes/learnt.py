@@ -29,7 +29,7 @@ from recsys_tools.world.learn.derive import (
 )
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
-from recsys_tools.world.learn.neighbours import NeighbourModel
+from recsys_tools.world.learn.neighbours import COSINE, NeighbourModel
 from recsys_tools.world.learn.ranker.from_log import Known, ListRanker, train_list_ranker
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
@@ -70,7 +70,9 @@ class PartOps(Protocol[P]):
 class Taught:
     """What one part of the log teaches before any ranker, in catalog and user-vocabulary
     order: the factors and the fold-in's parameters, the dense features, each item's
-    positives, publication time and category, the neighbours, and which users are served."""
+    positives, publication time and category, the neighbours, and which users are served.
+    `page_neighbours` is the item page's own list (cosine's, where the recipe scores the
+    feed's by EASE, in a part that may be served); None: the page reads `neighbours`."""
 
     embeddings: Embeddings
     user_dense: FloatArray
@@ -82,6 +84,7 @@ class Taught:
     categories: IntArray  # each item's category code, as the catalog holds it
     served_users: IntArray  # the users with a positive: the served world's users
     positives: int
+    page_neighbours: Neighbours | None = None
 
     def tables(self, catalog: ItemInfo, user_ids: StrArray) -> tuple[ItemTable, UserTable]:
         """The served world's item and user tables (`user_ids` by the part's user index)."""
@@ -99,9 +102,17 @@ class Taught:
 
 
 def learn_part(
-    ops: PartOps[P], part: P, schema: FeatureSchema, recipe: WorldRecipe, clock: Clock, label: str
+    ops: PartOps[P],
+    part: P,
+    schema: FeatureSchema,
+    recipe: WorldRecipe,
+    clock: Clock,
+    label: str,
+    *,
+    serves: bool,
 ) -> Taught:
-    """Everything but the ranker, learnt from `part` by either engine: the steps once."""
+    """Everything but the ranker, learnt from `part` by either engine: the steps once.
+    `serves`: the world may be made of this part, so its item pages need their list."""
     with clock.step(f"{label}.features"):
         users, items, all_totals = ops.tallies(part)
         catalog = ops.catalog(part)
@@ -128,6 +139,17 @@ def learn_part(
         f"{int((neighbours.positions[:, 0] >= 0).sum()):,}",
         clock.took(f"{label}.neighbours"),
     )
+    page_neighbours = None
+    if serves and recipe.neighbours.kind != COSINE.kind:
+        # EASE's lists served the feed better and the item page worse than cosine's
+        # (docs/benchmarks.md, item pages): a world keeps each model where it served best.
+        with clock.step(f"{label}.page_neighbours"):
+            page_neighbours = ops.neighbours(part, COSINE)
+        log.info(
+            "%s: the item page's cosine neighbours %s",
+            label,
+            clock.took(f"{label}.page_neighbours"),
+        )
     return Taught(
         embeddings=embeddings,
         user_dense=user_dense,
@@ -139,6 +161,7 @@ def learn_part(
         categories=category_codes(catalog),
         served_users=np.flatnonzero(users.positives > 0).astype(np.int64),
         positives=all_totals.total_positives,
+        page_neighbours=page_neighbours,
     )
 
 
@@ -159,7 +182,7 @@ class TrainLessons:
     learning, and an input compared changes only what the ranker reads. `learnt_for` is
     what of the recipe they were learnt with."""
 
-    learnt_for: tuple[int, float, float, NeighbourModel]
+    learnt_for: tuple[int, float, float, NeighbourModel, bool]
     taught: Taught
     known: Known
 
@@ -168,15 +191,22 @@ class TrainLessons:
         if lessons_key(recipe) != self.learnt_for:
             raise ValueError(
                 f"the train part was learnt with (seed, regularisation, holdout share, "
-                "neighbours) "
+                "neighbours, keep holdout) "
                 f"{self.learnt_for}, asked again with {lessons_key(recipe)}"
             )
         return self
 
 
-def lessons_key(recipe: WorldRecipe) -> tuple[int, float, float, NeighbourModel]:
-    """What learn_part and the early split read of a recipe."""
-    return (recipe.seed, recipe.als_regularization, recipe.holdout_share, recipe.neighbours)
+def lessons_key(recipe: WorldRecipe) -> tuple[int, float, float, NeighbourModel, bool]:
+    """What learn_part and the early split read of a recipe (keep_holdout: whether the train
+    part is served, and so needs the page's list)."""
+    return (
+        recipe.seed,
+        recipe.als_regularization,
+        recipe.holdout_share,
+        recipe.neighbours,
+        recipe.keep_holdout,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +278,7 @@ def world_parts(
         item_attributes(catalog),
         learnt.taught.foldin,
         learnt.taught.neighbours,
+        learnt.taught.page_neighbours,
         prior,
         report.as_dict(),
         ranker.prerank,

@@ -199,7 +199,9 @@ class SparkRead:
         """Learnt from the train part once: each input compared trains only the ranker again."""
         if self._lessons is None:
             train, schema, clock = self._train, self._schema, self._clock
-            taught = learn_part(SparkOps(), train, schema, recipe, clock, "train")
+            taught = learn_part(
+                SparkOps(), train, schema, recipe, clock, "train", serves=recipe.keep_holdout
+            )
             # The ranker's lists are pooled and featured from every user's early part of the
             # train part, as the served world is from every user's rows, not from the
             # sample's alone (its counts a fraction of the log's, its factors from a
@@ -207,7 +209,9 @@ class SparkRead:
             # lists are the sample's, and the driver holds them.
             early_rows = with_later(train.rows, recipe.holdout_share).filter("not later")
             early = Part(train.log, early_rows.drop("later"))
-            early_taught = learn_part(SparkOps(), early, schema, recipe, clock, "early")
+            early_taught = learn_part(
+                SparkOps(), early, schema, recipe, clock, "early", serves=False
+            )
             known = known_of(early_taught, self._sample.users)
             self._lessons = TrainLessons(lessons_key(recipe), taught, known)
         return self._lessons.asked_by(recipe)
@@ -236,7 +240,9 @@ class SparkRead:
             return SparkServed(self, self._train, judged.weighed.learnt)
         whole_log = self._whole_log
         part = Part(whole_log, whole_log.rows)
-        taught_all = learn_part(SparkOps(), part, self._schema, recipe, self._clock, "all")
+        taught_all = learn_part(
+            SparkOps(), part, self._schema, recipe, self._clock, "all", serves=True
+        )
         # Each sampled user's early part of all their rows is the train part: the lists are
         # featured from what the train part taught.
         taught_train = self._learnt_on_train(recipe).taught

@@ -40,9 +40,12 @@ def histories(seen: SeenLists) -> dict[str, int]:
     return {"users": len(lengths), "longest": int(lengths.max()) if len(lengths) else 0}
 
 
-def neighbours_report(model: NeighbourModel, served: Neighbours) -> dict[str, Any]:
+def neighbours_report(
+    model: NeighbourModel, served: Neighbours, page: Neighbours | None
+) -> dict[str, Any]:
     """The model and how many items the served world gives neighbours: with EASE, past
-    `max_items` the items fewer users chose have none."""
+    `max_items` the items fewer users chose have none; and, where the world keeps a list of
+    its own for item pages, that it is cosine's."""
     with_neighbours = int((served.positions[:, 0] >= 0).sum()) if served.k else 0
     if model.kind == "cosine":
         return {"model": "cosine", "items_with_neighbours": with_neighbours}
@@ -51,7 +54,7 @@ def neighbours_report(model: NeighbourModel, served: Neighbours) -> dict[str, An
         "lambda": model.lam,
         "max_items": model.max_items,
         "items_with_neighbours": with_neighbours,
-    }
+    } | ({} if page is None else {"page": "cosine"})
 
 
 def read_report(world: Path) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from app.world.attributes import save_attributes
 from app.world.foldin import FoldInParams, save_foldin
 from app.world.item_prior import ItemPrior, save_item_prior
-from app.world.layout import MODEL_FILE
+from app.world.layout import MODEL_FILE, PAGE_NEIGHBOURS_FILE
 from app.world.neighbours import Neighbours, save_neighbours
 from app.world.prerank import PrerankWeights, save_prerank
 from app.world.schema import FeatureSchema
@@ -33,6 +33,7 @@ class WorldParts:
     attributes: Mapping[str, npt.NDArray[np.str_]]
     foldin: FoldInParams
     neighbours: Neighbours
+    page_neighbours: Neighbours | None  # the item page's own list; None: it reads the feed's
     prior: ItemPrior
     prior_report: dict[str, Any]  # how the prior was fitted, kept in the manifest
     prerank: PrerankWeights
@@ -67,6 +68,8 @@ def write_world(
     listed = write_lists(world)
     save_foldin(world, parts.foldin)
     save_neighbours(world, parts.neighbours)
+    if parts.page_neighbours is not None:
+        save_neighbours(world, parts.page_neighbours, PAGE_NEIGHBOURS_FILE)
     save_item_prior(world, parts.prior)
     save_prerank(world, parts.prerank)
     (world / MODEL_FILE).write_bytes(parts.model)

@@ -7,7 +7,7 @@ second tends to run a little slower on a shared machine, so a run does it in bot
 and gives the ratio (B over A) of each order and their geometric mean, which cancels that.
 
     git worktree add /tmp/before <commit>
-    python -m loadtest.compare_checkouts --a /tmp/before --b .
+    python -m loadtest.compare_checkouts --a /tmp/before --b . [--item-pages 100000]
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ async def one_order(
     first: Path,
     second: Path,
     load: tuple[float, float, int],
+    bodies: list[bytes],
 ) -> dict[str, list[float]]:
     """CPU ms per request of each checkout, round by round, `first` started first."""
     rate, duration_s, rounds = load
     apis = {"first": _start(stack, first, run_dir / "api-first.log")}
     apis["second"] = _start(stack, second, run_dir / "api-second.log")
-    bodies = demo_bodies(1000, 20)
     figures: dict[str, list[float]] = {name: [] for name in apis}
     try:
         for api in apis.values():
@@ -77,18 +77,27 @@ async def one_order(
 
 
 async def compare(
-    world: Path, a: Path, b: Path, rate: float, duration_s: float, rounds: int
+    world: Path,
+    a: Path,
+    b: Path,
+    load: tuple[float, float, int],
+    item_pages: int = 0,
 ) -> dict[str, Any]:
+    """B's CPU per request over A's, in both orders (`load`: rate, seconds a turn, rounds);
+    home feeds, or with `item_pages` product pages of the demo items i0..i{item_pages-1}."""
     options = stack_options(world)
-    load = (rate, duration_s, rounds)
+    rate, duration_s, _ = load
+    bodies = demo_bodies(1000, 20, viewed_items=item_pages)
     with local_stack(options) as stack:
-        a_first = await one_order(stack, options.run_dir, a, b, load)
-        b_first = await one_order(stack, options.run_dir, b, a, load)
+        a_first = await one_order(stack, options.run_dir, a, b, load, bodies)
+        b_first = await one_order(stack, options.run_dir, b, a, load, bodies)
     ratio_a_first = statistics.median(a_first["second"]) / statistics.median(a_first["first"])
     ratio_b_first = statistics.median(b_first["first"]) / statistics.median(b_first["second"])
     return {
         "rate": rate,
         "duration_s": duration_s,
+        "page": "product" if item_pages else "home",
+        "item_pages": item_pages,
         "a": str(a),
         "b": str(b),
         "a_started_first": {"a": a_first["first"], "b": a_first["second"]},
@@ -109,8 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="requests/s, open loop")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds a turn")
     parser.add_argument("--rounds", type=int, default=6, help="turns each, per order")
+    parser.add_argument(
+        "--item-pages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="ask product pages of the demo items i0..i{N-1} instead of the home feed",
+    )
     args = parser.parse_args(argv)
-    report = asyncio.run(compare(args.world, args.a, args.b, args.rate, args.duration, args.rounds))
+    if args.item_pages < 0:
+        parser.error(f"--item-pages {args.item_pages}: a count of demo items, 0 or more")
+    load = (args.rate, args.duration, args.rounds)
+    report = asyncio.run(compare(args.world, args.a, args.b, load, args.item_pages))
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -37,6 +37,10 @@ class Scores(Protocol):
         """x·B for the user whose positives are `columns` (a column twice counts twice)."""
         ...
 
+    def weighted(self, x: FloatArray) -> FloatArray:
+        """x·B for any x over the columns (each positive weighed as x says)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ItemSide:
@@ -46,6 +50,10 @@ class ItemSide:
 
     def __call__(self, columns: Sequence[int]) -> FloatArray:
         scores: FloatArray = self.weights[list(columns)].sum(axis=0)
+        return scores
+
+    def weighted(self, x: FloatArray) -> FloatArray:
+        scores: FloatArray = x @ self.weights
         return scores
 
 
@@ -60,7 +68,9 @@ class UserSide:
 
     def __call__(self, columns: Sequence[int]) -> FloatArray:
         x = np.bincount(np.asarray(columns, dtype=np.int64), minlength=self.matrix.shape[1])
-        x = x.astype(np.float64)
+        return self.weighted(x.astype(np.float64))
+
+    def weighted(self, x: FloatArray) -> FloatArray:
         through = self.matrix.T @ (self.inverse @ (self.matrix @ x))
         scores: FloatArray = x - (x - through) / self.kept
         return scores

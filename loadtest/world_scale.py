@@ -10,7 +10,8 @@ whole process tree (the driver, Spark's JVM, its Python workers) every half seco
     python -m loadtest.world_scale --sizes 25000000 --engines spark --memory-limit-gb 4
 
 With --memory-limit-gb the local engine also runs under that address-space limit (ulimit -v),
-to show where it stops and what it says. Figures go to OUT/scale.json and a table.
+to show where it stops and what it says. `--neighbours ease` builds with EASE's neighbours
+(worlds and logs named -ease). Figures go to OUT/scale.json (scale-ease.json).
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def _rss_mb(pid: int) -> tuple[str, float]:
 class Run:
     engine: str
     rows: int
+    neighbours: str
     seconds: float
     peak_mb: float  # the whole process tree at its largest
     driver_mb: float  # the build's own Python process (the Spark engine's driver)
@@ -137,21 +139,28 @@ class Run:
 
 
 def run_build(
-    engine: str, rows: int, ratings: Path, movies: Path, out: Path, limit_gb: float | None = None
+    engine: str,
+    rows: int,
+    ratings: Path,
+    movies: Path,
+    out: Path,
+    limit_gb: float | None = None,
+    neighbours: str = "cosine",
 ) -> Run:
-    world = out / f"world-{engine}-{rows}"
+    named = "" if neighbours == "cosine" else f"-{neighbours}"
+    world = out / f"world-{engine}-{rows}{named}"
     argv = [
         str(Path(sys.executable).parent / "recsys"), "build-world", "--world", str(world),
         "--interactions", str(ratings), "--user-col", "userId", "--item-col", "movieId",
         "--weight-col", "rating", "--min-weight", "3.5", "--items", str(movies),
         "--item-id-col", "movieId", "--category-col", "genres", "--engine", engine,
-        "--item-features", "on", "--als-regularization", "10",
+        "--item-features", "on", "--als-regularization", "10", "--neighbours", neighbours,
     ]  # fmt: skip
     if engine == "spark":
         argv += ["--spark-master", "local[2]", "--spark-conf", "spark.driver.memory=4g"]
     if limit_gb is not None:
         argv = ["prlimit", f"--as={int(limit_gb * 2**30)}", "--", *argv]
-    log_path = out / f"build-{engine}-{rows}{'-limited' if limit_gb else ''}.log"
+    log_path = out / f"build-{engine}-{rows}{named}{'-limited' if limit_gb else ''}.log"
     peaks = {"tree": 0.0, "driver": 0.0, "jvm": 0.0, "virtual": 0.0}
     started = time.perf_counter()
     with log_path.open("w") as log_file:
@@ -182,7 +191,7 @@ def run_build(
         recall = report["evaluation"]["stages"]["recall"]["recall@10"]
         rank = report["evaluation"]["stages"]["rank"]["recall@10"]
     return Run(
-        engine, rows, round(seconds, 1), round(peaks["tree"]), round(peaks["driver"]),
+        engine, rows, neighbours, round(seconds, 1), round(peaks["tree"]), round(peaks["driver"]),
         round(peaks["virtual"]), round(peaks["jvm"]), code, lines[-1] if lines else "",
         recall, rank,
     )  # fmt: skip
@@ -194,6 +203,12 @@ def main() -> None:
     parser.add_argument("--engines", default="local,spark")
     parser.add_argument("--out", type=Path, default=Path("var/world_scale"))
     parser.add_argument("--memory-limit-gb", type=float, default=None)
+    parser.add_argument(
+        "--neighbours",
+        choices=("cosine", "ease"),
+        default="cosine",
+        help="the build's item neighbours (build-world --neighbours)",
+    )
     args = parser.parse_args()
     results = []
     for rows in [int(size) for size in args.sizes.split(",")]:
@@ -202,10 +217,11 @@ def main() -> None:
         if args.memory_limit_gb is not None:
             runs.insert(0, ("local", args.memory_limit_gb))
         for engine, limit in runs:
-            run = run_build(engine, rows, ratings, movies, args.out, limit)
+            run = run_build(engine, rows, ratings, movies, args.out, limit, args.neighbours)
             results.append({**asdict(run), "limit_gb": limit})
             print(json.dumps(results[-1]), flush=True)
-    (args.out / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+    named = "" if args.neighbours == "cosine" else f"-{args.neighbours}"
+    (args.out / f"scale{named}.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

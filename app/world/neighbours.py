@@ -89,17 +89,26 @@ def load_neighbours(world: Path, n_items: int, name: str = NEIGHBOURS_FILE) -> N
     if not path.is_file():
         return None
     with reading(path), np.load(path) as stored:
-        positions = stored["positions"].astype(np.int32)
-        similarity = stored["similarity"].astype(np.float32)
+        positions = stored["positions"]
+        similarity = stored["similarity"]
+    # Checked as stored, before any cast: int64 positions from 2**32 up would wrap into
+    # range as int32, and float ones be truncated into it.
+    if positions.dtype.kind not in "iu" or similarity.dtype.kind != "f":
+        raise ConfigError(
+            f"{path} holds {positions.dtype} positions and {similarity.dtype} similarities "
+            "(integers and floats expected): rebuild the world"
+        )
     if positions.ndim != 2 or positions.shape != similarity.shape or len(positions) != n_items:
         raise ConfigError(
             f"{path} holds {positions.shape} neighbours for a catalog of {n_items} items"
         )
-    if positions.size and (positions.max() >= n_items or positions.min() < -1):
+    if positions.size and (int(positions.max()) >= n_items or int(positions.min()) < -1):
         raise ConfigError(f"{path} names positions past the catalog: rebuild the world")
-    if not np.isfinite(similarity).all():
-        raise ConfigError(f"{path} holds NaN or Inf: rebuild the world")
-    return Neighbours(positions, similarity)
+    with np.errstate(over="ignore"):  # a float64 past float32's range: Inf, refused below
+        served = similarity.astype(np.float32)
+    if not np.isfinite(served).all():
+        raise ConfigError(f"{path} holds NaN, Inf or a value past float32's: rebuild the world")
+    return Neighbours(positions.astype(np.int32), served)
 
 
 def load_page_neighbours(world: Path, n_items: int) -> Neighbours | None:

@@ -55,12 +55,25 @@ def read_stamp(world: Path) -> WorldStamp | None:
 
 
 def verify_files(world: Path, stamp: WorldStamp, names: tuple[str, ...] = SERVED_FILES) -> None:
-    """Refuse a file that is not the one the world was built with (copied from elsewhere)."""
+    """Refuse a file that is not the one the world was built with: changed after the build,
+    copied in from elsewhere, missing though the build wrote it, or there though it did not
+    (the stamp digests every file the build wrote, so an unlisted one came later)."""
     for name in names:
         expected = stamp.digests.get(name)
         path = world / name
-        if expected is None or not path.is_file():
+        if expected is None:
+            if path.exists():
+                raise ConfigError(
+                    f"{path} was not part of world {stamp.world_id} when it was built (its "
+                    "manifest has no digest for it): remove the file, or rebuild (or, for a "
+                    "world written by hand, stamp) the world"
+                )
             continue
+        if not path.is_file():
+            raise ConfigError(
+                f"{path} is missing or not a regular file: world {stamp.world_id} was built "
+                "with it; restore the file, or rebuild the world"
+            )
         try:
             digest = file_digest(path)
         except OSError as exc:

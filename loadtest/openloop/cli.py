@@ -18,12 +18,17 @@ from loadtest.openloop.stats import Summary, summarize
 from loadtest.openloop.sweep import sweep
 
 
-def demo_bodies(users: int, num_items: int, *, count: int = 4096, seed: int = 0) -> list[bytes]:
-    """Random demo users u0..u{users-1} with a simple context, encoded once and cycled."""
+def demo_bodies(
+    users: int, num_items: int, *, count: int = 4096, seed: int = 0, viewed_items: int = 0
+) -> list[bytes]:
+    """Random demo users u0..u{users-1} with a simple context, encoded once and cycled; with
+    `viewed_items`, each on the product page of one of the demo items i0..i{viewed_items-1}."""
     rng = random.Random(seed)
     bodies = []
     for _ in range(count):
         context = {"device": rng.choice(("mobile", "desktop", "tablet")), "page": "home"}
+        if viewed_items:
+            context |= {"page": "product", "item_id": f"i{rng.randrange(viewed_items)}"}
         body = {"user_id": f"u{rng.randrange(users)}", "num_items": num_items, "context": context}
         bodies.append(json.dumps(body, separators=(",", ":")).encode())
     return bodies

@@ -255,6 +255,23 @@ def _planted_log(folder: Path) -> Path:
     return _write_csv(folder / "planted.csv", ["userId", "movieId", "rating", "timestamp"], rows)
 
 
+def test_an_ease_world_served_from_its_train_part_keeps_that_parts_cosine_lists(
+    public: Public, built: dict[str, Any], schema: FeatureSchema, tmp_path: Path
+) -> None:
+    held = replace(public.recipe, keep_holdout=True)
+    build_world_from_log(held, tmp_path / "cosine", schema)
+    ease = replace(held, neighbours=NeighbourModel("ease", lam=5.0))
+    report = build_world_from_log(ease, tmp_path / "ease", schema)
+    assert report["neighbours"]["page"] == "cosine"
+    page = _lists(tmp_path / "ease" / PAGE_NEIGHBOURS_FILE)
+    train = _lists(tmp_path / "cosine" / NEIGHBOURS_FILE)
+    assert all(np.array_equal(mine, theirs) for mine, theirs in zip(page, train, strict=True))
+    # The train part's lists, not the whole log's: the held-out rows taught the page nothing.
+    whole = _lists(public.folder / "world" / NEIGHBOURS_FILE)
+    assert page[1].shape == whole[1].shape
+    assert not np.array_equal(page[1], whole[1])
+
+
 def test_on_planted_structure_ranking_recalled_items_beats_popularity(
     tmp_path: Path, schema: FeatureSchema
 ) -> None:

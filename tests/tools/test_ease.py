@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
-from loadtest import ease
+from loadtest import ease, ease_blend
 
 COLUMNS = LogColumns(user="user", item="item", weight="rating", min_weight=4.0)
 
@@ -80,3 +80,46 @@ def test_both_sides_give_one_model(tmp_path: Path) -> None:
             np.testing.assert_allclose(users.scores(history), items.scores(history), atol=1e-9)
         liked = [users.ids[0], users.ids[4]]
         assert users.top(liked, set(liked), k=5) == items.top(liked, set(liked), k=5)
+
+
+def test_weighted_scores_are_one_x_b_on_both_sides(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    rows = [
+        (f"u{user}", f"i{item}", 5.0, int(rng.integers(0, 1000)))
+        for user in range(10)
+        for item in rng.choice(30, size=6, replace=False).tolist()
+    ]
+    earlier = _log(tmp_path / "earlier.csv", rows)
+    users = ease.fit(earlier, lam=2.0)
+    items = ease.fit(earlier, lam=2.0, side="items")
+    x = rng.random(len(users.ids))
+    np.testing.assert_allclose(users.scores.weighted(x), items.scores.weighted(x), atol=1e-9)
+    counts = np.bincount([2, 2, 7], minlength=len(users.ids)).astype(np.float64)
+    np.testing.assert_allclose(users.scores.weighted(counts), items.scores([2, 2, 7]), atol=1e-9)
+
+
+def test_the_blend_bound_reads_the_latest_positive_and_is_never_below_ease(
+    tmp_path: Path,
+) -> None:
+    # Items pair up (p0, q0), (p1, q1)...: teachers like each pair together. Each asked
+    # user liked twelve p's long ago and one lately; later they like the latest one's q.
+    # EASE over everything ranks thirteen q's alike; the latest positive singles one out.
+    rng = np.random.default_rng(11)
+    rows = [
+        (f"t{n}-{k}", f"{side}{k}", 5.0, 0) for k in range(30) for n in range(3) for side in "pq"
+    ]
+    later = []
+    for user in range(40):
+        old = rng.choice(30, size=13, replace=False).tolist()
+        rows += [(f"u{user}", f"p{k}", 5.0, 1 + at) for at, k in enumerate(old)]
+        later.append((f"u{user}", f"q{old[-1]}", 5.0, 100))
+    earlier = _log(tmp_path / "earlier.csv", rows)
+    judged_part = _log(tmp_path / "later.csv", later)
+    model = ease.fit(earlier, lam=1.0)
+    on = ease_blend.judged(model, earlier, judged_part)
+    assert on.liking.all()
+    assert on.lately is not None  # the log has times
+    best = ease_blend.best_blend(model, on)
+    assert best["blend"]["recall@10"] > best["ease_alone"]["recall@10"]
+    assert best["blend"]["recent"] > 0
+    assert best["blend"]["window"]["latest"] in {w for w, _ in ease_blend.WINDOWS}

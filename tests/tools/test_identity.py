@@ -17,7 +17,17 @@ from tritonclient.grpc import model_config_pb2
 
 from app.core.errors import ConfigError
 from app.release.world_match import part_mismatch
-from app.world.layout import INDEX_FILE, MANIFEST_FILE, MODEL_FILE, SCHEMA_FILE, SEEN_FILE
+from app.world.layout import (
+    INDEX_FILE,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    NEIGHBOURS_FILE,
+    PAGE_NEIGHBOURS_FILE,
+    SCHEMA_FILE,
+    SEEN_FILE,
+    SERVED_FILES,
+    STAMPED_FILES,
+)
 from app.world.schema import load_schema, world_schema
 from app.world.stamp import file_digest, read_stamp, verify_files
 
@@ -145,6 +155,38 @@ def test_a_file_from_elsewhere_is_refused(world: Path, tmp_path: Path) -> None:
     (copy / INDEX_FILE).write_bytes(b"another index")
     with pytest.raises(ConfigError, match=r"index\.faiss does not belong to world"):
         verify_files(copy, stamp)
+
+
+def test_a_served_file_missing_or_added_after_the_build_is_refused(
+    world: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(world, copy)
+    stamp = read_stamp(copy)
+    assert stamp is not None
+    assert NEIGHBOURS_FILE in stamp.digests
+    assert PAGE_NEIGHBOURS_FILE not in stamp.digests
+    kept = (copy / NEIGHBOURS_FILE).read_bytes()
+    (copy / NEIGHBOURS_FILE).unlink()  # its items would quietly have no neighbours
+    with pytest.raises(ConfigError, match=r"neighbours\.npz is missing .*: world .* was built"):
+        verify_files(copy, stamp)
+    (copy / NEIGHBOURS_FILE).mkdir()  # a directory in its place is no file either
+    with pytest.raises(ConfigError, match=r"neighbours\.npz is missing or not a regular file"):
+        verify_files(copy, stamp)
+    (copy / NEIGHBOURS_FILE).rmdir()
+    (copy / NEIGHBOURS_FILE).write_bytes(kept)
+    # A page list dropped in by hand: the pages would read it, though no build wrote it.
+    (copy / PAGE_NEIGHBOURS_FILE).write_bytes(kept)
+    with pytest.raises(ConfigError, match=r"page_neighbours\.npz was not part of world"):
+        verify_files(copy, stamp)
+    (copy / PAGE_NEIGHBOURS_FILE).unlink()
+    verify_files(copy, stamp)
+
+
+def test_every_checked_file_is_one_the_stamp_digests() -> None:
+    # verify_files refuses a checked file the manifest does not list: a served file the
+    # stamp never digested would make every world refuse to start.
+    assert set(SERVED_FILES) <= set(STAMPED_FILES)
 
 
 def test_a_part_of_another_world_is_named_and_an_unstamped_one_accepted(world: Path) -> None:

@@ -220,6 +220,31 @@ def test_the_users_latest_positives_come_from_the_tail_of_their_list() -> None:
     assert decode_user(blob, None, 3, None).recent.tolist() == []
 
 
+def test_neighbours_are_checked_as_stored_before_any_cast(tmp_path: Path) -> None:
+    similarity = NEIGHBOURS.similarity
+    # 2**32 + 1 would wrap to position 1 as int32: in range, and wrong.
+    wrapped = NEIGHBOURS.positions.astype(np.int64)
+    wrapped[0, 0] = 2**32 + 1
+    np.savez(tmp_path / "neighbours.npz", positions=wrapped, similarity=similarity)
+    with pytest.raises(ConfigError, match="past the catalog"):
+        load_neighbours(tmp_path, 6)
+    floats = NEIGHBOURS.positions.astype(np.float64) + 0.5  # would truncate into range
+    np.savez(tmp_path / "neighbours.npz", positions=floats, similarity=similarity)
+    with pytest.raises(ConfigError, match="integers and floats expected"):
+        load_neighbours(tmp_path, 6)
+    huge = similarity.astype(np.float64)
+    huge[0, 0] = 1e300  # finite as stored, Inf as served
+    np.savez(tmp_path / "neighbours.npz", positions=NEIGHBOURS.positions, similarity=huge)
+    with pytest.raises(ConfigError, match="past float32's"):
+        load_neighbours(tmp_path, 6)
+    wide = NEIGHBOURS.positions.astype(np.int64)
+    np.savez(tmp_path / "neighbours.npz", positions=wide, similarity=similarity)
+    loaded = load_neighbours(tmp_path, 6)
+    assert loaded is not None
+    assert loaded.positions.dtype == np.int32
+    assert np.array_equal(loaded.positions, NEIGHBOURS.positions)
+
+
 def test_a_damaged_neighbours_or_weights_file_is_refused(tmp_path: Path) -> None:
     save_neighbours(tmp_path, NEIGHBOURS)
     assert load_neighbours(tmp_path, 6) is not None

@@ -138,6 +138,11 @@ class Run:
     rank_recall: float | None
 
 
+def _named(neighbours: str) -> str:
+    """What a file's name carries of the neighbours asked for (nothing for the default)."""
+    return "" if neighbours == "cosine" else f"-{neighbours}"
+
+
 def run_build(
     engine: str,
     rows: int,
@@ -147,7 +152,7 @@ def run_build(
     limit_gb: float | None = None,
     neighbours: str = "cosine",
 ) -> Run:
-    named = "" if neighbours == "cosine" else f"-{neighbours}"
+    named = _named(neighbours)
     world = out / f"world-{engine}-{rows}{named}"
     argv = [
         str(Path(sys.executable).parent / "recsys"), "build-world", "--world", str(world),
@@ -220,8 +225,8 @@ def main() -> None:
             run = run_build(engine, rows, ratings, movies, args.out, limit, args.neighbours)
             results.append({**asdict(run), "limit_gb": limit})
             print(json.dumps(results[-1]), flush=True)
-    named = "" if args.neighbours == "cosine" else f"-{args.neighbours}"
-    (args.out / f"scale{named}.json").write_text(json.dumps(results, indent=2) + "\n")
+    scale = args.out / f"scale{_named(args.neighbours)}.json"
+    scale.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ redistribution; docs/your-data.md says where it is published), then:
 
 The ratios the targets are set in: live recall over EASE's at its best (1.1x) and over
 EASE's as chosen, live over the build's own claim (within 5%), the replay over EASE's replay.
+Beside the claim, whether live lies in the claim's interval: the middle 95% of the ranked
+figure over draws of the build's judged users, what another set of users alike could give.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from recsys_tools.live_evaluation import (
     agreement,
     ask_all,
     build_claim,
+    build_claim_interval,
     from_files,
     questions,
     score,
+    within,
 )
 from recsys_tools.replay import rows_in_time_order
 from recsys_tools.world.judge.answers import AskContext
@@ -252,6 +256,7 @@ def measure(
                 replayed = replay_twice(api.url, stack, world, folder, rows, K)
     live = figures["plain_rules"][f"recall@{K}"]
     claim = build_claim(world, K)
+    claim_interval = build_claim_interval(world, K)
     recall_key = f"recall@{K}"
     return {
         "set": name,
@@ -259,6 +264,8 @@ def measure(
         "users": figures["plain_rules"]["users"],
         "build_seconds": round(built_s, 1),
         "build_claims": claim,
+        "build_claim_interval": claim_interval,
+        "live_within_build_interval": within(live, claim_interval),
         "files": score(asked, files, K),
         **figures,
         "replay": None if replayed is None else {"static": replayed[0], "events": replayed[1]},
@@ -327,7 +334,11 @@ def main() -> None:
         measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed, model, args.replay)
         for seed in range(args.first_seed, args.first_seed + args.seeds)
     ]
-    figures = {"runs": runs, "median_ratios": _median(runs)}
+    figures = {
+        "runs": runs,
+        "median_ratios": _median(runs),
+        "live_within_build_interval": sum(bool(run["live_within_build_interval"]) for run in runs),
+    }
     print(json.dumps(figures, indent=2))
     if args.out is not None:
         # A run without replays keeps its own key: the full run's replay figures stay.

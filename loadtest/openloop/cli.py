@@ -41,13 +41,20 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"give 0 (home feeds) or more, not {value}")
+    return value
+
+
 def _summary() -> str:
     import loadtest.openloop as package  # its docstring describes the generator
 
     return (package.__doc__ or "").split("\n\n")[0]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.openloop", description=_summary())
     p.add_argument("--url", required=True, help="http://host:port/path")
     p.add_argument("--unix-socket", help="connect here instead of the URL's host:port")
@@ -57,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--users", type=int, default=20000)
     p.add_argument("--num-items", type=int, default=20)
+    p.add_argument(
+        "--item-pages",
+        type=_not_negative,
+        default=0,
+        metavar="N",
+        help="ask for product pages of the demo items i0..i{N-1}, not home feeds",
+    )
     p.add_argument("--header", type=parse_header, action="append", default=[], metavar="K:V")
     p.add_argument("--request-id-prefix", help="send X-Request-ID: <prefix><index>")
     p.add_argument("--timeout", type=float, default=5.0, help="per request, seconds")
@@ -80,7 +94,9 @@ def _summary_json(summary: Summary, windows: bool) -> dict[str, Any]:
 async def _cli(args: argparse.Namespace) -> dict[str, Any]:
     load = Load(
         url=args.url,
-        bodies=demo_bodies(args.users, args.num_items, seed=args.seed),
+        bodies=demo_bodies(
+            args.users, args.num_items, seed=args.seed, viewed_items=args.item_pages
+        ),
         headers=dict(args.header),
         request_id_prefix=args.request_id_prefix,
         unix_socket=args.unix_socket,
@@ -136,7 +152,7 @@ def _run_loop(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     json.dump(_run_loop(_cli(args)), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

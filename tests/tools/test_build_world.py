@@ -282,6 +282,10 @@ def test_on_planted_structure_ranking_recalled_items_beats_popularity(
     for metric in ("recall@10", "ndcg@10"):
         assert methods["recall_rank"][metric] > methods["popularity"][metric], metric
         assert methods["recall"][metric] > methods["popularity"][metric], metric
+    for name, figures in methods.items():
+        low, high = figures["recall@10_interval"]
+        assert low <= figures["recall@10"] <= high, name
+        assert low < high, name
 
 
 def test_a_wrong_column_names_the_columns_and_the_flag(public: Public) -> None:

@@ -11,8 +11,20 @@ import httpx
 import pytest
 from recsys_tools import live_evaluation
 from recsys_tools.cli import main
-from recsys_tools.live_evaluation import Answers, agreement, questions, score
+from recsys_tools.live_evaluation import (
+    Answers,
+    agreement,
+    build_claim,
+    build_claim_interval,
+    questions,
+    score,
+    within,
+)
+from recsys_tools.world.judge.measures import interval
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
+
+from app.core.errors import ConfigError
+from app.world.layout import REPORT_FILE
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 
@@ -95,6 +107,8 @@ def test_score_gives_recall_ndcg_and_seen_items_served(tmp_path: Path) -> None:
     assert report["seen_items_served"] == 1
     assert report["short_answers"] == 1
     assert report["failed_requests"] == 1
+    low, high = report["recall@3_interval"]
+    assert 0.0 <= low <= 0.25 <= high <= 0.5  # draws of the two users' 1/2 and 0
     same = agreement(answers, Answers(lists={"a": ["y", "q", "s"], "b": ["r"]}))
     assert same == {"users_compared": 2, "identical_answers": 1, "first_differing_users": ["b"]}
 
@@ -129,3 +143,47 @@ def test_ask_all_counts_refusals_and_reads_each_answer() -> None:
 def test_evaluate_needs_a_service_or_a_world(tmp_path: Path) -> None:
     later = _log(tmp_path / "l.csv", [("a", "x", 3, 5.0)])
     assert main(["evaluate", "--interactions", str(later), "--weight-col", "rating"]) == 2
+
+
+def test_interval_holds_the_mean_and_narrows_as_users_grow() -> None:
+    few, many = [0.0, 1.0] * 50, [0.0, 1.0] * 800
+    narrow, wide = interval(many, seed=3), interval(few, seed=3)
+    assert narrow is not None
+    assert wide is not None
+    assert wide[0] < narrow[0] < 0.5 < narrow[1] < wide[1]
+    # A mean of 100 coin flips: about ±0.1 for 95% (1.96 standard errors of 0.05).
+    assert 0.07 < 0.5 - wide[0] < 0.13
+    assert 0.07 < wide[1] - 0.5 < 0.13
+    assert interval(few, seed=3) == wide  # one seed, one interval
+    assert interval([0.3] * 20, seed=3) == [0.3, 0.3]
+    assert interval([0.3], seed=3) is None
+    assert interval([], seed=3) is None
+
+
+def test_the_claims_interval_is_read_from_the_report_and_held_against(tmp_path: Path) -> None:
+    world = tmp_path / "world"
+    world.mkdir()
+    rank = {"recall@10": 0.2, "recall@10_interval": [0.18, 0.22]}
+    (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
+    bounds = build_claim_interval(world, 10)
+    assert bounds == [0.18, 0.22]
+    assert within(0.19, bounds) is True
+    assert within(0.17, bounds) is False
+    assert within(None, bounds) is None
+    del rank["recall@10_interval"]  # a build from before intervals were reported
+    (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
+    assert build_claim_interval(world, 10) is None
+    assert within(0.19, None) is None
+    for odd in ([0.18], ["0.18", 0.22], [True, 0.22], {"low": 0.18}):
+        rank["recall@10_interval"] = odd  # not what a build writes: no interval, not a crash
+        (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
+        assert build_claim_interval(world, 10) is None, odd
+    (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": 0.2}}}))
+    assert build_claim_interval(world, 10) is None
+    assert build_claim(world, 10) == {"rank": None}
+    (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": [0.2]}}))
+    with pytest.raises(ConfigError, match="stages are a list"):
+        build_claim(world, 10)
+    (world / REPORT_FILE).write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="no build report to compare with"):
+        build_claim_interval(world, 10)

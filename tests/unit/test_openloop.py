@@ -39,6 +39,7 @@ from loadtest.openloop import (
     summarize,
     sweep,
 )
+from loadtest.openloop.cli import build_parser
 
 # A loop of the test's own (the module's docstring says why); its fixture shares it.
 on_own_loop = pytest.mark.asyncio(loop_scope="function")
@@ -557,6 +558,8 @@ async def test_the_command_line_prints_a_summary(serve: Serve) -> None:
         "5",
         "--header",
         "X-Test: yes",
+        "--item-pages",
+        "3",
         stdout=asyncio.subprocess.PIPE,
     )
     stdout, _ = await asyncio.wait_for(process.communicate(), timeout=20)
@@ -569,3 +572,15 @@ async def test_the_command_line_prints_a_summary(serve: Serve) -> None:
         json.loads(request.body)["user_id"] in {f"u{n}" for n in range(5)}
         for request in server.requests
     )
+    contexts = [json.loads(request.body)["context"] for request in server.requests]
+    assert all(context["page"] == "product" for context in contexts)
+    assert {context["item_id"] for context in contexts} <= {"i0", "i1", "i2"}
+
+
+def test_the_command_line_refuses_a_negative_count_of_item_pages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--url", "http://x/recommend", "--item-pages", "-1"])
+    assert stopped.value.code == 2
+    assert "--item-pages: give 0 (home feeds) or more, not -1" in capsys.readouterr().err

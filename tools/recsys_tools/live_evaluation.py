@@ -27,12 +27,15 @@ from app.world.layout import REPORT_FILE
 from recsys_tools.commands import Commands
 from recsys_tools.world.flags import add_log_flags, log_columns
 from recsys_tools.world.judge.answers import AskContext, WorldAnswers
+from recsys_tools.world.judge.measures import interval
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 # Requests in flight at once: enough to finish a few thousand users in seconds, few enough
 # that the service's admission never refuses one.
 CONCURRENCY = 4
+# The draws behind a live figure's interval: fixed, so one set of answers gives one interval.
+INTERVAL_SEED = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +57,15 @@ class Tally:
     ndcg: float = 0.0
     seen_served: int = 0
     short: int = 0  # answers with fewer than K items
+    recalls: list[float] = field(default_factory=list)  # each user's, for the interval
 
     def add(self, asked: Question, items: list[str]) -> None:
         """One answer, scored against what the user went on to like."""
         self.users += 1
         hits = [item in asked.relevant for item in items[: self.k]]
         ideal = min(self.k, len(asked.relevant))
-        self.recall += sum(hits) / ideal
+        self.recalls.append(sum(hits) / ideal)
+        self.recall += self.recalls[-1]
         discounts = [1.0 / math.log2(rank + 2) for rank in range(self.k)]
         dcg = sum(d for d, hit in zip(discounts, hits, strict=False) if hit)
         self.ndcg += dcg / sum(discounts[:ideal])
@@ -72,6 +77,7 @@ class Tally:
         return {
             "users": self.users,
             f"recall@{self.k}": round(self.recall / users, 4),
+            f"recall@{self.k}_interval": interval(self.recalls, INTERVAL_SEED),
             f"ndcg@{self.k}": round(self.ndcg / users, 4),
             "seen_items_served": self.seen_served,
             "short_answers": self.short,
@@ -185,18 +191,47 @@ def agreement(live: Answers, offline: Answers) -> dict[str, Any]:
     }
 
 
-def build_claim(world: Path, k: int) -> dict[str, float | None]:
-    """What the world's build said its answer would score on its own holdout."""
+def _stages(world: Path) -> dict[str, dict[str, Any]]:
     report_path = world / REPORT_FILE
     try:
-        report = json.loads(report_path.read_text())
-        stages = report["evaluation"]["stages"]
-    except (OSError, ValueError, KeyError) as exc:
+        stages: dict[str, dict[str, Any]] = json.loads(report_path.read_text())["evaluation"][
+            "stages"
+        ]
+        if not isinstance(stages, dict):
+            raise TypeError(f"its evaluation's stages are a {type(stages).__name__}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
             f"{report_path}: no build report to compare with ({exc}); a world built by "
             "recsys build-world writes one"
         ) from exc
-    return {stage: figures.get(f"recall@{k}") for stage, figures in stages.items()}
+    return stages
+
+
+def build_claim(world: Path, k: int) -> dict[str, float | None]:
+    """What the world's build said its answer would score on its own holdout."""
+    return {
+        stage: figures.get(f"recall@{k}") if isinstance(figures, dict) else None
+        for stage, figures in _stages(world).items()
+    }
+
+
+def build_claim_interval(world: Path, k: int) -> list[float] | None:
+    """The middle 95% of the ranked answer's figure over draws of the build's judged users
+    (measures.interval); None from a build that did not report one."""
+    ranked = _stages(world).get("rank")
+    bounds = ranked.get(f"recall@{k}_interval") if isinstance(ranked, dict) else None
+    if not (isinstance(bounds, list) and len(bounds) == 2):
+        return None
+    if not all(isinstance(bound, int | float) and not isinstance(bound, bool) for bound in bounds):
+        return None
+    return [float(bounds[0]), float(bounds[1])]
+
+
+def within(figure: float | None, bounds: list[float] | None) -> bool | None:
+    """Whether a figure lies in an interval; None where either is missing."""
+    if figure is None or bounds is None:
+        return None
+    return bounds[0] <= figure <= bounds[1]
 
 
 def _read(path: Path, columns: LogColumns) -> InteractionLog:
@@ -225,6 +260,7 @@ def _run(args: argparse.Namespace) -> None:
         offline = from_files(args.world, users, moment)
         report["files"] = score(asked, offline, args.k)
         report["build_claims"] = build_claim(args.world, args.k)
+        report["build_claim_interval"] = build_claim_interval(args.world, args.k)
     if args.url is not None:
         live = asyncio.run(ask_all(args.url, users, args.k, {"context": moment.as_json()}))
         report["live"] = score(asked, live, args.k)
@@ -234,6 +270,9 @@ def _run(args: argparse.Namespace) -> None:
     measured = report.get("live", report.get("files", {})).get(f"recall@{args.k}")
     if claimed and measured is not None:
         report["served_over_build"] = round(measured / claimed, 3)
+        # The build judged other users (its own holdout): a gap inside the interval is what
+        # another draw of users alike could give.
+        report["served_within_build_interval"] = within(measured, report["build_claim_interval"])
     print(json.dumps(report, indent=2))
 
 

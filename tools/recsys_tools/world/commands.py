@@ -126,18 +126,24 @@ def _figure(value: float | None) -> str:
 def _evaluation_table(report: dict[str, Any]) -> str:
     """Each stage of the cascade on the list it would serve, then the baselines."""
     evaluation = report["evaluation"]
-    lines = [f"{'':<14}{'in pool':>10}{'recall@10':>10}{'ndcg@10':>10}"]
+    lines = [f"{'':<14}{'in pool':>10}{'recall@10':>10}{'95% of draws':>16}{'ndcg@10':>10}"]
     for name, figures in evaluation["stages"].items():
         lines.append(
-            f"{name:<14}{_figure(figures['pool_share'])}"
-            f"{_figure(figures['recall@10'])}{_figure(figures['ndcg@10'])}"
+            f"{name:<14}{_figure(figures['pool_share'])}{_figure(figures['recall@10'])}"
+            f"{_span(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
         )
     for name in ("item_knn", "popularity"):
         figures = evaluation["methods"][name]
         lines.append(
-            f"{name:<14}{'':>10}{_figure(figures['recall@10'])}{_figure(figures['ndcg@10'])}"
+            f"{name:<14}{'':>10}{_figure(figures['recall@10'])}"
+            f"{_span(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
         )
     return "\n".join(lines)
+
+
+def _span(bounds: list[float] | None) -> str:
+    """A figure's interval over draws of the judged users; '-' for a report without one."""
+    return f"{bounds[0]:>9.4f}-{bounds[1]:.4f}" if bounds else f"{'-':>16}"
 
 
 def _inputs_table(inputs: dict[str, Any]) -> str:

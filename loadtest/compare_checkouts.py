@@ -26,6 +26,7 @@ from recsys_tools.demo import LocalStack, local_stack, stack_options
 
 from loadtest.cpu import tree_cpu_seconds
 from loadtest.openloop import Load, demo_bodies, run, summarize
+from loadtest.openloop.cli import item_pages
 from loadtest.service import ApiProcess, start_api
 
 WARMUP_S = 3.0
@@ -120,14 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6, help="turns each, per order")
     parser.add_argument(
         "--item-pages",
-        type=int,
+        type=item_pages,
         default=0,
         metavar="N",
         help="ask product pages of the demo items i0..i{N-1} instead of the home feed",
     )
     args = parser.parse_args(argv)
-    if args.item_pages < 0:
-        parser.error(f"--item-pages {args.item_pages}: a count of demo items, 0 or more")
     load = (args.rate, args.duration, args.rounds)
     report = asyncio.run(compare(args.world, args.a, args.b, load, args.item_pages))
     json.dump(report, sys.stdout, indent=2)

@@ -41,10 +41,20 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def _not_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"give 0 (home feeds) or more, not {value}")
+# Demo catalogs go to millions of items; past a billion an id is no demo item's.
+MOST_ITEM_PAGES = 10**9
+
+
+def item_pages(text: str) -> int:
+    """--item-pages: how many demo items i0..i{N-1} the product pages show, 0 for home feeds."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r:.40}: a whole number of demo items") from None
+    if not 0 <= value <= MOST_ITEM_PAGES:
+        raise argparse.ArgumentTypeError(
+            f"give 0 (home feeds) to {MOST_ITEM_PAGES:,}, not {value:.3g}"
+        )
     return value
 
 
@@ -66,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-items", type=int, default=20)
     p.add_argument(
         "--item-pages",
-        type=_not_negative,
+        type=item_pages,
         default=0,
         metavar="N",
         help="ask for product pages of the demo items i0..i{N-1}, not home feeds",

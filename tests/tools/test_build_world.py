@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from recsys_tools.world.commands import evaluation_table
 from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.learn.derive import (
     ITEM_FEATURES,
@@ -282,10 +283,14 @@ def test_on_planted_structure_ranking_recalled_items_beats_popularity(
     for metric in ("recall@10", "ndcg@10"):
         assert methods["recall_rank"][metric] > methods["popularity"][metric], metric
         assert methods["recall"][metric] > methods["popularity"][metric], metric
-    for name, figures in methods.items():
+    for name, figures in [*methods.items(), *report["evaluation"]["stages"].items()]:
         low, high = figures["recall@10_interval"]
         assert low <= figures["recall@10"] <= high, name
         assert low < high, name
+    ranked = report["evaluation"]["stages"]["rank"]
+    row = next(line for line in evaluation_table(report).splitlines() if line.startswith("rank"))
+    assert f"{ranked['recall@10_interval'][0]:.4f}-{ranked['recall@10_interval'][1]:.4f}" in row
+    assert "95% interval" in evaluation_table(report).splitlines()[0]
 
 
 def test_a_wrong_column_names_the_columns_and_the_flag(public: Public) -> None:

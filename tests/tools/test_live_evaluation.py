@@ -16,11 +16,12 @@ from recsys_tools.live_evaluation import (
     agreement,
     build_claim,
     build_claim_interval,
+    inside,
     questions,
     score,
-    within,
 )
-from recsys_tools.world.judge.measures import interval
+from recsys_tools.world.judge import measures
+from recsys_tools.world.judge.measures import bootstrap_interval
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
 
 from app.core.errors import ConfigError
@@ -145,45 +146,64 @@ def test_evaluate_needs_a_service_or_a_world(tmp_path: Path) -> None:
     assert main(["evaluate", "--interactions", str(later), "--weight-col", "rating"]) == 2
 
 
-def test_interval_holds_the_mean_and_narrows_as_users_grow() -> None:
+def test_the_interval_holds_the_mean_and_narrows_as_users_grow() -> None:
     few, many = [0.0, 1.0] * 50, [0.0, 1.0] * 800
-    narrow, wide = interval(many, seed=3), interval(few, seed=3)
-    assert narrow is not None
+    wide, narrow = bootstrap_interval(few, seed=3), bootstrap_interval(many, seed=3)
     assert wide is not None
+    assert narrow is not None
     assert wide[0] < narrow[0] < 0.5 < narrow[1] < wide[1]
-    # A mean of 100 coin flips: about ±0.1 for 95% (1.96 standard errors of 0.05).
-    assert 0.07 < 0.5 - wide[0] < 0.13
-    assert 0.07 < wide[1] - 0.5 < 0.13
-    assert interval(few, seed=3) == wide  # one seed, one interval
-    assert interval([0.3] * 20, seed=3) == [0.3, 0.3]
-    assert interval([0.3], seed=3) is None
-    assert interval([], seed=3) is None
+    # 95%: 1.96 standard errors of a mean of coin flips, 0.098 for 100 users, 0.0245 for
+    # 1,600 (a 90% interval would give 0.082 and 0.021, a 99% one 0.129 and 0.032).
+    for bounds, half in ((wide, 0.098), (narrow, 0.0245)):
+        assert 0.9 * half < 0.5 - bounds[0] < 1.1 * half, bounds
+        assert 0.9 * half < bounds[1] - 0.5 < 1.1 * half, bounds
+    assert bootstrap_interval(few, seed=3) == wide  # one seed, one interval
+    assert bootstrap_interval([0.3] * 20, seed=3) == [0.3, 0.3]
+    assert bootstrap_interval([0.3], seed=3) is None
+    assert bootstrap_interval([], seed=3) is None
+
+
+def test_the_interval_of_many_users_is_drawn_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = [0.0, 0.5, 1.0] * 400
+    whole = bootstrap_interval(values, seed=5)
+    monkeypatch.setattr(measures, "DRAWN_AT_ONCE", 3 * 1200)  # three draws a block
+    assert bootstrap_interval(values, seed=5) == whole
 
 
 def test_the_claims_interval_is_read_from_the_report_and_held_against(tmp_path: Path) -> None:
     world = tmp_path / "world"
     world.mkdir()
-    rank = {"recall@10": 0.2, "recall@10_interval": [0.18, 0.22]}
+    rank: dict[str, object] = {"recall@10": 0.2, "recall@10_interval": [0.18, 0.22]}
     (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
     bounds = build_claim_interval(world, 10)
     assert bounds == [0.18, 0.22]
-    assert within(0.19, bounds) is True
-    assert within(0.17, bounds) is False
-    assert within(None, bounds) is None
+    assert inside(0.19, bounds) is True
+    assert inside(0.17, bounds) is False
+    assert inside(None, bounds) is None
     del rank["recall@10_interval"]  # a build from before intervals were reported
     (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
     assert build_claim_interval(world, 10) is None
-    assert within(0.19, None) is None
-    for odd in ([0.18], ["0.18", 0.22], [True, 0.22], {"low": 0.18}):
-        rank["recall@10_interval"] = odd  # not what a build writes: no interval, not a crash
+    assert inside(0.19, None) is None
+    odd = ([0.18], ["0.18", 0.22], [True, 0.22], {"low": 0.18}, [0.22, 0.18], [0.1, 10**400])
+    for written in (*odd, [0.1, float("inf")], [float("nan"), 0.2]):
+        rank["recall@10_interval"] = written  # not what a build writes: none, not a crash
         (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
-        assert build_claim_interval(world, 10) is None, odd
+        assert build_claim_interval(world, 10) is None, written
     (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": 0.2}}}))
     assert build_claim_interval(world, 10) is None
     assert build_claim(world, 10) == {"rank": None}
+    for figure in ("0.2", True, [0.2], None):
+        rank = {"recall@10": figure}
+        (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": {"rank": rank}}}))
+        assert build_claim(world, 10) == {"rank": None}, figure
+    (world / REPORT_FILE).write_text('{"evaluation": {"stages": {"rank": {"recall@10": NaN}}}}')
+    assert build_claim(world, 10) == {"rank": None}
     (world / REPORT_FILE).write_text(json.dumps({"evaluation": {"stages": [0.2]}}))
-    with pytest.raises(ConfigError, match="stages are a list"):
-        build_claim(world, 10)
-    (world / REPORT_FILE).write_text("[1, 2]")
     with pytest.raises(ConfigError, match="no build report to compare with"):
+        build_claim(world, 10)
+    (world / REPORT_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="is not the build's JSON report"):
         build_claim_interval(world, 10)
+    (world / REPORT_FILE).unlink()
+    with pytest.raises(ConfigError, match="no build report to compare with"):
+        build_claim(world, 10)

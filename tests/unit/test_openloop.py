@@ -577,10 +577,19 @@ async def test_the_command_line_prints_a_summary(serve: Serve) -> None:
     assert {context["item_id"] for context in contexts} <= {"i0", "i1", "i2"}
 
 
-def test_the_command_line_refuses_a_negative_count_of_item_pages(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("-1", "give 0 (home feeds) to 1,000,000,000, not -1"),
+        ("1" + "0" * 12, "give 0 (home feeds) to 1,000,000,000, not 1e+12"),
+        ("abc", "'abc': a whole number of demo items"),
+        ("1.5", "'1.5': a whole number of demo items"),
+    ],
+)
+def test_the_command_line_refuses_a_count_of_item_pages_past_its_range(
+    given: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as stopped:
-        build_parser().parse_args(["--url", "http://x/recommend", "--item-pages", "-1"])
+        build_parser().parse_args(["--url", "http://x/recommend", "--item-pages", given])
     assert stopped.value.code == 2
-    assert "--item-pages: give 0 (home feeds) or more, not -1" in capsys.readouterr().err
+    assert f"--item-pages: {said}" in capsys.readouterr().err

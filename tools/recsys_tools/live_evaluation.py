@@ -27,9 +27,10 @@ from app.world.layout import REPORT_FILE
 from recsys_tools.commands import Commands
 from recsys_tools.world.flags import add_log_flags, log_columns
 from recsys_tools.world.judge.answers import AskContext, WorldAnswers
-from recsys_tools.world.judge.measures import interval
+from recsys_tools.world.judge.measures import bootstrap_interval
 from recsys_tools.world.judge.split import write_split
 from recsys_tools.world.read.log import InteractionLog, LogColumns, read_log
+from recsys_tools.world.recipes.report import read_report
 
 # Requests in flight at once: enough to finish a few thousand users in seconds, few enough
 # that the service's admission never refuses one.
@@ -53,11 +54,10 @@ class Tally:
 
     k: int
     users: int = 0
-    recall: float = 0.0
+    recalls: list[float] = field(default_factory=list)  # each user's: the mean and its interval
     ndcg: float = 0.0
     seen_served: int = 0
     short: int = 0  # answers with fewer than K items
-    recalls: list[float] = field(default_factory=list)  # each user's, for the interval
 
     def add(self, asked: Question, items: list[str]) -> None:
         """One answer, scored against what the user went on to like."""
@@ -65,7 +65,6 @@ class Tally:
         hits = [item in asked.relevant for item in items[: self.k]]
         ideal = min(self.k, len(asked.relevant))
         self.recalls.append(sum(hits) / ideal)
-        self.recall += self.recalls[-1]
         discounts = [1.0 / math.log2(rank + 2) for rank in range(self.k)]
         dcg = sum(d for d, hit in zip(discounts, hits, strict=False) if hit)
         self.ndcg += dcg / sum(discounts[:ideal])
@@ -76,8 +75,8 @@ class Tally:
         users = max(self.users, 1)
         return {
             "users": self.users,
-            f"recall@{self.k}": round(self.recall / users, 4),
-            f"recall@{self.k}_interval": interval(self.recalls, INTERVAL_SEED),
+            f"recall@{self.k}": round(sum(self.recalls) / users, 4),
+            f"recall@{self.k}_interval": bootstrap_interval(self.recalls, INTERVAL_SEED),
             f"ndcg@{self.k}": round(self.ndcg / users, 4),
             "seen_items_served": self.seen_served,
             "short_answers": self.short,
@@ -191,43 +190,53 @@ def agreement(live: Answers, offline: Answers) -> dict[str, Any]:
     }
 
 
-def _stages(world: Path) -> dict[str, dict[str, Any]]:
-    report_path = world / REPORT_FILE
-    try:
-        stages: dict[str, dict[str, Any]] = json.loads(report_path.read_text())["evaluation"][
-            "stages"
-        ]
-        if not isinstance(stages, dict):
-            raise TypeError(f"its evaluation's stages are a {type(stages).__name__}")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+def _stages(world: Path) -> dict[str, Any]:
+    report = read_report(world)
+    stages = None if report is None else report.get("evaluation")
+    stages = stages.get("stages") if isinstance(stages, dict) else None
+    if not isinstance(stages, dict):
         raise ConfigError(
-            f"{report_path}: no build report to compare with ({exc}); a world built by "
-            "recsys build-world writes one"
-        ) from exc
+            f"{world / REPORT_FILE}: no build report to compare with (no evaluation stages in "
+            "it); a world built by recsys build-world writes one"
+        )
     return stages
 
 
+def _number(value: object) -> float | None:
+    """A figure as the report holds it: a finite number, not a bool; None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        figure = float(value)
+    except OverflowError:  # an integer past float's range
+        return None
+    return figure if math.isfinite(figure) else None
+
+
 def build_claim(world: Path, k: int) -> dict[str, float | None]:
-    """What the world's build said its answer would score on its own holdout."""
+    """What the world's build said its answer would score on its own holdout (None for a
+    stage whose figure is not a finite number)."""
     return {
-        stage: figures.get(f"recall@{k}") if isinstance(figures, dict) else None
+        stage: _number(figures.get(f"recall@{k}")) if isinstance(figures, dict) else None
         for stage, figures in _stages(world).items()
     }
 
 
 def build_claim_interval(world: Path, k: int) -> list[float] | None:
-    """The middle 95% of the ranked answer's figure over draws of the build's judged users
-    (measures.interval); None from a build that did not report one."""
+    """The ranked answer's interval over resamples of the build's judged users
+    (measures.bootstrap_interval); None from a build that did not report one, or where the
+    report's is not two finite numbers, low first."""
     ranked = _stages(world).get("rank")
     bounds = ranked.get(f"recall@{k}_interval") if isinstance(ranked, dict) else None
     if not (isinstance(bounds, list) and len(bounds) == 2):
         return None
-    if not all(isinstance(bound, int | float) and not isinstance(bound, bool) for bound in bounds):
+    low, high = _number(bounds[0]), _number(bounds[1])
+    if low is None or high is None or low > high:
         return None
-    return [float(bounds[0]), float(bounds[1])]
+    return [low, high]
 
 
-def within(figure: float | None, bounds: list[float] | None) -> bool | None:
+def inside(figure: float | None, bounds: list[float] | None) -> bool | None:
     """Whether a figure lies in an interval; None where either is missing."""
     if figure is None or bounds is None:
         return None
@@ -270,9 +279,9 @@ def _run(args: argparse.Namespace) -> None:
     measured = report.get("live", report.get("files", {})).get(f"recall@{args.k}")
     if claimed and measured is not None:
         report["served_over_build"] = round(measured / claimed, 3)
-        # The build judged other users (its own holdout): a gap inside the interval is what
-        # another draw of users alike could give.
-        report["served_within_build_interval"] = within(measured, report["build_claim_interval"])
+        # Inside: the gap is within the claim's own sampling noise. Outside is no proof of
+        # more: the build judged other users, and the served figure has noise of its own.
+        report["served_inside_build_interval"] = inside(measured, report["build_claim_interval"])
     print(json.dumps(report, indent=2))
 
 

@@ -96,7 +96,7 @@ def _build_world(args: argparse.Namespace) -> None:
             report = build_world_from_log(recipe, args.world, schema)
         except MemoryError:
             raise too_big(recipe.interactions, "it ran out of memory") from None
-    print(_evaluation_table(report))
+    print(evaluation_table(report))
     print(_inputs_table(report["inputs"]))
     print(f"\nThe world is in {args.world}; the full report in {args.world / REPORT_FILE}.")
 
@@ -123,26 +123,26 @@ def _figure(value: float | None) -> str:
     return f"{value:>10.4f}" if value is not None else f"{'-':>10}"
 
 
-def _evaluation_table(report: dict[str, Any]) -> str:
+def evaluation_table(report: dict[str, Any]) -> str:
     """Each stage of the cascade on the list it would serve, then the baselines."""
     evaluation = report["evaluation"]
-    lines = [f"{'':<14}{'in pool':>10}{'recall@10':>10}{'95% of draws':>16}{'ndcg@10':>10}"]
+    lines = [f"{'':<14}{'in pool':>10}{'recall@10':>10}{'95% interval':>16}{'ndcg@10':>10}"]
     for name, figures in evaluation["stages"].items():
         lines.append(
             f"{name:<14}{_figure(figures['pool_share'])}{_figure(figures['recall@10'])}"
-            f"{_span(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
+            f"{_interval_cell(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
         )
     for name in ("item_knn", "popularity"):
         figures = evaluation["methods"][name]
         lines.append(
             f"{name:<14}{'':>10}{_figure(figures['recall@10'])}"
-            f"{_span(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
+            f"{_interval_cell(figures.get('recall@10_interval'))}{_figure(figures['ndcg@10'])}"
         )
     return "\n".join(lines)
 
 
-def _span(bounds: list[float] | None) -> str:
-    """A figure's interval over draws of the judged users; '-' for a report without one."""
+def _interval_cell(bounds: list[float] | None) -> str:
+    """A figure's 95% interval over resamples of the judged users; '-' for a report without."""
     return f"{bounds[0]:>9.4f}-{bounds[1]:.4f}" if bounds else f"{'-':>16}"
 
 

@@ -36,7 +36,7 @@ from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.measures import interval
+from recsys_tools.world.judge.measures import bootstrap_interval
 from recsys_tools.world.judge.served_view import (
     DECAY,
     SIMILAR,
@@ -414,7 +414,8 @@ def evaluate(
     methods = {
         name: {
             f"recall@{K}": _mean([r for r, _ in values]),
-            f"recall@{K}_interval": interval([r for r, _ in values], seed),
+            # Drawn from the build's seed, the one that samples the users judged.
+            f"recall@{K}_interval": bootstrap_interval([r for r, _ in values], seed),
             f"ndcg@{K}": _mean([n for _, n in values]),
         }
         for name, values in figures.items()

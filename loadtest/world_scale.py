@@ -11,7 +11,8 @@ whole process tree (the driver, Spark's JVM, its Python workers) every half seco
 
 With --memory-limit-gb the local engine also runs under that address-space limit (ulimit -v),
 to show where it stops and what it says. `--neighbours ease` builds with EASE's neighbours
-(worlds and logs named -ease). Figures go to OUT/scale.json (scale-ease.json).
+(its worlds and build logs named -ease; the generated ratings are shared). Figures go to
+OUT/scale.json (scale-ease.json).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from app.world.schema import ModelSignature, world_schema
 from loadtest.closedloop import closed_loop
 from loadtest.cpu import Processes, cpu_per_request
 from loadtest.observe import stage_deltas, stage_snapshot, triton_deltas, triton_snapshot
-from loadtest.openloop import Load, demo_bodies, run, sweep
+from loadtest.openloop import Load, demo_bodies, demo_users, run, sweep
 from loadtest.plots import write_plots
 from loadtest.record import record_top
 from loadtest.service import ApiProcess, api_on, local_service
@@ -313,7 +313,7 @@ async def rate_at_small_candidates(api: ApiProcess, args: argparse.Namespace) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world", type=Path, default=Path("var/world"))
-    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--users", type=demo_users, default=20_000)
     parser.add_argument("--cpu-rate", type=float, default=100.0)
     parser.add_argument("--start-rate", type=float, default=100.0)
     parser.add_argument("--step", type=float, default=1.2)

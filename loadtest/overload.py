@@ -30,7 +30,7 @@ import httpx
 from recsys_tools.demo import local_stack, stack_options
 
 from loadtest.histograms import Buckets, quantile, scrape_buckets, subtract
-from loadtest.openloop import Load, demo_bodies, parse_url, passes, run, summarize
+from loadtest.openloop import Load, demo_bodies, demo_users, parse_url, passes, run, summarize
 from loadtest.service import api_on
 
 P99_BOUND_MS = 50.0
@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--duration", type=float, default=5.0)
-    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--users", type=demo_users, default=20_000)
     args = parser.parse_args()
     out: object
     if args.url:

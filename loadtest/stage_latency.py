@@ -21,6 +21,7 @@ import httpx
 
 from app.core.vocabulary import Stage
 from loadtest.histograms import quantile, scrape_buckets, subtract
+from loadtest.openloop import demo_users
 from loadtest.service import local_service
 
 log = logging.getLogger("loadtest")
@@ -64,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world", type=Path, default=Path("var/world"))
     parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--users", type=demo_users, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -22,7 +22,7 @@ from typing import Any
 from recsys_tools.demo import LocalStack, local_stack, stack_options
 
 from loadtest.cpu import Processes, cpu_per_request
-from loadtest.openloop import Load, demo_bodies, run
+from loadtest.openloop import Load, demo_bodies, demo_users, run
 from loadtest.record import record
 from loadtest.service import api_on
 
@@ -70,7 +70,7 @@ def measure_trace_cost(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=Path, default=Path("var/world"))
-    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--users", type=demo_users, default=20_000)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)

@@ -29,7 +29,7 @@ connection.py, runner.py (the schedule and the pool), stats.py, sweep.py and cli
 
 from recsys_tools.measure import percentile, schedule
 
-from loadtest.openloop.cli import demo_bodies, parse_header
+from loadtest.openloop.cli import demo_bodies, demo_users, parse_header
 from loadtest.openloop.connection import Connection
 from loadtest.openloop.http1 import ProtocolError, ResponseParser, count_items, is_degraded
 from loadtest.openloop.request import (
@@ -81,6 +81,7 @@ __all__ = [
     "Window",
     "count_items",
     "demo_bodies",
+    "demo_users",
     "is_degraded",
     "is_good",
     "latency_of",

@@ -41,20 +41,33 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-# Demo catalogs go to millions of items; past a billion an id is no demo item's.
+# Demo catalogs and user bases go to millions; past a billion an id is no demo one's.
 MOST_ITEM_PAGES = 10**9
+MOST_USERS = 10**9
+
+
+def _whole(text: str, noun: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r:.40}: a whole number of {noun}") from None
 
 
 def item_pages(text: str) -> int:
     """--item-pages: how many demo items i0..i{N-1} the product pages show, 0 for home feeds."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r:.40}: a whole number of demo items") from None
+    value = _whole(text, "demo items")
     if not 0 <= value <= MOST_ITEM_PAGES:
         raise argparse.ArgumentTypeError(
             f"give 0 (home feeds) to {MOST_ITEM_PAGES:,}, not {value:.3g}"
         )
+    return value
+
+
+def demo_users(text: str) -> int:
+    """--users: how many demo users u0..u{N-1} ask; at least one, or no body could be made."""
+    value = _whole(text, "demo users")
+    if not 1 <= value <= MOST_USERS:
+        raise argparse.ArgumentTypeError(f"give 1 to {MOST_USERS:,} demo users, not {value:.3g}")
     return value
 
 
@@ -72,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds (per rate in a sweep)")
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals, not even spacing")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--users", type=int, default=20000)
+    p.add_argument("--users", type=demo_users, default=20000)
     p.add_argument("--num-items", type=int, default=20)
     p.add_argument(
         "--item-pages",

@@ -593,3 +593,22 @@ def test_the_command_line_refuses_a_count_of_item_pages_past_its_range(
         build_parser().parse_args(["--url", "http://x/recommend", "--item-pages", given])
     assert stopped.value.code == 2
     assert f"--item-pages: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("0", "give 1 to 1,000,000,000 demo users, not 0"),
+        ("-3", "give 1 to 1,000,000,000 demo users, not -3"),
+        ("2" + "0" * 9, "give 1 to 1,000,000,000 demo users, not 2e+09"),
+        ("many", "'many': a whole number of demo users"),
+    ],
+)
+def test_the_command_line_refuses_a_count_of_users_that_makes_no_body(
+    given: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--url", "http://x/recommend", "--users", given])
+    assert stopped.value.code == 2
+    assert f"--users: {said}" in capsys.readouterr().err
+    assert build_parser().parse_args(["--url", "http://x/recommend", "--users", "1"]).users == 1

@@ -53,12 +53,19 @@ def _whole(text: str, noun: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r:.40}: a whole number of {noun}") from None
 
 
+def _shown(value: int) -> str:
+    """A refused count as given, cut short: a float would round 1,000,000,001 into the range
+    it is refused from, and overflow on a few hundred digits."""
+    digits = str(value)
+    return digits if len(digits) <= 20 else f"{digits[:20]}... ({len(digits)} digits)"
+
+
 def item_pages(text: str) -> int:
     """--item-pages: how many demo items i0..i{N-1} the product pages show, 0 for home feeds."""
     value = _whole(text, "demo items")
     if not 0 <= value <= MOST_ITEM_PAGES:
         raise argparse.ArgumentTypeError(
-            f"give 0 (home feeds) to {MOST_ITEM_PAGES:,}, not {value:.3g}"
+            f"give 0 (home feeds) to {MOST_ITEM_PAGES:,}, not {_shown(value)}"
         )
     return value
 
@@ -67,7 +74,9 @@ def demo_users(text: str) -> int:
     """--users: how many demo users u0..u{N-1} ask; at least one, or no body could be made."""
     value = _whole(text, "demo users")
     if not 1 <= value <= MOST_USERS:
-        raise argparse.ArgumentTypeError(f"give 1 to {MOST_USERS:,} demo users, not {value:.3g}")
+        raise argparse.ArgumentTypeError(
+            f"give 1 to {MOST_USERS:,} demo users, not {_shown(value)}"
+        )
     return value
 
 

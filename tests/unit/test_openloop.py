@@ -581,7 +581,11 @@ async def test_the_command_line_prints_a_summary(serve: Serve) -> None:
     ("given", "said"),
     [
         ("-1", "give 0 (home feeds) to 1,000,000,000, not -1"),
-        ("1" + "0" * 12, "give 0 (home feeds) to 1,000,000,000, not 1e+12"),
+        ("1" + "0" * 12, "give 0 (home feeds) to 1,000,000,000, not 1000000000000"),
+        (
+            "9" * 400,
+            "give 0 (home feeds) to 1,000,000,000, not 99999999999999999999... (400 digits)",
+        ),
         ("abc", "'abc': a whole number of demo items"),
         ("1.5", "'1.5': a whole number of demo items"),
     ],
@@ -600,7 +604,8 @@ def test_the_command_line_refuses_a_count_of_item_pages_past_its_range(
     [
         ("0", "give 1 to 1,000,000,000 demo users, not 0"),
         ("-3", "give 1 to 1,000,000,000 demo users, not -3"),
-        ("2" + "0" * 9, "give 1 to 1,000,000,000 demo users, not 2e+09"),
+        ("1000000001", "give 1 to 1,000,000,000 demo users, not 1000000001"),
+        ("9" * 400, "give 1 to 1,000,000,000 demo users, not 99999999999999999999... (400 digits)"),
         ("many", "'many': a whole number of demo users"),
     ],
 )

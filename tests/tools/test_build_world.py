@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from recsys_tools.cli import main
 from recsys_tools.world.commands import evaluation_table
 from recsys_tools.world.judge.evaluate import split_holdout
 from recsys_tools.world.learn.derive import (
@@ -26,6 +27,7 @@ from recsys_tools.world.learn.derive import (
     totals,
     user_dense,
 )
+from recsys_tools.world.learn.factorize import REGULARIZATION
 from recsys_tools.world.learn.neighbours import NeighbourModel
 from recsys_tools.world.read.items import ItemColumns, read_items
 from recsys_tools.world.read.log import LogColumns, read_log
@@ -291,6 +293,47 @@ def test_on_planted_structure_ranking_recalled_items_beats_popularity(
     row = next(line for line in evaluation_table(report).splitlines() if line.startswith("rank"))
     assert f"{ranked['recall@10_interval'][0]:.4f}-{ranked['recall@10_interval'][1]:.4f}" in row
     assert "95% interval" in evaluation_table(report).splitlines()[0]
+
+
+def test_evaluate_holds_the_files_answers_against_the_builds_claim_and_its_interval(
+    tmp_path: Path, schema: FeatureSchema, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = ["--interactions", str(_planted_log(tmp_path))]
+    public = ["--user-col", "userId", "--item-col", "movieId", "--weight-col", "rating"]
+    assert main(["split-log", *log, "--out", str(tmp_path), *public]) == 0
+    capsys.readouterr()
+    # The parts are written in split-log's own column names. At the default regularisation:
+    # its choice on the split is another test's, and costs fits.
+    recipe = WorldRecipe(
+        interactions=tmp_path / "earlier.csv",
+        columns=LogColumns(weight="rating"),
+        regularization=REGULARIZATION,
+    )
+    built = build_world_from_log(recipe, tmp_path / "world", schema)
+    asked = [
+        "evaluate",
+        "--world",
+        str(tmp_path / "world"),
+        "--interactions",
+        str(tmp_path / "later.csv"),
+        "--earlier",
+        str(tmp_path / "earlier.csv"),
+        "--weight-col",
+        "rating",
+        "--min-weight",
+        "4",
+    ]
+    assert main(asked) == 0
+    report = json.loads(capsys.readouterr().out)
+    ranked = built["evaluation"]["stages"]["rank"]
+    assert report["build_claims"]["rank"] == ranked["recall@10"]
+    assert report["build_claim_interval"] == ranked["recall@10_interval"]
+    served = report["files"]["recall@10"]
+    assert served > 0.0
+    assert report["files"]["seen_items_served"] == 0
+    assert report["served_over_build"] == round(served / ranked["recall@10"], 3)
+    low, high = report["build_claim_interval"]
+    assert report["served_inside_build_interval"] is (low <= served <= high)
 
 
 def test_a_wrong_column_names_the_columns_and_the_flag(public: Public) -> None:

@@ -6,12 +6,17 @@ import numpy as np
 import onnxruntime as ort
 from recsys_tools.world.learn.blend import (
     Blend,
+    blend_scores,
     blended_onnx,
+    choose_blend,
     fit_blend,
+    lists_ndcg,
+    ordered_blend,
     recall_scores,
 )
 from recsys_tools.world.learn.ranker.train import export_onnx, fit_ranker
 
+from app.world.prerank import PrerankWeights
 from tests.unit.tiny_schema import tiny_schema, tiny_sequence_schema
 
 
@@ -84,3 +89,55 @@ def test_a_sequence_signal_never_counts_against_an_item() -> None:
     assert blend.sequence[0] == 0.0
     assert blend.sequence[1] > 0.5
     assert blend.recall > 1.5
+
+
+def _lists(
+    seed: int, lists: int = 400, length: int = 20
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Lists whose one liked item is the first by recall + 0.4 similar, where each list's
+    similar scores sit at a level of their own (as a user with many latest positives gets
+    higher ones): within a list the level changes no order, across lists it blurs a fit of
+    how likely each row is."""
+    rng = np.random.default_rng(seed)
+    users = np.repeat(np.arange(lists), length)
+    recall = rng.standard_normal(len(users))
+    similar = rng.standard_normal(len(users)) + np.repeat(rng.normal(0, 5, lists), length)
+    truth = recall + 0.4 * similar
+    labels = np.zeros(len(users), dtype=np.int8)
+    labels[np.arange(lists) * length + truth.reshape(lists, length).argmax(axis=1)] = 1
+    recent = rng.standard_normal(len(users))
+    return users, labels, recall, np.stack([similar, recent], axis=1).astype(np.float32)
+
+
+def test_the_first_ten_get_the_weights_that_order_them_not_those_that_fit_likelihood() -> None:
+    schema = tiny_sequence_schema()
+    users, labels, recall, sequence = _lists(5)
+    network = np.random.default_rng(6).random(len(users))
+    nothing = np.zeros(2, dtype=bool)
+    fitted = fit_blend(recall, network, labels, sequence, nothing)
+    chosen = choose_blend(
+        schema, PrerankWeights(), (users, labels), recall, network, sequence, nothing
+    )
+
+    def ndcg(blend: Blend) -> float:
+        return lists_ndcg(users, labels, blend_scores(blend, recall, network, sequence))
+
+    assert chosen.model == 0.0
+    assert chosen.bias == 0.0
+    assert chosen.sequence[1] == 0.0  # recent tells nothing here
+    assert 0.3 < chosen.sequence[0] / chosen.recall < 0.5
+    assert ndcg(chosen) > ndcg(fitted) + 0.05
+    assert ndcg(chosen) > 0.9
+
+
+def test_the_first_tens_weights_leave_out_what_the_build_leaves_out() -> None:
+    schema = tiny_sequence_schema()
+    users, labels, recall, sequence = _lists(7)
+    assert ordered_blend(schema, users, labels, recall, sequence, np.ones(2, dtype=bool)) is None
+    # Similar is what orders these lists: left out, the first ten get recent at most.
+    without = ordered_blend(schema, users, labels, recall, sequence, np.array([True, False]))
+    assert without is not None
+    assert without.sequence[0] == 0.0
+    kept = ordered_blend(schema, users, labels, recall, sequence, np.zeros(2, dtype=bool))
+    assert kept is not None
+    assert kept.sequence[0] > 0.0

@@ -202,9 +202,11 @@ def train_impression_ranker(
     lists_model: bytes | None = None,
 ) -> ImpressionRanker | None:
     """The network learnt on the shown rows of half the users (packed from `served_by`, the
-    world that showed them), blended with recall on the other half's answers, under
-    `blend_world`'s pre-rank weights (the world it is to serve in); and, given the lists'
-    ranker, that ranker with the network added. None when too few answers had a choice."""
+    world that showed them), blended with recall on the other half's answers (blend.
+    choose_blend: the network keeps a say only where it orders them better than `blend_world`'s
+    pre-rank weights, the world it is to serve in, or the signals alone do); and, given the
+    lists' ranker, that ranker with the network added. None when too few answers had a
+    choice."""
     taught = _sample(shown.with_choice(), seed)
     if taught.answers < MIN_CHOSEN_ANSWERS:
         return None

@@ -30,7 +30,6 @@ served worlds of eight and lifted their recall@10 by 2-4%; it changed no other.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,13 +37,11 @@ import numpy.typing as npt
 
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
-from recsys_tools.world.learn.prerank import GRID
+from recsys_tools.world.learn.prerank import GRID, weight_grid
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-# The sequence signals ordered_blend weighs: pre-rank's own two beside the user's vector.
-ORDERED = ("similar", "recent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,23 +230,33 @@ def ordered_blend(
     lists (NDCG@10). None where the schema's sequence block lacks both signals or the build
     leaves both out."""
     names = list(schema.sequence)
-    weighed = [
-        names.index(name) if name in names and not ignored[names.index(name)] else None
-        for name in ORDERED
-    ]
-    if all(column is None for column in weighed):
+
+    def weighed(name: str) -> bool:
+        return name in names and not ignored[names.index(name)]
+
+    if not (weighed("similar") or weighed("recent")):
         return None
     spread = sequence.astype(np.float64).std(axis=0)
     spread[spread == 0] = 1.0
-    user = 1.0 / (float(recall.std()) or 1.0)
-    choices = []
-    # A signal not weighed tries 0 alone: 6 choices, not 36, each a sort of every row.
-    for steps in itertools.product(*(GRID if column is not None else (0.0,) for column in weighed)):
-        weights = [0.0] * len(names)
-        for column, step in zip(weighed, steps, strict=True):
-            if column is not None:
-                weights[column] = step / float(spread[column])
-        choices.append(prerank_blend(user, tuple(weights)))
+
+    def spread_of(name: str) -> float:
+        return float(spread[names.index(name)]) if weighed(name) else 1.0
+
+    def steps(name: str) -> tuple[float, ...]:
+        # A signal not weighed tries 0 alone: 6 choices, not 36, each a sort of every row.
+        return GRID if weighed(name) else (0.0,)
+
+    grid = weight_grid(
+        float(recall.std()) or 1.0,
+        spread_of("similar"),
+        spread_of("recent"),
+        steps("similar"),
+        steps("recent"),
+    )
+    choices = [
+        prerank_blend(weights.user, tuple(getattr(weights, name, 0.0) for name in names))
+        for weights in grid
+    ]
     zeros = np.zeros(len(recall))
     return max(
         choices,

@@ -119,16 +119,25 @@ def fit_prerank(pools: Pools) -> PrerankWeights:
     labels = [pools.labels[k] for k in chosen]
     spread = np.concatenate(signals).std(axis=0)
     spread[spread == 0] = 1.0
-    choices = [
-        PrerankWeights(
-            user=1.0 / float(spread[0]),
-            similar=a / float(spread[1]),
-            recent=b / float(spread[2]),
-        )
-        for a in GRID
-        for b in GRID
-    ]
+    choices = weight_grid(float(spread[0]), float(spread[1]), float(spread[2]))
     return max(choices, key=lambda weights: _coverage(signals, labels, weights))
+
+
+def weight_grid(
+    user: float,
+    similar: float,
+    recent: float,
+    similar_steps: tuple[float, ...] = GRID,
+    recent_steps: tuple[float, ...] = GRID,
+) -> list[PrerankWeights]:
+    """The weights pre-rank's grid tries, given each signal's spread: the user's vector at 1,
+    each item-to-item signal at each of its steps, all scaled by their spread (only the order
+    matters). The blend's search for the first ten tries the same grid."""
+    return [
+        PrerankWeights(user=1.0 / user, similar=a / similar, recent=b / recent)
+        for a in similar_steps
+        for b in recent_steps
+    ]
 
 
 @dataclass(frozen=True, slots=True)

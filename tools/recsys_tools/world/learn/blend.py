@@ -25,7 +25,7 @@ reproduce pre-rank's own order (a weighted sum of the same signals).
 Why a fourth: pre-rank's weights are chosen to keep the held-out items among the hundreds it
 hands on, and the logistic fit to call each row's odds across all lists, while the answer is
 judged on each list's first ten. On MovieLens 100k the fourth was the one chosen for two
-served worlds of eight and lifted their recall@10 by 2-4%; it changed no other.
+served worlds of eight and lifted their recall@10 by 4.2% and 1.6%; it changed no other.
 """
 
 from __future__ import annotations

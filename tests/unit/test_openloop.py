@@ -6,6 +6,7 @@ schedule (redis-py's pool releases among them) would be counted as this generato
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -577,43 +578,40 @@ async def test_the_command_line_prints_a_summary(serve: Serve) -> None:
     assert {context["item_id"] for context in contexts} <= {"i0", "i1", "i2"}
 
 
-@pytest.mark.parametrize(
-    ("given", "said"),
-    [
-        ("-1", "give 0 (home feeds) to 1,000,000,000, not -1"),
-        ("1" + "0" * 12, "give 0 (home feeds) to 1,000,000,000, not 1000000000000"),
-        (
-            "9" * 400,
-            "give 0 (home feeds) to 1,000,000,000, not 99999999999999999999... (400 digits)",
-        ),
-        ("abc", "'abc': a whole number of demo items"),
-        ("1.5", "'1.5': a whole number of demo items"),
-    ],
-)
-def test_the_command_line_refuses_a_count_of_item_pages_past_its_range(
-    given: str, said: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as stopped:
-        build_parser().parse_args(["--url", "http://x/recommend", "--item-pages", given])
-    assert stopped.value.code == 2
-    assert f"--item-pages: {said}" in capsys.readouterr().err
+PAGES = "give 0 (home feeds) to 1,000,000,000"
+USERS = "give 1 to 1,000,000,000 demo users"
+LONG = "99999999999999999999... (400 digits)"
 
 
 @pytest.mark.parametrize(
-    ("given", "said"),
+    ("flag", "given", "said"),
     [
-        ("0", "give 1 to 1,000,000,000 demo users, not 0"),
-        ("-3", "give 1 to 1,000,000,000 demo users, not -3"),
-        ("1000000001", "give 1 to 1,000,000,000 demo users, not 1000000001"),
-        ("9" * 400, "give 1 to 1,000,000,000 demo users, not 99999999999999999999... (400 digits)"),
-        ("many", "'many': a whole number of demo users"),
+        ("--item-pages", "-1", f"{PAGES}, not -1"),
+        ("--item-pages", "1" + "0" * 12, f"{PAGES}, not 1000000000000"),
+        ("--item-pages", "9" * 400, f"{PAGES}, not {LONG}"),
+        ("--item-pages", "abc", "'abc': a whole number of demo items"),
+        ("--item-pages", "1.5", "'1.5': a whole number of demo items"),
+        ("--users", "0", f"{USERS}, not 0"),
+        ("--users", "-3", f"{USERS}, not -3"),
+        ("--users", "1000000001", f"{USERS}, not 1000000001"),
+        ("--users", "9" * 400, f"{USERS}, not {LONG}"),
+        ("--users", "many", "'many': a whole number of demo users"),
     ],
 )
-def test_the_command_line_refuses_a_count_of_users_that_makes_no_body(
-    given: str, said: str, capsys: pytest.CaptureFixture[str]
+def test_the_command_line_refuses_a_count_past_its_range(
+    flag: str, given: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as stopped:
-        build_parser().parse_args(["--url", "http://x/recommend", "--users", given])
+        build_parser().parse_args(["--url", "http://x/recommend", flag, given])
     assert stopped.value.code == 2
-    assert f"--users: {said}" in capsys.readouterr().err
-    assert build_parser().parse_args(["--url", "http://x/recommend", "--users", "1"]).users == 1
+    assert f"{flag}: {said}" in capsys.readouterr().err
+
+
+def test_the_command_line_takes_the_ends_of_each_counts_range() -> None:
+    def parsed(*flags: str) -> argparse.Namespace:
+        return build_parser().parse_args(["--url", "http://x/recommend", *flags])
+
+    assert parsed("--users", "1").users == 1
+    assert parsed("--users", "1000000000").users == 10**9
+    assert parsed("--item-pages", "0").item_pages == 0
+    assert parsed("--item-pages", "1000000000").item_pages == 10**9

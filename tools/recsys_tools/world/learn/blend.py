@@ -216,6 +216,15 @@ def prerank_blend(recall: float, sequence: tuple[float, ...]) -> Blend:
     return Blend(recall=recall, model=0.0, bias=0.0, sequence=sequence)
 
 
+def prerank_order(schema: FeatureSchema, weights: PrerankWeights) -> Blend:
+    """The blend that orders as these pre-rank weights do: the user's vector's weight on
+    recall's score, each weighed signal's on its column of the sequence block (the block's
+    other signals get none)."""
+    return prerank_blend(
+        weights.user, tuple(getattr(weights, name, 0.0) for name in schema.sequence)
+    )
+
+
 def ordered_blend(
     schema: FeatureSchema,
     users: IntArray,
@@ -253,10 +262,7 @@ def ordered_blend(
         steps("similar"),
         steps("recent"),
     )
-    choices = [
-        prerank_blend(weights.user, tuple(getattr(weights, name, 0.0) for name in names))
-        for weights in grid
-    ]
+    choices = [prerank_order(schema, weights) for weights in grid]
     zeros = np.zeros(len(recall))
     return max(
         choices,
@@ -279,9 +285,7 @@ def choose_blend(
     earns its place only where it helps on users the blend did not see. `ignored` sequence
     signals get no weight (the inputs left out of this build)."""
     users, labels = listed
-    # Pre-rank weighs three signals; the sequence block's others get no weight of its own.
-    weighed = tuple(getattr(prerank, name, 0.0) for name in schema.sequence)
-    plain = prerank_blend(prerank.user, weighed)
+    plain = prerank_order(schema, prerank)
     fitting = users % 2 == 0
     if not labels[fitting].any() or labels[fitting].all() or not labels[~fitting].any():
         return plain

@@ -220,6 +220,7 @@ def measure(
     seed: int,
     neighbours: NeighbourModel = COSINE,
     replay: bool = True,
+    order_model: bool = False,
 ) -> dict[str, Any]:
     public = SETS[name]
     whole = read_log(data / public.ratings, public.columns)
@@ -233,6 +234,7 @@ def measure(
         item_columns=public.item_columns,
         seed=seed,
         neighbours=neighbours,
+        order_model=order_model,
     )
     started = time.perf_counter()
     report = build_world_from_log(recipe, world, load_schema(interactions_schema_path()))
@@ -273,6 +275,7 @@ def measure(
         **baselines,
         "network_weight": report["ranker"]["blend"]["model"],
         "neighbours": report["neighbours"],
+        "order_model": report.get("order_model"),
         "als_regularization": report["als"]["regularization"],
         "ratios": {
             "live_over_ease": _ratio(live, baselines["ease"][recall_key]),
@@ -336,10 +339,21 @@ def main() -> None:
         action="store_false",
         help="leave out the replays (most of a run's time: the later rows one by one)",
     )
+    parser.add_argument(
+        "--order-model", action="store_true", help="build each world with the order model"
+    )
     args = parser.parse_args()
     model = NeighbourModel(args.neighbours)
     runs = [
-        measure(args.set, args.data, args.folder / f"{args.set}-{seed}", seed, model, args.replay)
+        measure(
+            args.set,
+            args.data,
+            args.folder / f"{args.set}-{seed}",
+            seed,
+            model,
+            args.replay,
+            args.order_model,
+        )
         for seed in range(args.first_seed, args.first_seed + args.seeds)
     ]
     figures = {
@@ -350,8 +364,10 @@ def main() -> None:
     print(json.dumps(figures, indent=2))
     if args.out is not None:
         # A run without replays keeps its own key: the full run's replay figures stay.
-        key = ("" if model.kind == "cosine" else f"_{model.kind}") + (
-            "" if args.replay else "_no_replay"
+        key = (
+            ("" if model.kind == "cosine" else f"_{model.kind}")
+            + ("_order" if args.order_model else "")
+            + ("" if args.replay else "_no_replay")
         )
         record(args.out, f"served_quality_{args.set}{key}", figures)
 

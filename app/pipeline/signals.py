@@ -9,14 +9,18 @@ import numpy.typing as npt
 
 from app.core.vocabulary import Positions
 from app.world.neighbours import Nearby
+from app.world.order import NO_TASTE, Taste
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 
-SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category")
-# Pre-rank weighs the first three; the others are for the ranking model's sequence block
-# only: the candidate's best and mean likeness to the latest positives (unweighted), and the
-# recency-weighted share of them in its category.
-WEIGHED = 3
+SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category", "order")
+# Pre-rank weighs these (PrerankWeights' fields); the others are for the ranking model's
+# sequence block only: the candidate's best and mean likeness to the latest positives
+# (unweighted), and the recency-weighted share of them in its category. `order` is the order
+# model's score (app.world.order), 0 where the world has none.
+WEIGHED = ("user", "similar", "recent", "order")
+WEIGHED_COLUMNS = [SIGNALS.index(name) for name in WEIGHED]
+ORDER = SIGNALS.index("order")
 
 
 def scores_at(
@@ -42,12 +46,14 @@ def prerank_signals(
     decay: float,
     categories: npt.NDArray[np.int64] | None = None,
     weighed_only: bool = False,
+    taste: Taste = NO_TASTE,
 ) -> npt.NDArray[np.float32]:
     """One row per candidate, one column per signal in SIGNALS' order; `nearby` is what the
     world's neighbours say is near `recent` (Neighbours.around, with the same decay);
-    `categories`, each catalog item's category code (None: that column stays 0).
-    `weighed_only`: the columns after pre-rank's three stay 0 (pre-rank over the whole
-    pool needs no more; the pack stage computes them for the rows it keeps)."""
+    `categories`, each catalog item's category code (None: that column stays 0); `taste`,
+    what the order model makes of `recent` (OrderModel.taste).
+    `weighed_only`: only pre-rank's columns (WEIGHED) are filled (pre-rank over the whole
+    pool needs no more; the pack stage computes the rest for the rows it keeps)."""
     signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
     if not len(positions):
         return signals
@@ -58,8 +64,9 @@ def prerank_signals(
     signals[:, 1] = scores_at(positions, nearby.items, nearby.scores)
     latest = vectors[recent]
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
-    taste = (weights @ latest) / weights.sum()
-    signals[:, 2] = candidate @ taste
+    mean_latest = (weights @ latest) / weights.sum()
+    signals[:, 2] = candidate @ mean_latest
+    signals[:, ORDER] = taste.scores(positions)
     if weighed_only:
         return signals
     each = candidate @ latest.T  # [candidates, latest positives]
@@ -82,8 +89,8 @@ def sequence_columns(
 def prerank_scores(
     signals: npt.NDArray[np.float32], weights: PrerankWeights
 ) -> npt.NDArray[np.float32]:
-    vector = np.array([weights.user, weights.similar, weights.recent], dtype=np.float32)
-    scores: npt.NDArray[np.float32] = signals[:, :WEIGHED] @ vector
+    vector = np.array([getattr(weights, name) for name in WEIGHED], dtype=np.float32)
+    scores: npt.NDArray[np.float32] = signals[:, WEIGHED_COLUMNS] @ vector
     return scores
 
 

@@ -15,6 +15,7 @@ import numpy.typing as npt
 from app.core.vocabulary import Heads, Indices, Positions, Removal, Scores, Variant
 from app.release.rules import PageSources
 from app.world.neighbours import NOWHERE, Nearby
+from app.world.order import NO_TASTE, Taste
 
 NOTHING: Positions = np.empty(0, dtype=np.int64)
 EVERY_SETTING = PageSources()  # a page section that sizes no source: the settings' sizes
@@ -52,6 +53,7 @@ class UserFeatures:
     nearby: Nearby = NOWHERE  # the items near those, from the world's neighbours
     # The catalog position of the item the page shows, also the last of `recent`; -1: none.
     viewed: int = -1
+    taste: Taste = NO_TASTE  # what the world's order model makes of `recent`
 
 
 @dataclass(frozen=True, slots=True)

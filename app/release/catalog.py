@@ -23,6 +23,7 @@ from app.world.attributes import ItemAttributes, load_attributes
 from app.world.item_prior import ItemPrior, load_item_prior
 from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, ITEMS_FILE, PAGE_NEIGHBOURS_FILE
 from app.world.neighbours import Neighbours, load_neighbours
+from app.world.order import OrderModel, load_order
 from app.world.prerank import PrerankWeights, load_prerank
 from app.world.schema import FeatureSchema
 from app.world.stored import reading
@@ -56,6 +57,8 @@ class Catalog:
     room: CatalogRoom | None = None
     # What an added item's vector is guessed from (app.world.item_prior); None: no guess.
     prior: ItemPrior | None = None
+    # The order model over the world's items (app.world.order); None: the world has none.
+    order: OrderModel | None = None
 
     @property
     def size(self) -> int:
@@ -170,6 +173,7 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
     popular_order = np.argsort(-popularity, kind="stable").astype(np.int64)
     neighbours = load_neighbours(world, len(item_ids))
     page_neighbours = load_neighbours(world, len(item_ids), PAGE_NEIGHBOURS_FILE)
+    order = load_order(world, len(item_ids), "order" in schema.sequence)
     return Catalog(
         item_ids,
         categories,
@@ -183,4 +187,5 @@ def load_catalog(world: Path, schema: FeatureSchema, nprobe: int, mmap: bool = F
         load_prerank(world),
         load_attributes(world, len(item_ids)),
         prior=load_item_prior(world, schema.embedding_dim, len(schema.item_dense)),
+        order=order,
     )

@@ -40,6 +40,9 @@ PRERANK_FILE = "prerank.json"
 ATTRIBUTES_FILE = "attributes.npz"
 ITEM_PRIOR_FILE = "item_prior.npz"
 FOLDIN_FILE = "foldin.npz"
+# The order model: a GRU over the latest positives and an output vector per item
+# (app.world.order); only where the build learnt one.
+ORDER_FILE = "order.npz"
 
 # What the service itself reads from the world directory, checked against the manifest.
 SERVED_FILES = (
@@ -51,6 +54,7 @@ SERVED_FILES = (
     PRERANK_FILE,
     ATTRIBUTES_FILE,
     ITEM_PRIOR_FILE,
+    ORDER_FILE,
 )
 # What the stamp digests (all but the manifest, the report and the held-out rows).
 STAMPED_FILES = (
@@ -68,6 +72,7 @@ STAMPED_FILES = (
     ITEM_PRIOR_FILE,
     PRERANK_FILE,
     ATTRIBUTES_FILE,
+    ORDER_FILE,
 )
 # In the directory but never loaded into a serving process's memory.
 NOT_LOADED = frozenset({HOLDOUT_FILE, REPORT_FILE, MANIFEST_FILE})

@@ -57,7 +57,9 @@ ALL_BLOCKS: frozenset[str] = (
     frozenset(BlockName.__args__) - OPTIONAL_BLOCKS  # type: ignore[attr-defined]
 )
 # What relates a candidate to what the user did last (app.pipeline.signals computes them).
-SequenceSignal = Literal["similar", "recent", "recent_max", "recent_mean", "recent_category"]
+SequenceSignal = Literal[
+    "similar", "recent", "recent_max", "recent_mean", "recent_category", "order"
+]
 
 
 # What the model's score output is: `log_odds` (any real number; rules add the log of their

@@ -5,7 +5,9 @@ nothing; for every user the answer must be the list the build's own evaluation c
 from the world's files (recsys_tools.world.judge.answers). A second copy of the world carries a
 blend with the weights the public movie-ratings sets gave (recall 10, similar 17, recent
 295): its scores reach far past where a sigmoid is 1.0 in float32, and must still never
-tie, on Triton, between distinct candidates.
+tie, on Triton, between distinct candidates. A third is built with the order model: its
+signal is stepped in process from each user's latest positives, by the service as by the
+build.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ SIGMOID_SATURATES = 17.0
 class Served:
     world: Path
     saturating: Path
+    ordered: Path
     repository: Path
     redis_urls: dict[Path, str]
     triton_url: str
@@ -87,8 +90,9 @@ def _blend_only(schema: FeatureSchema) -> bytes:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("measured")
     ratings, movies, rated = write_movie_log(folder)
-    world, saturating = folder / "world", folder / "saturating"
+    world, saturating, ordered = folder / "world", folder / "saturating", folder / "ordered"
     build_movie_world(ratings, movies, world)
+    build_movie_world(ratings, movies, ordered, "--order-model")
     shutil.copytree(world, saturating)
     schema = world_schema(saturating, None)
     (saturating / MODEL_FILE).write_bytes(_blend_only(schema))
@@ -100,7 +104,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     started: list[ManagedProcess] = []
     try:
         urls = {}
-        for name, built in (("a", world), ("b", saturating)):
+        for name, built in (("a", world), ("b", saturating), ("c", ordered)):
             process, url = start_redis(folder / f"redis-{name}")
             started.append(process)
             assert main(["load-redis", "--world", str(built), "--redis-url", url]) == 0
@@ -115,7 +119,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         started.append(triton)
         # Every user of the log, and one the world never met (a cold start).
         users = [*sorted(rated, key=int), "stranger"]
-        yield Served(world, saturating, repository, urls, triton_url, rules, users)
+        yield Served(world, saturating, ordered, repository, urls, triton_url, rules, users)
     finally:
         for process in reversed(started):
             process.stop()
@@ -218,6 +222,26 @@ async def test_scores_far_past_a_sigmoids_range_never_tie_on_triton(served: Serv
             assert len(np.unique(scores)) == distinct_rows, user
         expected = dict(files.answers(served.users, MOMENT))
         answers = await _served_answers(served, served.saturating)
+        differing = [user for user in served.users if answers[user] != expected[user]]
+        assert not differing, {user: (answers[user], expected[user]) for user in differing[:3]}
+    finally:
+        _install(served, served.world)
+
+
+async def test_a_world_with_the_order_model_serves_what_its_files_say(served: Served) -> None:
+    files = WorldAnswers(served.ordered)
+    assert files.schema.sequence[-1] == "order"
+    # The signal is there to be weighed: each rated user's candidates score apart by it.
+    column = files.schema.blocks["sequence"].stop - 1
+    for user in served.users[:5]:
+        _, rows = files.model_input(user, MOMENT)
+        assert np.ptp(rows[:, column]) > 0, user
+    _, cold = files.model_input("stranger", MOMENT)
+    assert not cold[:, column].any()
+    _install(served, served.ordered)
+    try:
+        expected = dict(files.answers(served.users, MOMENT))
+        answers = await _served_answers(served, served.ordered)
         differing = [user for user in served.users if answers[user] != expected[user]]
         assert not differing, {user: (answers[user], expected[user]) for user in differing[:3]}
     finally:

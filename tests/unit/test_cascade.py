@@ -126,7 +126,17 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     latest = np.array([2], np.int64)
     near = NEIGHBOURS.around(latest, 0.9)
     signals = prerank_signals(positions, user, latest, VECTORS, near, 0.9)
-    assert SIGNALS == ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category")
+    assert SIGNALS == (
+        "user",
+        "similar",
+        "recent",
+        "recent_max",
+        "recent_mean",
+        "recent_category",
+        "order",
+    )
+    # A world without an order model: its column is 0 for every candidate.
+    np.testing.assert_array_equal(signals[:, 6], 0.0)
     np.testing.assert_allclose(signals[:, 0], [0.2, 0.6, 1.0], atol=1e-3)
     np.testing.assert_allclose(signals[:, 1], [0.0, 0.8, 0.0], atol=1e-6)
     # Item 2's vector is (1, 0.4): item n scores 1 + 0.4 n / 5.

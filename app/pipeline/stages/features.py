@@ -18,6 +18,7 @@ from app.pipeline.types import Asked, Moment, Query, UserFeatures
 from app.release.artifacts import ServingArtifacts
 from app.release.catalog import Catalog
 from app.world.neighbours import NOWHERE, Nearby
+from app.world.order import Taste, taste_of
 from app.world.schema import FeatureSchema
 
 NOTHING_SEEN: Positions = np.empty(0, dtype=np.int64)
@@ -89,14 +90,18 @@ class UserFeatureHydrator:
         except FeatureStoreError as exc:
             ctx.degrade(Stage.FEATURES, exc.kind, exc)
             viewed = _viewed_at(query, ctx)
-            recent, nearby = self._latest(NOTHING_SEEN, viewed, ctx.artifacts.catalog)
-            return UserFeatures(default_blob, encoded, NOTHING_SEEN, False, recent, nearby, viewed)
+            recent, nearby, taste = self._latest(NOTHING_SEEN, viewed, ctx.artifacts.catalog)
+            return UserFeatures(
+                default_blob, encoded, NOTHING_SEEN, False, recent, nearby, viewed, taste
+            )
         if self._catalog is not None and record.catalog_seq:
             await self._follow_catalog(self._catalog, record.catalog_seq, ctx)
         seen = record.seen
         catalog = ctx.artifacts.catalog
         viewed = _viewed_at(query, ctx)
-        recent, nearby = self._latest(record.recent[record.recent < catalog.size], viewed, catalog)
+        recent, nearby, taste = self._latest(
+            record.recent[record.recent < catalog.size], viewed, catalog
+        )
         known = seen < catalog.size
         if not record.seen_whole or not known.all():
             seen = seen[known]
@@ -107,20 +112,25 @@ class UserFeatureHydrator:
             )
         if record.state is BlobState.ABSENT:
             ctx.metrics.cold_start.inc()
-            return UserFeatures(default_blob, encoded, seen, True, recent, nearby, viewed)
+            return UserFeatures(default_blob, encoded, seen, True, recent, nearby, viewed, taste)
         if record.blob is None or not np.isfinite(record.blob).all():
             ctx.degrade(Stage.FEATURES, FailureKind.BAD_DATA, "user blob malformed or not finite")
-            return UserFeatures(default_blob, encoded, seen, False, recent, nearby, viewed)
-        return UserFeatures(record.blob, encoded, seen, False, recent, nearby, viewed)
+            return UserFeatures(default_blob, encoded, seen, False, recent, nearby, viewed, taste)
+        return UserFeatures(record.blob, encoded, seen, False, recent, nearby, viewed, taste)
 
-    def _latest(self, recent: Positions, viewed: int, catalog: Catalog) -> tuple[Positions, Nearby]:
-        """The latest positives, the viewed item last (the latest signal of all), and the
-        items near them."""
+    def _latest(
+        self, recent: Positions, viewed: int, catalog: Catalog
+    ) -> tuple[Positions, Nearby, Taste]:
+        """The latest positives, the viewed item last (the latest signal of all), the items
+        near them, and what the order model makes of them."""
         if viewed >= 0:
             recent = np.append(recent[recent != viewed], np.int64(viewed))
-        if catalog.neighbours is None:
-            return recent, NOWHERE
-        return recent, catalog.neighbours.around(recent, self._decay)
+        nearby = (
+            NOWHERE
+            if catalog.neighbours is None
+            else catalog.neighbours.around(recent, self._decay)
+        )
+        return recent, nearby, taste_of(catalog.order, recent)
 
 
 def _viewed_at(query: Query, ctx: RequestContext) -> int:

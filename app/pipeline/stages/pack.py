@@ -36,6 +36,7 @@ class RowPacker:
             user.nearby,
             self._decay,
             catalog.categories,
+            taste=user.taste,
         )
         return sequence_columns(schema, signals)
 

@@ -52,6 +52,7 @@ class PreRanker:
             user.nearby,
             self._decay,
             weighed_only=True,
+            taste=user.taste,
         )
         scores = prerank_scores(signals, catalog.prerank)
         if ctx.trace is not None:

@@ -24,6 +24,7 @@ from app.pipeline.packing import encode_context
 from app.release.catalog import read_index
 from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, MODEL_FILE, SCHEMA_FILE
 from app.world.neighbours import load_neighbours
+from app.world.order import load_order
 from app.world.prerank import load_prerank
 from app.world.schema import FeatureSchema, load_schema
 from app.world.tables import load_items, load_positives, load_seen, load_users
@@ -115,6 +116,7 @@ class WorldAnswers:
             load_neighbours(world, len(self.item_ids)),
             load_prerank(world),
             items.categories.astype(np.int64),
+            load_order(world, len(self.item_ids), "order" in self.schema.sequence),
         )
         index = read_index(world / INDEX_FILE, mmap=False)
         self._evaluator = Evaluator(model, self.schema, "auto", index, settings)

@@ -34,6 +34,7 @@ from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence
 from app.release.catalog import set_search_breadth
 from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
+from app.world.order import OrderModel, taste_of
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.measures import bootstrap_interval
@@ -93,6 +94,7 @@ class ServedModel:
     neighbours: Neighbours | None = None
     prerank: PrerankWeights = field(default_factory=PrerankWeights)
     categories: IntArray | None = None  # each item's category code, as the catalog holds it
+    order: OrderModel | None = None  # the order model (app.world.order), where the world has one
 
 
 def _ragged(owner: IntArray, size: int) -> IntArray:
@@ -254,6 +256,7 @@ class Evaluator:
             q.near,
             DECAY,
             self.model.categories,
+            taste=taste_of(self.model.order, q.recent),
         )
 
     def prerank_order(self, q: JudgedUser, pool: IntArray) -> npt.NDArray[np.intp]:

@@ -233,17 +233,17 @@ def ordered_blend(
     sequence: FloatArray,
     ignored: BoolArray,
 ) -> Blend | None:
-    """Pre-rank's two item-to-item signals weighed for the first ten, not for the KEEP
-    pre-rank hands on: of the grid pre-rank searches (each signal scaled by its spread against
-    the user's vector's 1), the weights whose order puts the most liked items first in these
-    lists (NDCG@10). None where the schema's sequence block lacks both signals or the build
-    leaves both out."""
+    """Pre-rank's signals (the two item-to-item ones, and the order model's where the schema
+    declares it) weighed for the first ten, not for the KEEP pre-rank hands on: of the grid
+    pre-rank searches (each signal scaled by its spread against the user's vector's 1), the
+    weights whose order puts the most liked items first in these lists (NDCG@10). None where
+    the schema's sequence block lacks all of them or the build leaves them all out."""
     names = list(schema.sequence)
 
     def weighed(name: str) -> bool:
         return name in names and not ignored[names.index(name)]
 
-    if not (weighed("similar") or weighed("recent")):
+    if not (weighed("similar") or weighed("recent") or weighed("order")):
         return None
     spread = sequence.astype(np.float64).std(axis=0)
     spread[spread == 0] = 1.0
@@ -261,6 +261,8 @@ def ordered_blend(
         spread_of("recent"),
         steps("similar"),
         steps("recent"),
+        spread_of("order"),
+        steps("order"),
     )
     choices = [prerank_order(schema, weights) for weights in grid]
     zeros = np.zeros(len(recall))

@@ -16,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.core.cascade import CANDIDATE_COUNT, PRERANK_KEEP
-from app.pipeline.signals import SIGNALS, best, prerank_scores, prerank_signals
+from app.pipeline.signals import ORDER, SIGNALS, best, prerank_scores, prerank_signals
 from app.world.neighbours import Neighbours
+from app.world.order import OrderModel, taste_of
 from app.world.prerank import PrerankWeights
 from recsys_tools.world.judge.served_view import DECAY, Recent, nearby
 from recsys_tools.world.judge.service_stages import ServiceStages
@@ -77,6 +78,7 @@ def user_pools(
     seen: IntArray,
     liked: IntArray,
     categories: IntArray,
+    order: OrderModel | None = None,
 ) -> Pools:
     """Each user's pool as the service's own candidate stages build it (`stages`, over the
     world learnt from the early part), with its signals. `seen` and `liked` are sorted
@@ -98,8 +100,11 @@ def user_pools(
         if mine.any():
             kept_users.append(user)
             pools.append(pool)
+            taste = taste_of(order, latest)
             signals.append(
-                prerank_signals(pool, user_vectors[user], latest, vectors, near, DECAY, categories)
+                prerank_signals(
+                    pool, user_vectors[user], latest, vectors, near, DECAY, categories, taste=taste
+                )
             )
             labels.append(mine)
     return Pools(np.asarray(kept_users, dtype=np.int64), pools, signals, labels)
@@ -108,9 +113,10 @@ def user_pools(
 def fit_prerank(pools: Pools) -> PrerankWeights:
     """The weights under which pre-rank keeps the most of what the users went on to like.
 
-    A grid over the two item-to-item signals' weights, the user's vector's fixed at 1 (only
-    the order matters), each signal scaled by its spread first. The grid holds the vector
-    alone, so the choice never keeps less on these users than recall's own order does.
+    A grid over the item-to-item signals' weights (the order model's too, where the pools
+    have its scores), the user's vector's fixed at 1 (only the order matters), each signal
+    scaled by its spread first. The grid holds the vector alone, so the choice never keeps
+    less on these users than recall's own order does.
     """
     chosen = [k for k, pool in enumerate(pools.pools) if len(pool) > KEEP]
     if not chosen:
@@ -118,8 +124,15 @@ def fit_prerank(pools: Pools) -> PrerankWeights:
     signals = [pools.signals[k] for k in chosen]
     labels = [pools.labels[k] for k in chosen]
     spread = np.concatenate(signals).std(axis=0)
+    ordered = bool(spread[ORDER] > 0)
     spread[spread == 0] = 1.0
-    choices = weight_grid(float(spread[0]), float(spread[1]), float(spread[2]))
+    choices = weight_grid(
+        float(spread[0]),
+        float(spread[1]),
+        float(spread[2]),
+        order=float(spread[ORDER]),
+        order_steps=GRID if ordered else (0.0,),
+    )
     return max(choices, key=lambda weights: _coverage(signals, labels, weights))
 
 
@@ -129,14 +142,17 @@ def weight_grid(
     recent: float,
     similar_steps: tuple[float, ...] = GRID,
     recent_steps: tuple[float, ...] = GRID,
+    order: float = 1.0,
+    order_steps: tuple[float, ...] = (0.0,),
 ) -> list[PrerankWeights]:
     """The weights pre-rank's grid tries, given each signal's spread: the user's vector at 1,
-    each item-to-item signal at each of its steps, all scaled by their spread (only the order
+    each other signal at each of its steps, all scaled by their spread (only the order
     matters). The blend's search for the first ten tries the same grid."""
     return [
-        PrerankWeights(user=1.0 / user, similar=a / similar, recent=b / recent)
+        PrerankWeights(user=1.0 / user, similar=a / similar, recent=b / recent, order=c / order)
         for a in similar_steps
         for b in recent_steps
+        for c in order_steps
     ]
 
 

@@ -22,10 +22,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.core.errors import ConfigError
 from app.world.layout import REPORT_FILE
+from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, time_features, weigh_inputs
 from recsys_tools.world.learn.derive import check_derivable
+from recsys_tools.world.learn.order import with_order
 from recsys_tools.world.learn.ranker.from_log import ListRanker
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.log import InteractionLog
@@ -104,6 +107,12 @@ def build_world(
 ) -> dict[str, Any]:
     """Build, evaluate and write the world; returns the report also written to report.json."""
     check_derivable(schema)
+    schema = with_order(schema) if recipe.order_model else schema
+    if "order" in schema.sequence and recipe.columns.time is None:
+        raise ConfigError(
+            "the order model reads each history in time order: a log without times has none "
+            "(build without --order-model, with a schema that leaves out the order signal)"
+        )
     clock = Clock()
     started = time.perf_counter()
     with engine.opened(recipe, schema, clock) as read:
@@ -206,7 +215,12 @@ def _report(
             recipe.neighbours, learnt.taught.neighbours, learnt.taught.page_neighbours
         ),
         "ranker": ranker_report(learnt.ranker),
+        "order_model": _order_report(learnt.taught.order),
     }
+
+
+def _order_report(order: OrderModel | None) -> dict[str, int] | None:
+    return None if order is None else {"items": order.items, "hidden": order.hidden}
 
 
 def _times(recipe: WorldRecipe, schema: FeatureSchema) -> dict[str, Any]:

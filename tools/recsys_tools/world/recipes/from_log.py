@@ -19,6 +19,7 @@ import numpy as np
 from app.core.errors import ConfigError
 from app.world.foldin import FoldInParams
 from app.world.neighbours import Neighbours
+from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from app.world.tables import PositiveLists, SeenLists, save_table
 from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_holdout
@@ -30,6 +31,7 @@ from recsys_tools.world.learn.neighbours import (
     check_ease_memory,
     positive_neighbours,
 )
+from recsys_tools.world.learn.order import fit_order
 from recsys_tools.world.learn.ranker.from_log import early_part
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
@@ -73,6 +75,11 @@ class LocalOps:
 
     def neighbours(self, part: InteractionLog, model: NeighbourModel) -> Neighbours:
         return positive_neighbours(part, model)
+
+    def order(self, part: InteractionLog, seed: int) -> OrderModel:
+        model, report = fit_order(part, seed)
+        log.info("order model: %s", report.as_dict())
+        return model
 
 
 class LocalEngine:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from app.world.foldin import FoldInParams
 from app.world.neighbours import Neighbours
+from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from app.world.tables import HeldOut, ItemTable, UserTable
 from recsys_tools.world.judge.evaluate import ServedModel
@@ -65,6 +66,10 @@ class PartOps(Protocol[P]):
         """Each item's neighbours by the users who liked both, scored by `model`."""
         ...
 
+    def order(self, part: P, seed: int) -> OrderModel:
+        """The order model learnt from the part's positives in time order (learn/order.py)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Taught:
@@ -85,6 +90,7 @@ class Taught:
     served_users: IntArray  # the users with a positive: the served world's users
     positives: int
     page_neighbours: Neighbours | None = None
+    order: OrderModel | None = None  # where the schema declares the order signal
 
     def tables(self, catalog: ItemInfo, user_ids: StrArray) -> tuple[ItemTable, UserTable]:
         """The served world's item and user tables (`user_ids` by the part's user index)."""
@@ -150,6 +156,11 @@ def learn_part(
             label,
             clock.took(f"{label}.page_neighbours"),
         )
+    order = None
+    if "order" in schema.sequence:
+        with clock.step(f"{label}.order"):
+            order = ops.order(part, recipe.seed)
+        log.info("%s: the order model %s", label, clock.took(f"{label}.order"))
     return Taught(
         embeddings=embeddings,
         user_dense=user_dense,
@@ -162,6 +173,7 @@ def learn_part(
         served_users=np.flatnonzero(users.positives > 0).astype(np.int64),
         positives=all_totals.total_positives,
         page_neighbours=page_neighbours,
+        order=order,
     )
 
 
@@ -172,7 +184,14 @@ def known_of(early: Taught, users: IntArray | None = None) -> Known:
     if users is not None:
         embeddings = Embeddings(embeddings.users[users], embeddings.items)
         user_dense = user_dense[users]
-    return Known(embeddings, user_dense, early.item_dense, early.neighbours, early.popularity)
+    return Known(
+        embeddings,
+        user_dense,
+        early.item_dense,
+        early.neighbours,
+        early.popularity,
+        early.order,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +252,7 @@ class Learnt:
             taught.neighbours,
             self.ranker.prerank,
             taught.categories,
+            taught.order,
         )
 
 
@@ -289,4 +309,5 @@ def world_parts(
             ranker.holdout_users,
             ranker.holdout_items,
         ),
+        learnt.taught.order,
     )

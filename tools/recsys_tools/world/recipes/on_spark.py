@@ -24,6 +24,7 @@ from app.core.errors import ConfigError
 from app.world.foldin import FoldInParams
 from app.world.layout import POSITIVES_FILE, SEEN_FILE
 from app.world.neighbours import Neighbours
+from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
@@ -92,6 +93,12 @@ class SparkOps:
 
     def neighbours(self, part: Part, model: NeighbourModel) -> Neighbours:
         return neighbours_on_spark(part, model=model)
+
+    def order(self, part: Part, seed: int) -> OrderModel:
+        raise ConfigError(
+            "the order model is learnt on the local engine only: build without --order-model "
+            "on Spark"
+        )
 
 
 def _served_model(learnt: Learnt, sample_users: np.ndarray) -> ServedModel:

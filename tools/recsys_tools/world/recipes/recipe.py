@@ -37,6 +37,8 @@ class WorldRecipe:
     regularization: float | None = None
     # How the item-to-item neighbours are scored (learn/neighbours.py).
     neighbours: NeighbourModel = COSINE
+    # Learn the order model (learn/order.py) and add its signal to the schema's sequence.
+    order_model: bool = False
 
     @property
     def als_regularization(self) -> float:

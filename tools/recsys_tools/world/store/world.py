@@ -15,6 +15,7 @@ from app.world.foldin import FoldInParams, save_foldin
 from app.world.item_prior import ItemPrior, save_item_prior
 from app.world.layout import MODEL_FILE, PAGE_NEIGHBOURS_FILE
 from app.world.neighbours import Neighbours, save_neighbours
+from app.world.order import OrderModel, save_order
 from app.world.prerank import PrerankWeights, save_prerank
 from app.world.schema import FeatureSchema
 from app.world.tables import HeldOut, ItemTable, UserTable, save_holdout
@@ -39,6 +40,7 @@ class WorldParts:
     prerank: PrerankWeights
     model: bytes  # model.onnx
     held_out: HeldOut  # the ranker's rows it never learnt from
+    order: OrderModel | None = None  # the order model, where the schema declares its signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ def write_world(
         save_neighbours(world, parts.page_neighbours, PAGE_NEIGHBOURS_FILE)
     save_item_prior(world, parts.prior)
     save_prerank(world, parts.prerank)
+    if parts.order is not None:
+        save_order(world, parts.order)
     (world / MODEL_FILE).write_bytes(parts.model)
     save_holdout(world, parts.held_out)
     return Written(listed, {**catalog.manifest(), "item_prior": parts.prior_report})

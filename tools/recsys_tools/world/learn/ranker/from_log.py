@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from app.pipeline.signals import sequence_columns
 from app.world.neighbours import Neighbours
+from app.world.order import OrderModel
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
@@ -104,6 +105,7 @@ class Known:
     item_dense: FloatArray
     neighbours: Neighbours
     popularity: FloatArray
+    order: OrderModel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,7 @@ def _candidate_lists(
             before,
             liked_keys,
             categories,
+            known.order,
         )
 
     def rows_of(lists: RankedLists) -> FloatArray:

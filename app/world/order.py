@@ -9,7 +9,9 @@ vector per item:
   (3·hidden each): the GRU's gates;
 - `outputs` (n_items x hidden), `output_bias` (n_items): the next item's log-odds is
   output·state + bias. Both are stored less the catalog's mean, so a score is the item's
-  log-odds over the average item's and an item added while serving (no vector) scores 0.
+  log-odds over the average item's and an item added while serving (no vector) scores 0;
+- `window` (an integer): how many of the latest positives it learnt to read; the service
+  reads as many, whatever its own list holds (RECSYS_RECENT_ITEMS may be longer).
 
 The service steps the state from zero through the user's latest positives (oldest first) on
 every request, in process: a user's click reaches the next answer's state with no store in
@@ -33,6 +35,10 @@ from app.world.stored import reading
 
 FloatArray = npt.NDArray[np.float32]
 ARRAYS = ("inputs", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "outputs", "output_bias")
+# A trained GRU's weights are a few units; values far past that come from a damaged or
+# hand-made file and would overflow the state's float32 products into NaN.
+MAX_MAGNITUDE = 1e4
+MAX_WINDOW = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,7 @@ class OrderModel:
     bias_hh: FloatArray
     outputs: FloatArray
     output_bias: FloatArray
+    window: int
 
     @property
     def hidden(self) -> int:
@@ -85,12 +92,17 @@ class OrderModel:
     def items(self) -> int:
         return int(self.inputs.shape[0])
 
+    def _read(self, recent: Positions) -> Positions:
+        """What of `recent` (oldest first) the model reads: the latest `window` it knows."""
+        known: Positions = recent[(recent >= 0) & (recent < self.items)][-self.window :]
+        return known
+
     def state(self, recent: Positions) -> FloatArray:
         """The GRU's state after `recent` (oldest first), from zero; items it does not
         know are passed over."""
         hidden = self.hidden
         state = np.zeros(hidden, dtype=np.float32)
-        known = recent[recent < self.items]
+        known = self._read(recent)
         if not len(known):
             return state
         # Every step's input gates in one product; only the state's part is sequential.
@@ -104,7 +116,9 @@ class OrderModel:
         return state.astype(np.float32)
 
     def taste(self, recent: Positions) -> Taste:
-        if not len(recent):
+        """What the model makes of `recent`: nothing where it knows none of them (the
+        state it never learnt from, zero, would score every item by its bias alone)."""
+        if not len(self._read(recent)):
             return NO_TASTE
         return Taste(self.state(recent), self.outputs, self.output_bias)
 
@@ -115,7 +129,8 @@ def taste_of(model: OrderModel | None, recent: Positions) -> Taste:
 
 
 def save_order(world: Path, model: OrderModel) -> None:
-    np.savez(world / ORDER_FILE, **{name: getattr(model, name) for name in ARRAYS})
+    arrays = {name: getattr(model, name) for name in ARRAYS}
+    np.savez(world / ORDER_FILE, window=np.int64(model.window), **arrays)
 
 
 def _shapes_agree(arrays: dict[str, npt.NDArray[np.generic]], n_items: int) -> bool:
@@ -151,6 +166,7 @@ def load_order(world: Path, n_items: int, declared: bool) -> OrderModel | None:
         return None
     with reading(path), np.load(path) as stored:
         arrays = {name: stored[name] for name in ARRAYS}
+        window = stored["window"]
     if any(array.dtype.kind != "f" for array in arrays.values()):
         raise ConfigError(f"{path} holds arrays that are not floats: rebuild the world")
     if not _shapes_agree(arrays, n_items):
@@ -160,4 +176,10 @@ def load_order(world: Path, n_items: int, declared: bool) -> OrderModel | None:
         served = {name: array.astype(np.float32) for name, array in arrays.items()}
     if not all(np.isfinite(array).all() for array in served.values()):
         raise ConfigError(f"{path} holds NaN, Inf or a value past float32's: rebuild the world")
-    return OrderModel(**served)
+    if any(array.size and np.abs(array).max() > MAX_MAGNITUDE for array in served.values()):
+        raise ConfigError(
+            f"{path} holds values past {MAX_MAGNITUDE:g}, no trained GRU's: rebuild the world"
+        )
+    if window.shape != () or window.dtype.kind not in "iu" or not 1 <= int(window) <= MAX_WINDOW:
+        raise ConfigError(f"{path}: window must be one integer from 1 to {MAX_WINDOW}")
+    return OrderModel(**served, window=int(window))

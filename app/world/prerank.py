@@ -11,12 +11,15 @@ without the file pre-ranks by the user's vector alone.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from app.core.errors import ConfigError
 from app.world.layout import PRERANK_FILE
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,13 @@ def save_prerank(world: Path, weights: PrerankWeights) -> None:
     (world / PRERANK_FILE).write_text(json.dumps(asdict(weights), indent=2) + "\n")
 
 
+def _weight(raw: object, name: str) -> float:
+    """A weight as JSON gives it: a number, never a bool or a string that parses as one."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise TypeError(f"{name} is {type(raw).__name__}, not a number")
+    return float(raw)
+
+
 def load_prerank(world: Path) -> PrerankWeights:
     path = world / PRERANK_FILE
     if not path.is_file():
@@ -38,11 +48,13 @@ def load_prerank(world: Path) -> PrerankWeights:
     try:
         raw = json.loads(path.read_text())
         weights = PrerankWeights(
-            **{name: float(raw[name]) for name in ("user", "similar", "recent")},
-            order=float(raw.get("order", 0.0)),
+            **{name: _weight(raw[name], name) for name in ("user", "similar", "recent")},
+            order=_weight(raw.get("order", 0.0), "order"),
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    if not all(math.isfinite(value) for value in asdict(weights).values()):
-        raise ConfigError(f"{path} holds NaN or Inf: rebuild the world")
+    # Pre-rank multiplies in float32: a weight past its range is Inf there, and 0 x Inf (a
+    # signal a world lacks) NaN for every candidate.
+    if not all(abs(value) < FLOAT32_MAX for value in asdict(weights).values()):
+        raise ConfigError(f"{path} holds NaN, Inf or a value past float32's: rebuild the world")
     return weights

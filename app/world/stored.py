@@ -15,5 +15,6 @@ from app.core.errors import ConfigError
 def reading(path: Path) -> Iterator[None]:
     try:
         yield
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+    # TypeError: a file of another kind under the name (an .npy array is no archive to open).
+    except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc

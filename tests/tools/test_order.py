@@ -17,7 +17,7 @@ from recsys_tools.world.recipes.from_log import build_world_from_log
 from recsys_tools.world.recipes.recipe import WorldRecipe
 
 from app.core.errors import ConfigError
-from app.world.schema import load_schema
+from app.world.schema import load_schema, parse_schema
 
 COLUMNS = LogColumns(weight="rating", min_weight=4.0)
 CYCLE = 30
@@ -95,7 +95,7 @@ def test_the_order_signal_is_added_last_to_the_schemas_sequence() -> None:
     assert ordered.blocks["sequence"].stop == schema.blocks["sequence"].stop + 1
     assert with_order(ordered) is ordered
     # The world carries the text it was built for: read back, it is the same schema.
-    assert load_schema(None) != ordered
+    assert parse_schema(ordered.source) == ordered
     bare = load_schema(None)
     if not bare.sequence:
         added = with_order(bare)
@@ -117,13 +117,20 @@ def test_a_log_without_times_cannot_be_built_with_the_order_model(tmp_path: Path
     assert not (tmp_path / "world").exists()
 
 
+@pytest.mark.parametrize("asked_by", ["flag", "schema"])
 def test_the_spark_engine_refuses_the_order_model_before_it_starts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, asked_by: str
 ) -> None:
     path = tmp_path / "log.csv"
     _cycling(path, users=5)
     argv = ["build-world", "--interactions", str(path), "--world", str(tmp_path / "world")]
-    code = main([*argv, "--weight-col", "rating", "--order-model", "--engine", "spark"])
-    assert code != 0
-    assert "--order-model is learnt on the local engine only" in caplog.text
+    argv += ["--weight-col", "rating", "--engine", "spark"]
+    if asked_by == "flag":
+        argv.append("--order-model")
+    else:  # a schema an order world was built with, reused
+        schema = tmp_path / "schema.json"
+        schema.write_text(with_order(load_schema(interactions_schema_path())).source)
+        argv += ["--schema", str(schema)]
+    assert main(argv) != 0
+    assert "learnt on the local engine only" in caplog.text
     assert not (tmp_path / "world").exists()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.clients.feature_store import decode_user, encode_seen
-from app.core.errors import ConfigError
+from app.core.errors import ConfigError, FailureKind, FeatureStoreError
 from app.core.metrics import ServiceMetrics
 from app.pipeline.context import RequestContext
 from app.pipeline.packing import pack_rows
@@ -33,6 +33,7 @@ from app.pipeline.types import (
 from app.release.artifacts import serving_artifacts
 from app.world.layout import PRERANK_FILE
 from app.world.neighbours import NOWHERE, Neighbours, load_neighbours, save_neighbours
+from app.world.order import NO_TASTE, OrderModel
 from app.world.prerank import PrerankWeights, load_prerank
 from tests.unit.fakes import KEYS, FakeUserStore, artifacts, user_record
 from tests.unit.tiny_schema import tiny_sequence_schema
@@ -120,6 +121,32 @@ async def test_the_features_stage_finds_what_is_near_the_latest_positives_once()
     assert alone.nearby is NOWHERE
 
 
+async def test_the_features_stage_steps_the_order_model_through_the_latest_positives() -> None:
+    rng = np.random.default_rng(2)
+
+    def drawn(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, 0.5, shape).astype(np.float32)
+
+    order = OrderModel(
+        drawn(6, 3), drawn(6, 3), drawn(6, 2), drawn(6), drawn(6), drawn(6, 2), drawn(6), 20
+    )
+    store = FakeUserStore(dataclasses.replace(user_record(), recent=np.array([0, 2, 9], np.int64)))
+    request = ctx()
+    request.artifacts = dataclasses.replace(
+        request.artifacts, catalog=dataclasses.replace(request.artifacts.catalog, order=order)
+    )
+    user = (await UserFeatureHydrator(store, 0.02).run(Query("u1", 3), request)).user
+    np.testing.assert_array_equal(user.taste.state, order.state(np.array([0, 2], np.int64)))
+    # An item page's viewed item is the latest step of all.
+    page = Query("u1", 3, viewed_item_id=str(request.artifacts.catalog.item_ids[5]))
+    viewing = (await UserFeatureHydrator(store, 0.02).run(page, request)).user
+    np.testing.assert_array_equal(viewing.taste.state, order.state(np.array([0, 2, 5], np.int64)))
+    # The store down: no positives to step through, no taste.
+    down = FakeUserStore(error=FeatureStoreError(FailureKind.TIMEOUT, "down"))
+    broken = (await UserFeatureHydrator(down, 0.02).run(Query("u1", 3), request)).user
+    assert broken.taste is NO_TASTE
+
+
 def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() -> None:
     positions = np.array([1, 3, 5], dtype=np.int64)
     user = np.array([0.0, 1.0], dtype=np.float32)
@@ -160,7 +187,7 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     # Items 1 (7), 3 (7) and 5 (9): the later positive's category, the earlier's, neither.
     np.testing.assert_allclose(sharing[:, 5], [2 / 3, 1 / 3, 0.0], atol=1e-6)
     np.testing.assert_allclose(sharing[:, :5], two[:, :5])
-    # Pre-rank over the whole pool computes its own three only.
+    # Pre-rank over the whole pool computes its own columns only (WEIGHED).
     weighed = prerank_signals(
         positions, user, np.array([2, 0], np.int64), VECTORS, near, 0.5, categories, True
     )
@@ -266,6 +293,8 @@ def test_a_damaged_neighbours_or_weights_file_is_refused(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="cannot be read"):
         load_neighbours(tmp_path, 6)
     assert load_prerank(tmp_path) == PrerankWeights()
-    (tmp_path / PRERANK_FILE).write_text(json.dumps({"user": 1, "similar": "nan", "recent": 0}))
+    (tmp_path / PRERANK_FILE).write_text(
+        json.dumps({"user": 1, "similar": float("nan"), "recent": 0})
+    )
     with pytest.raises(ConfigError, match="NaN"):
         load_prerank(tmp_path)

@@ -16,7 +16,7 @@ from app.world.neighbours import NOWHERE
 from app.world.order import ARRAYS, NO_TASTE, OrderModel, load_order, save_order, taste_of
 from app.world.prerank import PrerankWeights, load_prerank
 
-ITEMS, WIDTH, HIDDEN = 12, 5, 4
+ITEMS, WIDTH, HIDDEN, WINDOW = 12, 5, 4, 6
 
 
 def _model(seed: int = 3) -> OrderModel:
@@ -33,6 +33,7 @@ def _model(seed: int = 3) -> OrderModel:
         bias_hh=drawn(3 * HIDDEN),
         outputs=drawn(ITEMS, HIDDEN),
         output_bias=drawn(ITEMS),
+        window=WINDOW,
     )
 
 
@@ -83,14 +84,27 @@ def test_items_the_model_never_saw_are_passed_over_and_score_zero() -> None:
     assert scores[2] != 0.0
 
 
-def test_a_user_without_positives_has_no_taste() -> None:
+def test_a_user_without_positives_the_model_knows_has_no_taste() -> None:
     model = _model()
     assert model.taste(np.empty(0, np.int64)) is NO_TASTE
     assert taste_of(None, np.array([1, 2], np.int64)) is NO_TASTE
     np.testing.assert_array_equal(NO_TASTE.scores(np.arange(ITEMS)), 0.0)
-    # Only items unknown to the model: the state stays at zero, the scores are the biases.
-    unknown = model.taste(np.array([ITEMS + 1], np.int64))
-    np.testing.assert_array_equal(unknown.state, 0.0)
+    # Only items added while serving: no state the model learnt from, so no score at all
+    # (a zero state would rank every item by its bias alone).
+    assert model.taste(np.array([ITEMS + 1, ITEMS + 3], np.int64)) is NO_TASTE
+
+
+def test_the_model_reads_as_many_of_the_latest_as_it_learnt_to() -> None:
+    model = _model()
+    longer = np.arange(WINDOW + 4, dtype=np.int64) % ITEMS
+    # The service's list may be longer (RECSYS_RECENT_ITEMS, an item page's viewed item).
+    np.testing.assert_array_equal(model.state(longer), model.state(longer[-WINDOW:]))
+    np.testing.assert_allclose(
+        model.state(longer), _stepped(model, longer[-WINDOW:].tolist()), atol=1e-5
+    )
+    # The window counts the items the model knows: an added one does not push one out.
+    added = np.append(longer, np.int64(ITEMS + 7))
+    np.testing.assert_array_equal(model.state(added), model.state(longer))
 
 
 def test_the_order_signal_is_pre_ranks_and_the_packers_column() -> None:
@@ -129,8 +143,8 @@ def test_a_world_without_the_model_has_none_unless_its_schema_declares_it(
 
 def _written(tmp_path: Path, **changed: np.ndarray) -> Path:
     model = _model()
-    arrays = {name: getattr(model, name) for name in ARRAYS} | changed
-    np.savez(tmp_path / ORDER_FILE, **arrays)
+    arrays = {name: getattr(model, name) for name in ARRAYS} | {"window": np.int64(WINDOW)}
+    np.savez(tmp_path / ORDER_FILE, **(arrays | changed))
     return tmp_path
 
 
@@ -146,6 +160,13 @@ def _written(tmp_path: Path, **changed: np.ndarray) -> Path:
         ({"inputs": np.full((ITEMS, WIDTH), np.nan, np.float32)}, "NaN, Inf"),
         ({"output_bias": np.full(ITEMS, 1e300, np.float64)}, "past float32"),
         ({"outputs": np.zeros(ITEMS, np.float32)}, "not a GRU"),
+        # Finite, but the gates' products overflow into NaN for every user.
+        ({"weight_hh": np.full((3 * HIDDEN, HIDDEN), 3e38, np.float32)}, "no trained GRU"),
+        ({"output_bias": np.full(ITEMS, -2e4, np.float32)}, "no trained GRU"),
+        ({"window": np.int64(0)}, "window must be"),
+        ({"window": np.int64(10**6)}, "window must be"),
+        ({"window": np.float64(5.0)}, "window must be"),
+        ({"window": np.array([5, 6])}, "window must be"),
     ],
 )
 def test_a_damaged_model_is_refused_naming_the_file(
@@ -158,10 +179,14 @@ def test_a_damaged_model_is_refused_naming_the_file(
 
 def test_a_model_missing_an_array_or_not_an_archive_is_refused(tmp_path: Path) -> None:
     model = _model()
-    np.savez(tmp_path / ORDER_FILE, **{name: getattr(model, name) for name in ARRAYS[:-1]})
-    with pytest.raises(ConfigError, match=ORDER_FILE):
+    np.savez(tmp_path / ORDER_FILE, **{name: getattr(model, name) for name in ARRAYS})
+    with pytest.raises(ConfigError, match=ORDER_FILE):  # no window
         load_order(tmp_path, ITEMS, declared=False)
     (tmp_path / ORDER_FILE).write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match=ORDER_FILE):
+        load_order(tmp_path, ITEMS, declared=False)
+    with (tmp_path / ORDER_FILE).open("wb") as handle:
+        np.save(handle, np.zeros(3, np.float32))  # one array, not an archive of them
     with pytest.raises(ConfigError, match=ORDER_FILE):
         load_order(tmp_path, ITEMS, declared=False)
 
@@ -173,7 +198,10 @@ def test_pre_rank_weights_written_before_the_order_model_weigh_it_zero(tmp_path:
         json.dumps({"user": 1, "similar": 2, "recent": 3, "order": 4})
     )
     assert load_prerank(tmp_path).order == 4.0
-    for broken in ('{"user": 1, "similar": 2, "recent": 3, "order": "x"}', "[1, 2]"):
-        (tmp_path / PRERANK_FILE).write_text(broken)
+    weights = '{"user": 1, "similar": 2, "recent": 3, "order": %s}'
+    broken = [weights % value for value in ('"x"', '"2.5"', "true", "null", "1e300", "-1e39")]
+    broken += [weights % ("1" + "0" * 400), "[1, 2]", '{"user": NaN, "similar": 0, "recent": 0}']
+    for broken_file in broken:
+        (tmp_path / PRERANK_FILE).write_text(broken_file)
         with pytest.raises(ConfigError, match=PRERANK_FILE):
             load_prerank(tmp_path)

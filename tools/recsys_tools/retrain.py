@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from app.core.atomic_files import write_atomically
 from app.core.errors import ConfigError
 from app.world.layout import MODEL_FILE
-from app.world.schema import FeatureSchema, load_schema
+from app.world.schema import FeatureSchema, load_schema, world_schema
 from app.world.stamp import read_stamp
 from recsys_tools.commands import Commands
 from recsys_tools.retrain_progress import STATE_FILE, Progress, said_stopped
@@ -225,12 +225,14 @@ def _built(plan: RetrainPlan, training: Path, world: Path, positive: float) -> F
         ),
         seed=plan.seed,
         network=plan.network,
-        # The serving world's neighbour model, so that the verdict compares like with like.
+        # The serving world's neighbour model, and its order model where it has one, so
+        # that the verdict compares like with like.
         neighbours=built_neighbours(plan.serving),
+        order_model="order" in world_schema(plan.serving, None).sequence,
     )
-    schema = load_schema(plan.schema or interactions_schema_path())
-    build_world_from_log(recipe, world, schema)
-    return schema
+    build_world_from_log(recipe, world, load_schema(plan.schema or interactions_schema_path()))
+    # The world's own: the build adds the order signal to the schema it was given.
+    return world_schema(world, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,11 @@ def _build_demo(args: argparse.Namespace) -> None:
     size = LARGE if args.large else DEMO
     size = DemoSize(args.items or size.items, args.users or size.users, size.impressions)
     schema = load_schema(args.schema)
+    if "order" in schema.sequence:
+        raise ConfigError(
+            "the demo world has no order model: give build-demo a schema without the order "
+            "signal (build-world --order-model learns one from a log)"
+        )
     report = build_demo_world(args.world, schema, size, args.index_factory, args.seed)
     result: dict[str, Any] = {"world": str(args.world), "training": report}
     if args.model_repository is not None:
@@ -73,9 +78,13 @@ def _neighbour_model(args: argparse.Namespace) -> NeighbourModel:
 
 
 def _build_world(args: argparse.Namespace) -> None:
-    if args.order_model and args.engine == "spark":
-        raise ConfigError("--order-model is learnt on the local engine only (--engine local)")
     schema = load_schema(args.schema or interactions_schema_path())
+    if args.engine == "spark" and (args.order_model or "order" in schema.sequence):
+        # Before Spark starts: the refusal would otherwise come after the read and ALS.
+        raise ConfigError(
+            "the order model (--order-model, or a schema declaring the order signal) is "
+            "learnt on the local engine only (--engine local)"
+        )
     recipe = WorldRecipe(
         interactions=Path(args.interactions),
         columns=log_columns(args),
@@ -401,7 +410,8 @@ def _add_learning_flags(built: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also learn the order model, a GRU over each user's latest positives in time "
         "order, and serve its score as a sequence signal (local engine, a log with times; "
-        "torch, in the tools' dependencies; about a minute at 100,000 ratings)",
+        "torch, in the tools' dependencies; learnt three times a build, about a minute each "
+        "at 100,000 ratings)",
     )
     built.add_argument(
         "--ease-lambda",

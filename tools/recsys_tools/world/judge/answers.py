@@ -24,7 +24,7 @@ from app.pipeline.packing import encode_context
 from app.release.catalog import read_index
 from app.world.layout import DEFAULT_USER_FILE, INDEX_FILE, MODEL_FILE, SCHEMA_FILE
 from app.world.neighbours import load_neighbours
-from app.world.order import load_order
+from app.world.order import load_order, taste_of
 from app.world.prerank import load_prerank
 from app.world.schema import FeatureSchema, load_schema
 from app.world.tables import load_items, load_positives, load_seen, load_users
@@ -140,6 +140,7 @@ class WorldAnswers:
             recent=recent,
             near=nearby(self._evaluator.model.neighbours, recent),
             liked=recent,
+            taste=taste_of(self._evaluator.model.order, recent),
         )
 
     def model_input(self, user: str, context: AskContext) -> tuple[list[str], FloatArray]:

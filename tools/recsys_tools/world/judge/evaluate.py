@@ -34,7 +34,7 @@ from app.pipeline.signals import best, prerank_scores, prerank_signals, sequence
 from app.release.catalog import set_search_breadth
 from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
-from app.world.order import OrderModel, taste_of
+from app.world.order import NO_TASTE, OrderModel, Taste, taste_of
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.measures import bootstrap_interval
@@ -176,6 +176,7 @@ class JudgedUser:
     recent: IntArray  # the latest positives, oldest first, as the service reads them
     near: Nearby  # the items near those, as the service's features stage finds them
     liked: IntArray  # every positive before the holdout, for the item-to-item baseline
+    taste: Taste = NO_TASTE  # what the order model makes of `recent`, as the service finds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,9 @@ class Evaluator:
     def pools(self, found: IntArray, q: JudgedUser) -> tuple[IntArray, IntArray]:
         """The service's pool for `q` after the filters, and what its pre-rank hands the
         model: the service's own stage objects, over this world (service_stages.py)."""
-        return self.stages.pools(found, self.model.user_blobs[q.user], q.seen, q.recent, q.near)
+        return self.stages.pools(
+            found, self.model.user_blobs[q.user], q.seen, q.recent, q.near, q.taste
+        )
 
     def signals(self, q: JudgedUser, positions: IntArray) -> FloatArray:
         """What relates each of `positions` to the user's latest items (app.pipeline.signals)."""
@@ -256,7 +259,7 @@ class Evaluator:
             q.near,
             DECAY,
             self.model.categories,
-            taste=taste_of(self.model.order, q.recent),
+            taste=q.taste,
         )
 
     def prerank_order(self, q: JudgedUser, pool: IntArray) -> npt.NDArray[np.intp]:
@@ -351,6 +354,7 @@ def _queries(
     train: InteractionLog,
     schema: FeatureSchema,
     neighbours: Neighbours | None,
+    order: OrderModel | None,
     seed: int,
 ) -> Iterator[list[JudgedUser]]:
     """The evaluated users (a seeded sample of MAX_USERS at most), in batches."""
@@ -376,6 +380,7 @@ def _queries(
                 recent=recent.of(user),
                 near=nearby(neighbours, recent.of(user)),
                 liked=liked.of(user),
+                taste=taste_of(order, recent.of(user)),
             )
         )
         if len(batch) == RANK_BATCH:
@@ -402,7 +407,7 @@ def evaluate(
     evaluator = Evaluator(model, schema, index_factory)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
     shares: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for queries in _queries(holdout, train, schema, model.neighbours, seed):
+    for queries in _queries(holdout, train, schema, model.neighbours, model.order, seed):
         for q, cascade in zip(queries, evaluator.cascades(queries), strict=True):
             figures["recall"].append(_scores(cascade.recall, q.relevant))
             figures["prerank"].append(_scores(cascade.kept[:K], q.relevant))

@@ -29,6 +29,7 @@ from app.release.keyspace import KeySpace
 from app.release.plan import ModelRouting, Routed
 from app.release.rules import NEUTRAL_RULES
 from app.world.neighbours import Nearby, Neighbours
+from app.world.order import NO_TASTE, Taste
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema, ModelSignature
 
@@ -114,11 +115,18 @@ class ServiceStages:
         self._metrics = ServiceMetrics()
 
     def pools(
-        self, found: IntArray, blob: FloatArray, seen: IntArray, recent: IntArray, near: Nearby
+        self,
+        found: IntArray,
+        blob: FloatArray,
+        seen: IntArray,
+        recent: IntArray,
+        near: Nearby,
+        taste: Taste = NO_TASTE,
     ) -> tuple[IntArray, IntArray]:
         """The pool after the filters and what pre-rank hands the model, as positions, for a
         user of this `blob` who has `seen` and chose `recent` last (whose `near` items are
-        those); `found`: their vector's nearest items, deep enough for recall."""
+        those, and `taste` what the order model makes of them); `found`: their vector's
+        nearest items, deep enough for recall."""
         self._search.found = found
         features = UserFeatures(
             blob=blob,
@@ -127,6 +135,7 @@ class ServiceStages:
             cold_start=False,
             recent=recent,
             nearby=near,
+            taste=taste,
         )
         asked = Asked(Query("offline", ASKED), features)
         ctx = RequestContext("offline", math.inf, 0.0, self._artifacts, self._metrics)

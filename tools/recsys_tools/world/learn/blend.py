@@ -14,12 +14,13 @@ candidates, where a float32 sigmoid is exactly 1.0 and every one of them would t
 The weights are chosen on examples the network did not learn from: the blending users'
 lists, halved. Four blends are tried on one half and judged on the other by NDCG@10:
 pre-rank's own weights; recall's order alone; the logistic fit of recall, the network and the
-sequence signals (fit_blend); and pre-rank's two item-to-item signals weighed for the first
-ten (ordered_blend). Only the third gives the network a say, so where the MLP adds nothing
-its weight is 0 and the answer keeps an order of the signals alone; where it knows better it
-moves items. The product is summed from the row's own user_item_product block, and the
-sequence signals (a schema that declares them) are the row's sequence block, so the served
-model still takes exactly the packed row and nothing else. With them the blend can always
+sequence signals (fit_blend); and pre-rank's signals (the two item-to-item ones, and the
+order model's where the world has one) weighed for the first ten (ordered_blend). Only the
+third gives the network a say, so where the MLP adds nothing its weight is 0 and the answer
+keeps an order of the signals alone; where it knows better it moves items. The product is
+summed from the row's own user_item_product block, and the sequence signals (a schema that
+declares them) are the row's sequence block, so the served model still takes exactly the
+packed row and nothing else. With them the blend can always
 reproduce pre-rank's own order (a weighted sum of the same signals).
 
 Why a fourth: pre-rank's weights are chosen to keep the held-out items among the hundreds it
@@ -252,17 +253,18 @@ def ordered_blend(
         return float(spread[names.index(name)]) if weighed(name) else 1.0
 
     def steps(name: str) -> tuple[float, ...]:
-        # A signal not weighed tries 0 alone: 6 choices, not 36, each a sort of every row.
+        # A signal not weighed tries 0 alone: 6 choices where 36 would differ, 36 where 216
+        # would (the order model's too), each a sort of every row.
         return GRID if weighed(name) else (0.0,)
 
     grid = weight_grid(
         float(recall.std()) or 1.0,
         spread_of("similar"),
         spread_of("recent"),
-        steps("similar"),
-        steps("recent"),
-        spread_of("order"),
-        steps("order"),
+        similar_steps=steps("similar"),
+        recent_steps=steps("recent"),
+        order=spread_of("order"),
+        order_steps=steps("order"),
     )
     choices = [prerank_order(schema, weights) for weights in grid]
     zeros = np.zeros(len(recall))

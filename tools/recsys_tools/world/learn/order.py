@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from app.core.cascade import RECENT_ITEMS
 from app.core.errors import ConfigError
-from app.world.order import OrderModel
+from app.world.order import ARRAYS, OrderModel
 from app.world.schema import FeatureSchema, parse_schema
 from recsys_tools.world.read.log import InteractionLog
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     import torch
 
 IntArray = npt.NDArray[np.int64]
+# The softmax in training scores every item for each example: 256 x 100,000 floats a batch.
+MAX_ITEMS = 100_000
+CHECKED_AT_ONCE = 256
 
 
 def with_order(schema: FeatureSchema) -> FeatureSchema:
@@ -81,52 +84,76 @@ class OrderReport:
 
 
 @dataclass(frozen=True, slots=True)
-class _Examples:
-    """Windows of item positions, left-padded with `pad` (the catalog's size), one target
-    each."""
+class _Positives:
+    """Every positive of a part, by user then time, each with where its user's begin: the
+    windows are cut from these as each batch asks (a window per positive, made at once,
+    would be 160 bytes a positive: gigabytes at tens of millions)."""
 
-    windows: IntArray
-    targets: IntArray
+    items: IntArray
+    first: IntArray  # the index of the first positive of each positive's user
+    pad: int  # what fills a window before a user's first positive: the catalog's size
+
+    def windows(self, at: IntArray, width: int) -> IntArray:
+        """The `width` positives before each of `at`, left-padded with `pad`."""
+        out = np.full((len(at), width), self.pad, dtype=np.int64)
+        for back in range(1, width + 1):
+            earlier = at - back
+            inside = earlier >= self.first[at]
+            out[inside, width - back] = self.items[earlier[inside]]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Examples:
+    positives: _Positives
+    at: IntArray  # the positives to name, each from the window before it
+    width: int
+
+    @property
+    def targets(self) -> IntArray:
+        named: IntArray = self.positives.items[self.at]
+        return named
+
+    def windows(self, rows: IntArray | slice) -> IntArray:
+        return self.positives.windows(self.at[rows], self.width)
 
 
 def _examples(part: InteractionLog, window: int) -> tuple[_Examples, _Examples]:
     """Every positive after a user's first, with the `window` before it; the last of each
     user's is the checking half's."""
     liked = part.positive
-    users, items = part.user[liked], part.item[liked]  # by user, then time: the log's order
-    pad = part.n_items
+    users = part.user[liked]  # by user, then time: the log's order
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
-    ends = np.r_[starts[1:], len(users)]
-    learn: list[tuple[int, int]] = []
-    check: list[tuple[int, int]] = []
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        if end - start < 2:
-            continue
-        learn.extend((start, at) for at in range(start + 1, end - 1))
-        check.append((start, end - 1))
-
-    def windows(spans: list[tuple[int, int]]) -> _Examples:
-        out = np.full((len(spans), window), pad, dtype=np.int64)
-        for row, (start, at) in enumerate(spans):
-            taken = items[max(start, at - window) : at]
-            out[row, window - len(taken) :] = taken
-        return _Examples(out, items[[at for _, at in spans]].astype(np.int64))
-
-    return windows(learn), windows(check)
+    lengths = np.diff(np.r_[starts, len(users)])
+    owner = np.repeat(np.arange(len(starts)), lengths)
+    first = starts[owner]
+    rank = np.arange(len(users)) - first
+    last = rank == lengths[owner] - 1
+    positives = _Positives(part.item[liked].astype(np.int64), first, part.n_items)
+    learn = np.flatnonzero((rank >= 1) & ~last)
+    check = np.flatnonzero((rank >= 1) & last)
+    return _Examples(positives, learn, window), _Examples(positives, check, window)
 
 
 def fit_order(
     part: InteractionLog, seed: int, shape: OrderShape = OrderShape()
 ) -> tuple[OrderModel, OrderReport]:
     """The order model learnt from `part`'s positives. Refused where no user has a positive
-    after their first two: nothing to learn the order from and to check it on."""
+    after their first two (nothing to learn the order from and to check it on), where the
+    catalog is past MAX_ITEMS, and where training diverged."""
     import torch
 
-    learn, check = _examples(part, shape.window)
-    if not len(learn.targets):
+    if part.n_items > MAX_ITEMS:
         raise ConfigError(
-            "the order model has nothing to learn from: no user has three positives "
-            "(build without --order-model)"
+            f"the order model scores every item in training (a softmax over the catalog): "
+            f"{part.n_items:,} items is past its {MAX_ITEMS:,} (build without --order-model)"
+        )
+    learn, check = _examples(part, shape.window)
+    if not len(learn.at):
+        raise ConfigError(
+            "the order model has nothing to learn from: no user has three positives in the "
+            "part it learns from (the log less its held-out share, and that part's early "
+            "rows; build without --order-model)"
         )
     threads = torch.get_num_threads()
     # The GRU's products are small: threads cost more than they give (measured ten times
@@ -135,19 +162,22 @@ def fit_order(
     try:
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
-        net = _Net(part.n_items, shape.hidden)
+        net = _Net(part.n_items, shape.hidden, shape.window)
         epochs, hit = _train(net, learn, check, shape, rng)
     finally:
         torch.set_num_threads(threads)
-    report = OrderReport(len(learn.targets), epochs, round(hit, 4), len(check.targets))
-    return net.served(), report
+    served = net.served()
+    if not all(np.isfinite(getattr(served, name)).all() for name in ARRAYS):
+        raise ConfigError("the order model's training diverged (NaN or Inf weights)")
+    report = OrderReport(len(learn.at), epochs, round(hit, 4), len(check.at))
+    return served, report
 
 
 class _Net:
-    def __init__(self, n_items: int, hidden: int) -> None:
+    def __init__(self, n_items: int, hidden: int, window: int = RECENT_ITEMS) -> None:
         from torch import nn
 
-        self.n_items = n_items
+        self.n_items, self.window = n_items, window
         self.inputs = nn.Embedding(n_items + 1, hidden, padding_idx=n_items)
         self.gru = nn.GRU(hidden, hidden, batch_first=True)
         self.outputs = nn.Linear(hidden, n_items)
@@ -188,6 +218,7 @@ class _Net:
             # Less the catalog's mean: scores are over the average item, a new item's 0.
             outputs=outputs - outputs.mean(axis=0),
             output_bias=bias - bias.mean(),
+            window=self.window,
         )
 
 
@@ -195,13 +226,16 @@ def _hit_at_10(net: _Net, check: _Examples) -> float:
     import torch
 
     hits = 0
+    targets_all = check.targets
     with torch.no_grad():
-        for start in range(0, len(check.targets), 1024):
-            logits = net.logits(check.windows[start : start + 1024])
-            targets = torch.from_numpy(check.targets[start : start + 1024])
-            target_logit = logits.gather(1, targets[:, None])
-            hits += int(((logits > target_logit).sum(dim=1) < 10).sum())
-    return hits / len(check.targets)
+        for start in range(0, len(targets_all), CHECKED_AT_ONCE):
+            rows = slice(start, start + CHECKED_AT_ONCE)
+            logits = net.logits(check.windows(rows))
+            target_logit = logits.gather(1, torch.from_numpy(targets_all[rows])[:, None])
+            ahead = (logits > target_logit).sum(dim=1)
+            # A NaN score is ahead of nothing: counted a miss, not a hit.
+            hits += int(((ahead < 10) & torch.isfinite(target_logit[:, 0])).sum())
+    return hits / len(targets_all)
 
 
 def _train(
@@ -212,16 +246,16 @@ def _train(
     parameters = list(net.modules.parameters())
     optimiser = torch.optim.Adam(parameters, lr=shape.learning_rate)
     best, best_state, stale, epochs = -math.inf, None, 0, 0
-    drawn = min(len(learn.targets), shape.examples_per_epoch)
+    targets = learn.targets
+    drawn = min(len(targets), shape.examples_per_epoch)
     for epoch in range(shape.epochs):
         epochs = epoch + 1
-        order = rng.permutation(len(learn.targets))[:drawn]
+        order = rng.permutation(len(targets))[:drawn]
         for start in range(0, drawn, shape.batch):
             rows = order[start : start + shape.batch]
             optimiser.zero_grad()
             loss = torch.nn.functional.cross_entropy(
-                net.logits(learn.windows[rows]),
-                torch.from_numpy(learn.targets[rows]),
+                net.logits(learn.windows(rows)), torch.from_numpy(targets[rows])
             )
             loss.backward()  # type: ignore[no-untyped-call]
             optimiser.step()

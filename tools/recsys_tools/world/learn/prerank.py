@@ -28,8 +28,8 @@ FloatArray = npt.NDArray[np.float32]
 KEEP: int = PRERANK_KEEP
 K = 10
 CANDIDATES: int = CANDIDATE_COUNT
-# Weights of the item-to-item signals tried, each against the user's vector's 1 (all three
-# scaled by their spread): none, a little, as much, more.
+# Weights of the other signals tried (the item-to-item ones, and the order model's), each
+# against the user's vector's 1 (all scaled by their spread): none, a little, as much, more.
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
@@ -93,14 +93,14 @@ def user_pools(
         latest = recent.of(user)
         near = nearby(neighbours, latest)
         found = nearest(vectors, user_vectors[user], len(had))
-        pool, _ = stages.pools(found, user_vectors[user], had, latest, near)
+        taste = taste_of(order, latest)
+        pool, _ = stages.pools(found, user_vectors[user], had, latest, near, taste)
         # The user's own slice of the sorted keys: isin over all of them is a sort per user.
         first, last = np.searchsorted(liked, bounds)
         mine = np.isin(pool, liked[first:last] - user * n_items)
         if mine.any():
             kept_users.append(user)
             pools.append(pool)
-            taste = taste_of(order, latest)
             signals.append(
                 prerank_signals(
                     pool, user_vectors[user], latest, vectors, near, DECAY, categories, taste=taste
@@ -126,11 +126,16 @@ def fit_prerank(pools: Pools) -> PrerankWeights:
     spread = np.concatenate(signals).std(axis=0)
     ordered = bool(spread[ORDER] > 0)
     spread[spread == 0] = 1.0
+
+    def of(name: str) -> float:
+        return float(spread[SIGNALS.index(name)])
+
     choices = weight_grid(
-        float(spread[0]),
-        float(spread[1]),
-        float(spread[2]),
-        order=float(spread[ORDER]),
+        of("user"),
+        of("similar"),
+        of("recent"),
+        order=of("order"),
+        # A world without the order model: its column is 0, its one step 0 (36 choices).
         order_steps=GRID if ordered else (0.0,),
     )
     return max(choices, key=lambda weights: _coverage(signals, labels, weights))

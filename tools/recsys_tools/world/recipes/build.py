@@ -28,7 +28,7 @@ from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ITEM_TABLE, Weighed, time_features, weigh_inputs
 from recsys_tools.world.learn.derive import check_derivable
-from recsys_tools.world.learn.order import with_order
+from recsys_tools.world.learn.order import OrderReport, with_order
 from recsys_tools.world.learn.ranker.from_log import ListRanker
 from recsys_tools.world.learn.regularization import Choice, choose_regularization
 from recsys_tools.world.read.log import InteractionLog
@@ -215,12 +215,18 @@ def _report(
             recipe.neighbours, learnt.taught.neighbours, learnt.taught.page_neighbours
         ),
         "ranker": ranker_report(learnt.ranker),
-        "order_model": _order_report(learnt.taught.order),
+        "order_model": _order_report(learnt.taught.order, learnt.taught.order_fit),
     }
 
 
-def _order_report(order: OrderModel | None) -> dict[str, int] | None:
-    return None if order is None else {"items": order.items, "hidden": order.hidden}
+def _order_report(
+    order: OrderModel | None, fit: OrderReport | None
+) -> dict[str, float | int] | None:
+    """The served order model's size and how its training went (None: the world has none)."""
+    if order is None:
+        return None
+    trained = {} if fit is None else fit.as_dict()
+    return {"items": order.items, "hidden": order.hidden, "window": order.window, **trained}
 
 
 def _times(recipe: WorldRecipe, schema: FeatureSchema) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from recsys_tools.world.learn.neighbours import (
     check_ease_memory,
     positive_neighbours,
 )
-from recsys_tools.world.learn.order import fit_order
+from recsys_tools.world.learn.order import OrderReport, fit_order
 from recsys_tools.world.learn.ranker.from_log import early_part
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, read_log
@@ -76,10 +76,8 @@ class LocalOps:
     def neighbours(self, part: InteractionLog, model: NeighbourModel) -> Neighbours:
         return positive_neighbours(part, model)
 
-    def order(self, part: InteractionLog, seed: int) -> OrderModel:
-        model, report = fit_order(part, seed)
-        log.info("order model: %s", report.as_dict())
-        return model
+    def order(self, part: InteractionLog, seed: int) -> tuple[OrderModel, OrderReport]:
+        return fit_order(part, seed)
 
 
 class LocalEngine:

@@ -31,6 +31,7 @@ from recsys_tools.world.learn.derive import (
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.item_prior import fit_item_prior, log_attributes
 from recsys_tools.world.learn.neighbours import COSINE, NeighbourModel
+from recsys_tools.world.learn.order import OrderReport
 from recsys_tools.world.learn.ranker.from_log import Known, ListRanker, train_list_ranker
 from recsys_tools.world.read.items import ItemInfo
 from recsys_tools.world.read.log import InteractionLog
@@ -66,8 +67,9 @@ class PartOps(Protocol[P]):
         """Each item's neighbours by the users who liked both, scored by `model`."""
         ...
 
-    def order(self, part: P, seed: int) -> OrderModel:
-        """The order model learnt from the part's positives in time order (learn/order.py)."""
+    def order(self, part: P, seed: int) -> tuple[OrderModel, OrderReport]:
+        """The order model learnt from the part's positives in time order (learn/order.py),
+        and how its training went."""
         ...
 
 
@@ -91,6 +93,7 @@ class Taught:
     positives: int
     page_neighbours: Neighbours | None = None
     order: OrderModel | None = None  # where the schema declares the order signal
+    order_fit: OrderReport | None = None  # how its training went
 
     def tables(self, catalog: ItemInfo, user_ids: StrArray) -> tuple[ItemTable, UserTable]:
         """The served world's item and user tables (`user_ids` by the part's user index)."""
@@ -156,11 +159,13 @@ def learn_part(
             label,
             clock.took(f"{label}.page_neighbours"),
         )
-    order = None
+    order, order_fit = None, None
     if "order" in schema.sequence:
         with clock.step(f"{label}.order"):
-            order = ops.order(part, recipe.seed)
-        log.info("%s: the order model %s", label, clock.took(f"{label}.order"))
+            order, order_fit = ops.order(part, recipe.seed)
+        log.info(
+            "%s: the order model %s: %s", label, clock.took(f"{label}.order"), order_fit.as_dict()
+        )
     return Taught(
         embeddings=embeddings,
         user_dense=user_dense,
@@ -174,6 +179,7 @@ def learn_part(
         positives=all_totals.total_positives,
         page_neighbours=page_neighbours,
         order=order,
+        order_fit=order_fit,
     )
 
 

@@ -30,6 +30,7 @@ from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluat
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.neighbours import NeighbourModel
+from recsys_tools.world.learn.order import OrderReport
 from recsys_tools.world.read.items import ItemInfo, read_items
 from recsys_tools.world.read.log import InteractionLog, require_times
 from recsys_tools.world.read.tables import FLAGS, StrArray
@@ -94,10 +95,10 @@ class SparkOps:
     def neighbours(self, part: Part, model: NeighbourModel) -> Neighbours:
         return neighbours_on_spark(part, model=model)
 
-    def order(self, part: Part, seed: int) -> OrderModel:
+    def order(self, part: Part, seed: int) -> tuple[OrderModel, OrderReport]:
         raise ConfigError(
-            "the order model is learnt on the local engine only: build without --order-model "
-            "on Spark"
+            "the order model is learnt on the local engine only (--engine local), or build "
+            "with a schema that leaves out the order signal"
         )
 
 

@@ -12,6 +12,7 @@ build.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -37,7 +38,7 @@ from recsys_tools.world.learn.ranker.net import MLP, Layer, RankerNet
 from recsys_tools.world.store.identity import stamp_world
 
 from app.core.settings import Settings
-from app.world.layout import MODEL_FILE
+from app.world.layout import MODEL_FILE, REPORT_FILE
 from app.world.prerank import load_prerank, save_prerank
 from app.world.schema import FeatureSchema, world_schema
 from tests.integration.conftest import PLAIN_RULES, in_process_settings, serving
@@ -241,6 +242,12 @@ async def test_a_world_with_the_order_model_serves_what_its_files_say(served: Se
     settings = served.settings(served.ordered, prerank_keep=30)
     files = WorldAnswers(served.ordered, settings)
     assert files.schema.sequence[-1] == "order"
+    # The report says what was learnt and how its training went.
+    learnt = json.loads((served.ordered / REPORT_FILE).read_text())["order_model"]
+    assert learnt["items"] == len(files.item_ids)
+    assert learnt["window"] == 20
+    assert learnt["checking_users"] > 0
+    assert 0.0 <= learnt["checking_hit@10"] <= 1.0
     # The signal is there to be weighed: each rated user's candidates score apart by it.
     column = files.schema.blocks["sequence"].stop - 1
     for user in served.users[:5]:

@@ -14,12 +14,11 @@ from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 
 SIGNALS = ("user", "similar", "recent", "recent_max", "recent_mean", "recent_category", "order")
-# Pre-rank weighs these (PrerankWeights' fields); the others are for the ranking model's
+# Pre-rank weighs the first three and `order`, the order model's score (app.world.order), 0
+# where the world has none: PrerankWeights' fields. The others are for the ranking model's
 # sequence block only: the candidate's best and mean likeness to the latest positives
-# (unweighted), and the recency-weighted share of them in its category. `order` is the order
-# model's score (app.world.order), 0 where the world has none.
-WEIGHED = ("user", "similar", "recent", "order")
-WEIGHED_COLUMNS = [SIGNALS.index(name) for name in WEIGHED]
+# (unweighted), and the recency-weighted share of them in its category.
+WEIGHED = 3
 ORDER = SIGNALS.index("order")
 
 
@@ -52,8 +51,9 @@ def prerank_signals(
     world's neighbours say is near `recent` (Neighbours.around, with the same decay);
     `categories`, each catalog item's category code (None: that column stays 0); `taste`,
     what the order model makes of `recent` (OrderModel.taste).
-    `weighed_only`: only pre-rank's columns (WEIGHED) are filled (pre-rank over the whole
-    pool needs no more; the pack stage computes the rest for the rows it keeps)."""
+    `weighed_only`: only pre-rank's columns (the first WEIGHED and ORDER) are filled
+    (pre-rank over the whole pool needs no more; the pack stage computes the rest for the
+    rows it keeps)."""
     signals = np.zeros((len(positions), len(SIGNALS)), dtype=np.float32)
     if not len(positions):
         return signals
@@ -66,7 +66,8 @@ def prerank_signals(
     weights = decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float32)
     mean_latest = (weights @ latest) / weights.sum()
     signals[:, 2] = candidate @ mean_latest
-    signals[:, ORDER] = taste.scores(positions)
+    if taste.state.size:  # without a taste the column stays 0: no pass over the pool
+        signals[:, ORDER] = taste.scores(positions)
     if weighed_only:
         return signals
     each = candidate @ latest.T  # [candidates, latest positives]
@@ -89,8 +90,10 @@ def sequence_columns(
 def prerank_scores(
     signals: npt.NDArray[np.float32], weights: PrerankWeights
 ) -> npt.NDArray[np.float32]:
-    vector = np.array([getattr(weights, name) for name in WEIGHED], dtype=np.float32)
-    scores: npt.NDArray[np.float32] = signals[:, WEIGHED_COLUMNS] @ vector
+    vector = np.array([weights.user, weights.similar, weights.recent], dtype=np.float32)
+    scores: npt.NDArray[np.float32] = signals[:, :WEIGHED] @ vector
+    if weights.order:  # a world without the order model sums its three as before, no copy
+        scores += np.float32(weights.order) * signals[:, ORDER]
     return scores
 
 

@@ -100,9 +100,11 @@ class OrderModel:
     def state(self, recent: Positions) -> FloatArray:
         """The GRU's state after `recent` (oldest first), from zero; items it does not
         know are passed over."""
+        return self._stepped(self._read(recent))
+
+    def _stepped(self, known: Positions) -> FloatArray:
         hidden = self.hidden
         state = np.zeros(hidden, dtype=np.float32)
-        known = self._read(recent)
         if not len(known):
             return state
         # Every step's input gates in one product; only the state's part is sequential.
@@ -118,9 +120,10 @@ class OrderModel:
     def taste(self, recent: Positions) -> Taste:
         """What the model makes of `recent`: nothing where it knows none of them (the
         state it never learnt from, zero, would score every item by its bias alone)."""
-        if not len(self._read(recent)):
+        known = self._read(recent)
+        if not len(known):
             return NO_TASTE
-        return Taste(self.state(recent), self.outputs, self.output_bias)
+        return Taste(self._stepped(known), self.outputs, self.output_bias)
 
 
 def taste_of(model: OrderModel | None, recent: Positions) -> Taste:

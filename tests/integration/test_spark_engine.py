@@ -31,7 +31,7 @@ import pytest
 from recsys_tools.cli import main
 from recsys_tools.localstack.spark_cluster import start_spark_cluster
 from recsys_tools.world.judge.answers import AskContext, WorldAnswers
-from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.judge.holdout import split_holdout
 from recsys_tools.world.learn.derive import item_dense, user_dense
 from recsys_tools.world.learn.neighbours import EASE_LAMBDA, NeighbourModel, positive_neighbours
 from recsys_tools.world.read.items import ItemColumns, read_items

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from recsys_tools.cli import main
 from recsys_tools.world.commands import evaluation_table
-from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.judge.holdout import split_holdout
 from recsys_tools.world.learn.derive import (
     ITEM_FEATURES,
     USER_FEATURES,

@@ -96,11 +96,12 @@ def test_the_order_signal_is_added_last_to_the_schemas_sequence() -> None:
     assert with_order(ordered) is ordered
     # The world carries the text it was built for: read back, it is the same schema.
     assert parse_schema(ordered.source) == ordered
+    # The packaged demo schema has no sequence block: the order signal brings one.
     bare = load_schema(None)
-    if not bare.sequence:
-        added = with_order(bare)
-        assert added.sequence == ("order",)
-        assert "sequence" in added.blocks
+    assert not bare.sequence
+    added = with_order(bare)
+    assert added.sequence == ("order",)
+    assert added.blocks["sequence"].stop == added.width == bare.width + 1
 
 
 def test_a_log_without_times_cannot_be_built_with_the_order_model(tmp_path: Path) -> None:

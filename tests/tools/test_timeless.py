@@ -14,7 +14,7 @@ import pytest
 from recsys_tools.replay import rows_in_time_order
 from recsys_tools.retrain import retrain
 from recsys_tools.retrain_rows import RetrainPlan
-from recsys_tools.world.judge.evaluate import split_holdout
+from recsys_tools.world.judge.holdout import split_holdout
 from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.learn.derive import interactions_schema_path
 from recsys_tools.world.read.formats import FileLayout

@@ -187,7 +187,7 @@ def test_the_signals_are_the_users_vector_the_neighbours_and_the_latest_items() 
     # Items 1 (7), 3 (7) and 5 (9): the later positive's category, the earlier's, neither.
     np.testing.assert_allclose(sharing[:, 5], [2 / 3, 1 / 3, 0.0], atol=1e-6)
     np.testing.assert_allclose(sharing[:, :5], two[:, :5])
-    # Pre-rank over the whole pool computes its own columns only (WEIGHED).
+    # Pre-rank over the whole pool computes its own columns only (WEIGHED and ORDER).
     weighed = prerank_signals(
         positions, user, np.array([2, 0], np.int64), VECTORS, near, 0.5, categories, True
     )

@@ -37,6 +37,7 @@ from app.world.neighbours import Nearby, Neighbours
 from app.world.order import NO_TASTE, OrderModel, Taste, taste_of
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
+from recsys_tools.world.judge.holdout import HoldoutSplit
 from recsys_tools.world.judge.measures import bootstrap_interval
 from recsys_tools.world.judge.served_view import (
     DECAY,
@@ -46,7 +47,6 @@ from recsys_tools.world.judge.served_view import (
     nearby,
 )
 from recsys_tools.world.judge.service_stages import ServiceStages
-from recsys_tools.world.judge.split import later_rows
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import BoolArray, IntArray
 from recsys_tools.world.read.times import utc_hour_weekday
@@ -67,23 +67,6 @@ STAGES = {"recall": "recall", "prerank": "prerank", "rank": "recall_rank"}
 
 
 @dataclass(frozen=True, slots=True)
-class HoldoutSplit:
-    """Which log rows are for training, and each evaluated user's held-out items.
-
-    User users[k]'s held-out items are items[offsets[k]:offsets[k + 1]]: distinct, none of
-    them a training positive of theirs (the service would filter those as seen). moments[k]
-    is when their holdout begins.
-    """
-
-    train: BoolArray
-    users: IntArray
-    offsets: IntArray
-    items: IntArray
-    moments: IntArray
-    share: float
-
-
-@dataclass(frozen=True, slots=True)
 class ServedModel:
     """What the service would hold: Redis blobs, item popularity and the ranking model."""
 
@@ -100,40 +83,6 @@ class ServedModel:
 def _ragged(owner: IntArray, size: int) -> IntArray:
     """Offsets for values grouped by owner (already sorted by owner)."""
     return np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))]).astype(np.int64)
-
-
-def split_holdout(log: InteractionLog, share: float, *, seed: int) -> HoldoutSplit:
-    """Each user's latest `share` of rows by time (split.later_rows): the same cut
-    `recsys split-log` makes, so the build judges itself on a split shaped like the one its
-    world will be judged on (learn on each user's past, answer what came after). The held-out
-    items are the positives among those rows; every row from the moment a user's holdout
-    begins is kept out of training. In a log without times the rows are drawn at random
-    (`seed`), and every moment is 0.
-    """
-    later = later_rows(log, share, seed=seed)
-    begins = np.full(log.n_users, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(begins, log.user[later], log.time[later])
-    return _holdout_sets(log, ~later, np.flatnonzero(later & log.positive), begins, share)
-
-
-def _holdout_sets(
-    log: InteractionLog, train: BoolArray, held_rows: IntArray, begins: IntArray, share: float
-) -> HoldoutSplit:
-    n_items = log.n_items
-    seen = np.unique(log.user[train] * n_items + log.item[train])
-    keys = np.unique(log.user[held_rows] * n_items + log.item[held_rows])
-    keys = keys[~np.isin(keys, seen)]
-    owner, items = keys // n_items, keys % n_items
-    users = np.unique(owner)
-    offsets = np.searchsorted(owner, users)
-    return HoldoutSplit(
-        train=train,
-        users=users,
-        offsets=np.append(offsets, len(keys)).astype(np.int64),
-        items=items,
-        moments=begins[users],
-        share=share,
-    )
 
 
 def _seen_lists(log: InteractionLog) -> tuple[IntArray, IntArray]:
@@ -245,9 +194,8 @@ class Evaluator:
     def pools(self, found: IntArray, q: JudgedUser) -> tuple[IntArray, IntArray]:
         """The service's pool for `q` after the filters, and what its pre-rank hands the
         model: the service's own stage objects, over this world (service_stages.py)."""
-        return self.stages.pools(
-            found, self.model.user_blobs[q.user], q.seen, q.recent, q.near, q.taste
-        )
+        blob = self.model.user_blobs[q.user]
+        return self.stages.pools(found, blob, q.seen, q.recent, q.near, q.taste)
 
     def signals(self, q: JudgedUser, positions: IntArray) -> FloatArray:
         """What relates each of `positions` to the user's latest items (app.pipeline.signals)."""
@@ -353,8 +301,7 @@ def _queries(
     holdout: HoldoutSplit,
     train: InteractionLog,
     schema: FeatureSchema,
-    neighbours: Neighbours | None,
-    order: OrderModel | None,
+    model: ServedModel,
     seed: int,
 ) -> Iterator[list[JudgedUser]]:
     """The evaluated users (a seeded sample of MAX_USERS at most), in batches."""
@@ -371,16 +318,17 @@ def _queries(
     for k in chosen.tolist():
         user = int(holdout.users[k])
         hour, weekday = int(hours[k]), int(weekdays[k])
+        latest = recent.of(user)
         batch.append(
             JudgedUser(
                 user=user,
                 seen=seen_items[seen_offsets[user] : seen_offsets[user + 1]],
                 relevant=holdout.items[holdout.offsets[k] : holdout.offsets[k + 1]],
                 context=encode_context(schema, device, page, locale, hour, weekday),
-                recent=recent.of(user),
-                near=nearby(neighbours, recent.of(user)),
+                recent=latest,
+                near=nearby(model.neighbours, latest),
                 liked=liked.of(user),
-                taste=taste_of(order, recent.of(user)),
+                taste=taste_of(model.order, latest),
             )
         )
         if len(batch) == RANK_BATCH:
@@ -407,7 +355,7 @@ def evaluate(
     evaluator = Evaluator(model, schema, index_factory)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
     shares: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for queries in _queries(holdout, train, schema, model.neighbours, model.order, seed):
+    for queries in _queries(holdout, train, schema, model, seed):
         for q, cascade in zip(queries, evaluator.cascades(queries), strict=True):
             figures["recall"].append(_scores(cascade.recall, q.relevant))
             figures["prerank"].append(_scores(cascade.kept[:K], q.relevant))

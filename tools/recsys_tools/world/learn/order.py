@@ -27,6 +27,7 @@ from app.core.cascade import RECENT_ITEMS
 from app.core.errors import ConfigError
 from app.world.order import ARRAYS, OrderModel
 from app.world.schema import FeatureSchema, parse_schema
+from recsys_tools.world.learn.early_stop import BestEpoch
 from recsys_tools.world.read.log import InteractionLog
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ def _train(
 
     parameters = list(net.modules.parameters())
     optimiser = torch.optim.Adam(parameters, lr=shape.learning_rate)
-    best, best_state, stale, epochs = -math.inf, None, 0, 0
+    kept, epochs = BestEpoch(parameters, shape.patience, _higher, -math.inf), 0
     targets = learn.targets
     drawn = min(len(targets), shape.examples_per_epoch)
     for epoch in range(shape.epochs):
@@ -259,16 +260,11 @@ def _train(
             )
             loss.backward()  # type: ignore[no-untyped-call]
             optimiser.step()
-        hit = _hit_at_10(net, check)
-        if hit > best:
-            best, stale = hit, 0
-            best_state = [p.detach().clone() for p in parameters]
-        else:
-            stale += 1
-            if stale >= shape.patience:
-                break
-    if best_state is not None:
-        with torch.no_grad():
-            for p, kept in zip(parameters, best_state, strict=True):
-                p.copy_(kept)
-    return epochs, best
+        if kept.offer(_hit_at_10(net, check)):
+            break
+    kept.restore()
+    return epochs, kept.best
+
+
+def _higher(hit: float, best: float) -> bool:
+    return hit > best

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from recsys_tools.world.judge.evaluate import HoldoutSplit, split_holdout
+from recsys_tools.world.judge.holdout import HoldoutSplit, split_holdout
 from recsys_tools.world.learn.factorize import factorize
 from recsys_tools.world.read.log import InteractionLog
 from recsys_tools.world.read.tables import IntArray

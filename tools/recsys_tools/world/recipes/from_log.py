@@ -22,7 +22,8 @@ from app.world.neighbours import Neighbours
 from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
 from app.world.tables import PositiveLists, SeenLists, save_table
-from recsys_tools.world.judge.evaluate import HoldoutSplit, evaluate, split_holdout
+from recsys_tools.world.judge.evaluate import evaluate
+from recsys_tools.world.judge.holdout import HoldoutSplit, split_holdout
 from recsys_tools.world.learn import derive
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings, factorize, foldin_params

@@ -26,7 +26,8 @@ from app.world.layout import POSITIVES_FILE, SEEN_FILE
 from app.world.neighbours import Neighbours
 from app.world.order import OrderModel
 from app.world.schema import FeatureSchema
-from recsys_tools.world.judge.evaluate import HoldoutSplit, ServedModel, evaluate, split_holdout
+from recsys_tools.world.judge.evaluate import ServedModel, evaluate
+from recsys_tools.world.judge.holdout import HoldoutSplit, split_holdout
 from recsys_tools.world.learn.derive import ItemTallies, Totals, UserTallies
 from recsys_tools.world.learn.factorize import Embeddings
 from recsys_tools.world.learn.neighbours import NeighbourModel

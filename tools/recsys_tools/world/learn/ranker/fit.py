@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from recsys_tools.world.learn.early_stop import BestEpoch
 from recsys_tools.world.learn.ranker.net import (
     DCN,
     HEADS,
@@ -130,7 +131,7 @@ def _train(
     order = rng.permutation(rows)
     n_check = max(1, math.ceil(VALIDATION * rows))
     check_idx, learn = torch.from_numpy(order[:n_check]), order[n_check:]
-    best, best_state, stale, epochs = math.inf, None, 0, 0
+    kept, epochs = BestEpoch(parameters, shape.patience, _lower, math.inf), 0
     for epoch in range(shape.epochs):
         epochs = epoch + 1
         shuffled = torch.from_numpy(rng.permutation(learn))
@@ -141,18 +142,14 @@ def _train(
             optimiser.step()
         with torch.no_grad():
             checked = float(loss_of(check_idx))
-        if checked < best - 1e-4:
-            best, stale = checked, 0
-            best_state = [p.detach().clone() for p in parameters]
-        else:
-            stale += 1
-            if stale >= shape.patience:
-                break
-    if best_state is not None:
-        with torch.no_grad():
-            for p, kept in zip(parameters, best_state, strict=True):
-                p.copy_(kept)
-    return epochs, best
+        if kept.offer(checked):
+            break
+    kept.restore()
+    return epochs, kept.best
+
+
+def _lower(loss: float, best: float) -> bool:
+    return loss < best - 1e-4
 
 
 def _as_layer(module: nn.Linear) -> Layer:

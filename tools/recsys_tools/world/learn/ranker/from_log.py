@@ -28,7 +28,7 @@ from app.world.order import OrderModel
 from app.world.prerank import PrerankWeights
 from app.world.schema import FeatureSchema
 from recsys_tools.world.judge.ablation import ignored_columns, ignored_signals
-from recsys_tools.world.judge.evaluate import HoldoutSplit, split_holdout
+from recsys_tools.world.judge.holdout import HoldoutSplit, split_holdout
 from recsys_tools.world.judge.served_view import latest_positives
 from recsys_tools.world.judge.service_stages import ServiceStages
 from recsys_tools.world.learn.blend import Blend, blended_onnx, choose_blend, recall_scores
